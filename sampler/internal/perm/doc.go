@@ -1,0 +1,14 @@
+// Package perm provides lazily evaluated pseudo-random permutations for
+// without-replacement sampling epochs.
+//
+// An epoch over a 10^7-row buffer visits every row exactly once in a shuffled
+// order. Materialising that order with rand.Perm costs 80 MB and a full
+// O(n) shuffle at the start of every epoch, and the slice has to be kept alive
+// (and checkpointed) for the whole epoch. A Perm instead computes the i-th
+// element on demand from (n, seed) alone, in O(1) memory, so an epoch's
+// position is just a counter and resuming one needs only (n, seed, i).
+//
+// The permutation is a balanced Feistel network over the smallest power-of-two
+// domain with an even number of bits that covers n, restricted to [0, n) by
+// cycle walking. It is meant for statistical shuffling, not cryptography.
+package perm

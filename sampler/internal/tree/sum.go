@@ -1,0 +1,97 @@
+package tree
+
+import (
+	"fmt"
+	"math"
+)
+
+// SumTree keeps sums of non-negative leaf values for proportional sampling.
+//
+// The zero value is an empty tree; use NewSumTree. A SumTree is not safe for
+// concurrent use: the sampler serialises access to it.
+type SumTree struct {
+	n     int
+	size  int
+	nodes []float64
+}
+
+// NewSumTree returns a tree of n leaves, all zero.
+func NewSumTree(n int) *SumTree {
+	size, slots := layout(n)
+	return &SumTree{n: n, size: size, nodes: make([]float64, slots)}
+}
+
+// Len returns the number of leaves.
+func (t *SumTree) Len() int { return t.n }
+
+// Set stores v at leaf i and recomputes its ancestors.
+//
+// v must be finite and >= 0: a negative or NaN priority would corrupt every
+// ancestor sum and silently skew sampling, so it is treated as a caller bug
+// and panics rather than being clamped.
+func (t *SumTree) Set(i int, v float64) {
+	checkIndex(i, t.n)
+	if !(v >= 0) || math.IsInf(v, 1) {
+		panic(fmt.Sprintf("tree: SumTree.Set(%d, %v): value must be finite and >= 0", i, v))
+	}
+	v += 0 // canonicalise -0 to +0 so stored leaves compare cleanly
+	nodes := t.nodes
+	k := t.size + i
+	nodes[k] = v
+	for k > 1 {
+		k >>= 1
+		// Recompute from both children rather than adding a delta, so
+		// rounding errors do not accumulate across updates (see package doc).
+		nodes[k] = nodes[2*k] + nodes[2*k+1]
+	}
+}
+
+// Get returns the value at leaf i.
+func (t *SumTree) Get(i int) float64 {
+	checkIndex(i, t.n)
+	return t.nodes[t.size+i]
+}
+
+// Total returns the sum of all leaves.
+func (t *SumTree) Total() float64 { return t.nodes[1] }
+
+// Find returns the leaf i whose interval [prefix(i), prefix(i)+leaf(i))
+// contains mass, where prefix(i) is the sum of leaves 0..i-1. mass is expected
+// in [0, Total()), typically Total() times a uniform variate.
+//
+// Find never returns a zero-valued leaf while Total() > 0. Rounding in the
+// subtractions during descent (or a mass that rounds to Total()) can point
+// just past the last positive leaf of a subtree; Find then returns the nearest
+// positive leaf to the left. A negative mass yields the first positive leaf,
+// and a mass >= Total() or NaN the last one. If Total() == 0 there is nothing
+// to sample and Find returns -1.
+//
+// Find is O(log n) and does not allocate.
+func (t *SumTree) Find(mass float64) int {
+	nodes := t.nodes
+	if !(nodes[1] > 0) {
+		return -1
+	}
+	if mass < 0 {
+		mass = 0
+	}
+	// Invariant: nodes[k] > 0. It holds at the root, and each step keeps it:
+	// we go left only if mass < left (so left > mass >= 0) or if right == 0
+	// (so left == nodes[k] > 0), and right only if right > 0. Sums of
+	// non-negative values are zero exactly when all their leaves are, so
+	// the descent can never end on a zero leaf, and taking the left branch
+	// when the right one is empty is precisely "nearest positive leaf to the
+	// left": the remaining mass is >= left, so the descent keeps to the
+	// rightmost positive leaf of that subtree.
+	k := 1
+	for k < t.size {
+		k <<= 1
+		left, right := nodes[k], nodes[k+1]
+		if mass < left || right == 0 {
+			continue
+		}
+		mass -= left
+		k++
+	}
+	return k - t.size
+}

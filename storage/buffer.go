@@ -1,0 +1,349 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rbdb/rbd/storage/internal/mmapfile"
+)
+
+// column is one field (or one tail store) laid out as capacity fixed-size
+// rows. Row bytes live in an mmap'd region: a file for persistent kinds, or
+// anonymous memory for memory buffers.
+type column struct {
+	name     string // field name; "next.<k>" for tail columns
+	role     uint32
+	field    Field
+	rowBytes int
+	region   *mmapfile.Region
+	data     []byte // capacity*rowBytes, after the header for files
+}
+
+func (c *column) row(slot int64) []byte {
+	off := slot * int64(c.rowBytes)
+	return c.data[off : off+int64(c.rowBytes)]
+}
+
+// Buffer is a named ring of rows with a schema, trajectory links and an
+// index of live trajectories. All methods are safe for concurrent use.
+type Buffer struct {
+	name  string
+	spec  Spec
+	uid   uint64
+	dir   string // "" for memory buffers
+	store *Store
+	log   *slog.Logger
+
+	persistent bool
+	capacity   int64
+	cols       []*column // spec fields, in spec order
+	tails      []*column // final observations per obs key (compact buffers)
+	tailOf     map[string]int
+	colOf      map[string]int
+	meta       *mmapfile.Region
+	hdr        []byte // meta header (nil for memory buffers)
+	recs       []byte // capacity records
+	doneCol    int    // index of next.done in cols
+	termCol    int    // index of next.terminated, -1 if absent
+	truncCol   int    // index of next.truncated, -1 if absent
+
+	// stamps[slot] is the seq of the complete row in that slot, or -1 while
+	// the slot is empty or being written. Readers check it before and after
+	// copying a row (a seqlock), so they never return a torn row; it lives
+	// on the Go heap, not in the mapping, so reads never dirty file pages.
+	stamps []atomic.Int64
+
+	// life is held shared by every call that touches the mapping and
+	// exclusively by Delete/close, so unmapping never happens under a reader.
+	life   sync.RWMutex
+	closed atomic.Bool
+
+	// wmu serialises writers: seq allocation, row copies and stream state.
+	wmu     sync.Mutex
+	streams map[string]map[int64]*streamPos // guarded by wmu
+	seqRes  int64                           // memory kind: reserved seq high-water, guarded by wmu
+
+	// imu guards the trajectory index. Writers hold it only to evict and to
+	// publish rows, never while copying bytes.
+	imu sync.RWMutex
+	ix  index
+
+	writeCount atomic.Int64 // rows ever written; the next seq
+	sampled    atomic.Int64 // rows returned by samples (for info and metrics)
+
+	sync syncState
+	// stateMu guards the catalog-side state below.
+	stateMu     sync.Mutex
+	maxPriority float64
+	holes       [][2]int64
+	damage      []string // problems found by recovery, for Info and verify
+	createdAt   time.Time
+}
+
+// Name returns the buffer's name.
+func (b *Buffer) Name() string { return b.name }
+
+// Spec returns a copy of the buffer's spec, defaults filled in.
+func (b *Buffer) Spec() Spec { return b.spec.Clone() }
+
+// Capacity returns the ring size in rows.
+func (b *Buffer) Capacity() int64 { return b.capacity }
+
+// WriteCount returns the number of rows ever written (the next seq).
+func (b *Buffer) WriteCount() int64 { return b.writeCount.Load() }
+
+// enter marks the start of a call that uses the buffer's memory; it fails
+// once the buffer is being deleted or closed.
+func (b *Buffer) enter() error {
+	b.life.RLock()
+	if b.closed.Load() {
+		b.life.RUnlock()
+		return fmt.Errorf("buffer %q: %w", b.name, ErrClosed)
+	}
+	return nil
+}
+
+func (b *Buffer) leave() { b.life.RUnlock() }
+
+func bufferDir(root, name string) string { return filepath.Join(root, "buffers", name) }
+
+func colFile(dir, name string) string  { return filepath.Join(dir, "f."+name+".col") }
+func tailFile(dir, name string) string { return filepath.Join(dir, "tail."+name+".col") }
+func metaFile(dir string) string       { return filepath.Join(dir, "rows.meta") }
+
+// newBuffer builds the in-memory shell of a buffer; its columns are mapped
+// by createFiles or openFiles.
+func newBuffer(s *Store, name string, spec Spec, uid uint64) *Buffer {
+	b := &Buffer{
+		name:       name,
+		spec:       spec,
+		uid:        uid,
+		store:      s,
+		log:        s.log.With("buffer", name),
+		persistent: spec.Storage != KindMemory,
+		capacity:   spec.Capacity,
+		tailOf:     map[string]int{},
+		colOf:      map[string]int{},
+		termCol:    -1,
+		truncCol:   -1,
+		streams:    map[string]map[int64]*streamPos{},
+		maxPriority: 1,
+	}
+	if b.persistent {
+		b.dir = bufferDir(s.dir, name)
+	}
+	for i, f := range spec.Fields {
+		b.colOf[f.Name] = i
+		b.cols = append(b.cols, &column{name: f.Name, role: roleField, field: f, rowBytes: f.RowBytes()})
+		switch f.Name {
+		case "next.done":
+			b.doneCol = i
+		case "next.terminated":
+			b.termCol = i
+		case "next.truncated":
+			b.truncCol = i
+		}
+	}
+	if spec.CompactObs {
+		for i, k := range spec.ObsKeys {
+			f, _ := spec.Field(k)
+			tf := Field{Name: "next." + k, DType: f.DType, Shape: f.Shape}
+			b.tailOf[tf.Name] = i
+			b.tails = append(b.tails, &column{name: tf.Name, role: roleTail, field: tf, rowBytes: f.RowBytes()})
+		}
+	}
+	b.stamps = make([]atomic.Int64, spec.Capacity)
+	for i := range b.stamps {
+		b.stamps[i].Store(-1)
+	}
+	b.ix.init()
+	b.sync.init()
+	return b
+}
+
+func (b *Buffer) allColumns() []*column {
+	return append(append([]*column(nil), b.cols...), b.tails...)
+}
+
+// mapMemory allocates anonymous regions for a memory buffer.
+func (b *Buffer) mapMemory() (retErr error) {
+	defer func() {
+		if retErr != nil {
+			retErr = errors.Join(retErr, b.unmap())
+		}
+	}()
+	for _, c := range b.allColumns() {
+		r, err := mmapfile.Anonymous(b.capacity * int64(c.rowBytes))
+		if err != nil {
+			return fmt.Errorf("buffer %q field %q: %w", b.name, c.name, err)
+		}
+		c.region, c.data = r, r.Bytes()
+	}
+	r, err := mmapfile.Anonymous(b.capacity * recordSize)
+	if err != nil {
+		return fmt.Errorf("buffer %q row metadata: %w", b.name, err)
+	}
+	b.meta, b.recs = r, r.Bytes()
+	return nil
+}
+
+func (b *Buffer) colHeaderFor(c *column) colHeader {
+	return colHeader{
+		Version: FormatVersion, Role: c.role, UID: b.uid,
+		Capacity: uint64(b.capacity), RowBytes: uint64(c.rowBytes),
+		DType: c.field.DType, Shape: c.field.Shape, Name: c.field.Name,
+	}
+}
+
+// createFiles makes the directory and files of a new persistent buffer.
+// Headers are synced before the catalog entry is committed, so a crash in
+// between leaves only an orphan directory that the next create replaces.
+func (b *Buffer) createFiles() (retErr error) {
+	if err := os.RemoveAll(b.dir); err != nil {
+		return fmt.Errorf("clear %s: %w", b.dir, err)
+	}
+	if err := os.MkdirAll(b.dir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", b.dir, err)
+	}
+	defer func() {
+		if retErr != nil {
+			retErr = errors.Join(retErr, b.unmap(), os.RemoveAll(b.dir))
+		}
+	}()
+	for _, c := range b.allColumns() {
+		path := colFile(b.dir, c.name)
+		if c.role == roleTail {
+			path = tailFile(b.dir, c.name[len("next."):])
+		}
+		r, err := mmapfile.Create(path, headerSize+b.capacity*int64(c.rowBytes))
+		if err != nil {
+			return err
+		}
+		c.region = r
+		copy(r.Bytes(), b.colHeaderFor(c).encode())
+		c.data = r.Bytes()[headerSize:]
+		if err := r.SyncRange(0, headerSize); err != nil {
+			return err
+		}
+	}
+	r, err := mmapfile.Create(metaFile(b.dir), headerSize+b.capacity*recordSize)
+	if err != nil {
+		return err
+	}
+	b.meta = r
+	copy(r.Bytes(), metaHeader{Version: FormatVersion, RecordSize: recordSize, UID: b.uid, Capacity: uint64(b.capacity), Name: b.name}.encode())
+	b.hdr, b.recs = r.Bytes()[:headerSize], r.Bytes()[headerSize:]
+	if err := r.SyncRange(0, headerSize); err != nil {
+		return err
+	}
+	return syncDir(b.dir)
+}
+
+// openFiles maps the files of an existing persistent buffer and checks
+// every header against the catalog.
+func (b *Buffer) openFiles(writable bool) (retErr error) {
+	defer func() {
+		if retErr != nil {
+			retErr = errors.Join(retErr, b.unmap())
+		}
+	}()
+	for _, c := range b.allColumns() {
+		path := colFile(b.dir, c.name)
+		if c.role == roleTail {
+			path = tailFile(b.dir, c.name[len("next."):])
+		}
+		r, err := mmapfile.Open(path, headerSize+b.capacity*int64(c.rowBytes), writable)
+		if err != nil {
+			var se *mmapfile.SizeError
+			if errors.As(err, &se) {
+				return &CorruptionError{Path: path, Offset: -1, Err: err}
+			}
+			return err
+		}
+		c.region = r
+		h, err := decodeColHeader(path, r.Bytes())
+		if err != nil {
+			return err
+		}
+		want := b.colHeaderFor(c)
+		if h.UID != want.UID {
+			return corruptf(path, 16, "file belongs to another buffer (uid %016x, catalog says %016x)", h.UID, want.UID)
+		}
+		if h.Role != want.Role || h.Capacity != want.Capacity || h.RowBytes != want.RowBytes || h.DType != want.DType || h.Name != want.Name || !equalInts(h.Shape, want.Shape) {
+			return corruptf(path, 0, "header describes %s %v %q capacity %d, catalog says %s %v %q capacity %d",
+				h.DType, h.Shape, h.Name, h.Capacity, want.DType, want.Shape, want.Name, want.Capacity)
+		}
+		c.data = r.Bytes()[headerSize:]
+	}
+	path := metaFile(b.dir)
+	r, err := mmapfile.Open(path, headerSize+b.capacity*recordSize, writable)
+	if err != nil {
+		var se *mmapfile.SizeError
+		if errors.As(err, &se) {
+			return &CorruptionError{Path: path, Offset: -1, Err: err}
+		}
+		return err
+	}
+	b.meta = r
+	h, err := decodeMetaHeader(path, r.Bytes())
+	if err != nil {
+		return err
+	}
+	if h.UID != b.uid {
+		return corruptf(path, 16, "file belongs to another buffer (uid %016x, catalog says %016x)", h.UID, b.uid)
+	}
+	if h.RecordSize != recordSize || h.Capacity != uint64(b.capacity) || h.Name != b.name {
+		return corruptf(path, 0, "header describes buffer %q capacity %d record size %d, catalog says %q capacity %d record size %d",
+			h.Name, h.Capacity, h.RecordSize, b.name, b.capacity, recordSize)
+	}
+	b.hdr, b.recs = r.Bytes()[:headerSize], r.Bytes()[headerSize:]
+	return nil
+}
+
+func equalInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func (b *Buffer) unmap() error {
+	var errs []error
+	for _, c := range b.allColumns() {
+		if c.region != nil {
+			errs = append(errs, c.region.Close())
+			c.region, c.data = nil, nil
+		}
+	}
+	if b.meta != nil {
+		errs = append(errs, b.meta.Close())
+		b.meta, b.hdr, b.recs = nil, nil, nil
+	}
+	return errors.Join(errs...)
+}
+
+func (b *Buffer) rec(slot int64) []byte {
+	return b.recs[slot*recordSize : (slot+1)*recordSize]
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("sync dir %s: %w", dir, err)
+	}
+	if err := d.Sync(); err != nil {
+		return errors.Join(fmt.Errorf("sync dir %s: %w", dir, err), d.Close())
+	}
+	return d.Close()
+}

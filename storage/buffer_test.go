@@ -1,0 +1,304 @@
+package storage
+
+import (
+	"errors"
+	"slices"
+	"testing"
+)
+
+// forEachKind runs a test against every storage kind, the same behaviour
+// suite for all of them.
+func forEachKind(t *testing.T, fn func(t *testing.T, kind Kind)) {
+	for _, k := range kinds {
+		t.Run(string(k), func(t *testing.T) { fn(t, k) })
+	}
+}
+
+func TestRingOverwrite(t *testing.T) {
+	forEachKind(t, func(t *testing.T, kind Kind) {
+		s := openStore(t, t.TempDir())
+		defer s.Close()
+		spec := testSpec(kind, 5, false)
+		b := mustCreate(t, s, "ring", spec)
+		var rows []row
+		for i := 0; i < 7; i++ {
+			rows = append(rows, row{val: float32(i)})
+		}
+		res := mustExtend(t, b, "s", makeBatch(spec, rows, false))
+		if res.FirstSeq != 0 || res.Rows != 7 || res.WriteCount != 7 {
+			t.Fatalf("result %+v", res)
+		}
+		// Slots hold seq 5,6,2,3,4.
+		for slot, want := range []int64{5, 6, 2, 3, 4} {
+			if got := b.stamps[slot].Load(); got != want {
+				t.Errorf("slot %d holds seq %d, want %d", slot, got, want)
+			}
+		}
+		if got := b.LiveSeqs(0, 100); !slices.Equal(got, []int64{2, 3, 4, 5, 6}) {
+			t.Errorf("live seqs %v", got)
+		}
+		col, _ := b.Column("observation")
+		dst := [][]byte{make([]byte, 16*3)}
+		m := make([]RowMeta, 3)
+		missing, err := b.Gather([]int64{1, 2, 6}, []Column{col}, dst, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(missing, []int{0}) {
+			t.Errorf("missing %v, want [0] (seq 1 was overwritten)", missing)
+		}
+		if obsOf(dst[0][16:]) != 2 || obsOf(dst[0][32:]) != 6 {
+			t.Errorf("gathered %v %v", obsOf(dst[0][16:]), obsOf(dst[0][32:]))
+		}
+		// The trajectory keeps its live suffix with its original steps.
+		if m[1].Step != 2 || m[1].PrevSeq != 1 || m[1].NextSeq != 3 || m[2].NextSeq != -1 {
+			t.Errorf("meta %+v %+v", m[1], m[2])
+		}
+		info, err := b.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Size != 5 || info.WriteCount != 7 || info.Trajectories != 1 || info.OpenTrajectories != 1 {
+			t.Errorf("info %+v", info)
+		}
+	})
+}
+
+func TestExtendLargerThanCapacity(t *testing.T) {
+	forEachKind(t, func(t *testing.T, kind Kind) {
+		s := openStore(t, t.TempDir())
+		defer s.Close()
+		spec := testSpec(kind, 4, false)
+		b := mustCreate(t, s, "big", spec)
+		var rows []row
+		for i := 0; i < 10; i++ {
+			rows = append(rows, row{val: float32(i), terminated: i == 9})
+		}
+		mustExtend(t, b, "s", makeBatch(spec, rows, false))
+		if got := b.LiveSeqs(0, 100); !slices.Equal(got, []int64{6, 7, 8, 9}) {
+			t.Fatalf("live %v, want the newest 4", got)
+		}
+		m := metas(t, b, 6, 9)
+		if m[0].Step != 6 || m[0].PrevSeq != 5 || m[1].Step != 9 || !m[1].Done {
+			t.Fatalf("meta %+v", m)
+		}
+	})
+}
+
+// Two envs in one stream, episodes of lengths 2 and 3, written interleaved
+// across two requests.
+func TestInterleavedEnvs(t *testing.T) {
+	forEachKind(t, func(t *testing.T, kind Kind) {
+		s := openStore(t, t.TempDir())
+		defer s.Close()
+		spec := testSpec(kind, 100, false)
+		b := mustCreate(t, s, "envs", spec)
+		// env 0: episodes of length 2; env 1: episodes of length 3.
+		var all []row
+		step := [2]int{}
+		for i := 0; i < 6; i++ {
+			for e := int64(0); e < 2; e++ {
+				l := 2 + int(e)
+				step[e]++
+				all = append(all, row{env: e, val: float32(len(all)), terminated: step[e]%l == 0})
+			}
+		}
+		mustExtend(t, b, "actor", makeBatch(spec, all[:5], false))
+		mustExtend(t, b, "actor", makeBatch(spec, all[5:], false))
+		seqs := b.LiveSeqs(0, 100)
+		m := metas(t, b, seqs...)
+		type want struct{ traj, step, prev, next int64 }
+		// seq: env = seq%2. env0 trajs: {0,2},{4,6},{8,10}; env1: {1,3,5},{7,9,11}.
+		// Trajectory ids are allocated in the order trajectories start.
+		wants := []want{
+			{0, 0, -1, 2}, {1, 0, -1, 3}, {0, 1, 0, -1}, {1, 1, 1, 5},
+			{2, 0, -1, 6}, {1, 2, 3, -1}, {2, 1, 4, -1}, {3, 0, -1, 9},
+			{4, 0, -1, 10}, {3, 1, 7, 11}, {4, 1, 8, -1}, {3, 2, 9, -1},
+		}
+		base := m[0].TrajID
+		for i, w := range wants {
+			got := want{m[i].TrajID - base, m[i].Step, m[i].PrevSeq, m[i].NextSeq}
+			if got != w {
+				t.Errorf("seq %d: got traj+%d step %d prev %d next %d, want %+v", i, got.traj, got.step, got.prev, got.next, w)
+			}
+		}
+		info, _ := b.Info()
+		if info.Trajectories != 5 || info.OpenTrajectories != 0 {
+			t.Errorf("info %+v", info)
+		}
+	})
+}
+
+func TestStreamsContinueAndClose(t *testing.T) {
+	forEachKind(t, func(t *testing.T, kind Kind) {
+		s := openStore(t, t.TempDir())
+		defer s.Close()
+		spec := testSpec(kind, 100, false)
+		b := mustCreate(t, s, "st", spec)
+		mustExtend(t, b, "a", makeBatch(spec, []row{{val: 1}}, false))
+		mustExtend(t, b, "b", makeBatch(spec, []row{{val: 2}}, false))
+		mustExtend(t, b, "a", makeBatch(spec, []row{{val: 3}}, false))
+		m := metas(t, b, 0, 1, 2)
+		if m[2].TrajID != m[0].TrajID || m[2].PrevSeq != 0 || m[1].TrajID == m[0].TrajID {
+			t.Fatalf("streams did not continue separately: %+v", m)
+		}
+		n, err := b.CloseStream("a")
+		if err != nil || n != 1 {
+			t.Fatalf("CloseStream = %d, %v", n, err)
+		}
+		mustExtend(t, b, "a", makeBatch(spec, []row{{val: 4}}, false))
+		m = metas(t, b, 3)
+		if m[0].TrajID == metas(t, b, 2)[0].TrajID || m[0].Step != 0 {
+			t.Fatalf("closed stream continued its trajectory: %+v", m)
+		}
+		// An anonymous stream is closed when its request ends.
+		mustExtend(t, b, "", makeBatch(spec, []row{{val: 5}}, false))
+		mustExtend(t, b, "", makeBatch(spec, []row{{val: 6}}, false))
+		m = metas(t, b, 4, 5)
+		if m[0].TrajID == m[1].TrajID {
+			t.Fatal("two anonymous requests shared a trajectory")
+		}
+		info, _ := b.Info()
+		if info.OpenTrajectories != 2 { // stream b and the new one of a
+			t.Fatalf("open trajectories %d, want 2", info.OpenTrajectories)
+		}
+	})
+}
+
+func TestBadBatchesWriteNothing(t *testing.T) {
+	spec := testSpec(KindMemory, 10, false)
+	good := func() *Batch { return makeBatch(spec, []row{{val: 1}, {val: 2, terminated: true}}, false) }
+	tests := []struct {
+		name   string
+		mutate func(*Batch)
+		field  string
+	}{
+		{"missing field", func(b *Batch) { delete(b.Fields, "action") }, "action"},
+		{"extra field", func(b *Batch) { b.Fields["bogus"] = []byte{1} }, "bogus"},
+		{"short field", func(b *Batch) { b.Fields["observation"] = b.Fields["observation"][:20] }, "observation"},
+		{"bad bool", func(b *Batch) { b.Fields["next.truncated"][0] = 7 }, "next.truncated"},
+		{"done without reason", func(b *Batch) { b.Fields["next.done"][0] = 1 }, "next.done"},
+		{"reason without done", func(b *Batch) { b.Fields["next.done"][1] = 0 }, "next.done"},
+		{"env length", func(b *Batch) { b.Env = []int64{0} }, "env"},
+		{"zero rows", func(b *Batch) { b.Rows = 0 }, ""},
+	}
+	s := openStore(t, t.TempDir())
+	defer s.Close()
+	b := mustCreate(t, s, "bad", spec)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			batch := good()
+			tc.mutate(batch)
+			_, err := b.Extend("s", batch)
+			var be *BatchError
+			if !errors.Is(err, ErrInvalidBatch) || !errors.As(err, &be) || be.Field != tc.field {
+				t.Fatalf("got %v, want a BatchError on field %q", err, tc.field)
+			}
+			if b.WriteCount() != 0 {
+				t.Fatalf("write count %d after a rejected batch", b.WriteCount())
+			}
+		})
+	}
+}
+
+func TestCompactTails(t *testing.T) {
+	forEachKind(t, func(t *testing.T, kind Kind) {
+		s := openStore(t, t.TempDir())
+		defer s.Close()
+		spec := testSpec(kind, 100, true)
+		b := mustCreate(t, s, "compact", spec)
+		rows := []row{{val: 0}, {val: 10, terminated: true, final: 100}, {val: 20}, {val: 30, truncated: true, final: 300}}
+		// D rows.
+		mustExtend(t, b, "s", makeBatch(spec, rows, true))
+		// N rows: values on non-done rows are ignored.
+		nb := makeBatch(spec, rows, false)
+		nb.Fields["next.observation"] = makeBatch(testSpec(kind, 100, false), rows, false).Fields["next.observation"]
+		mustExtend(t, b, "s", nb)
+		// No final observations at all.
+		mustExtend(t, b, "s", makeBatch(spec, rows, false))
+		tail, ok := b.Column("next.observation")
+		if !ok || !tail.Tail {
+			t.Fatal("no tail column")
+		}
+		seqs := []int64{1, 3, 5, 7, 9, 11, 0}
+		dst := [][]byte{make([]byte, 16*len(seqs))}
+		m := make([]RowMeta, len(seqs))
+		if _, err := b.Gather(seqs, []Column{tail}, dst, m); err != nil {
+			t.Fatal(err)
+		}
+		wantTail := []float32{100, 300, 100, 300, 0, 0, 0}
+		wantHas := []bool{true, true, true, true, false, false, false}
+		for i := range seqs {
+			if got := obsOf(dst[0][16*i:]); got != wantTail[i] || m[i].HasTail != wantHas[i] {
+				t.Errorf("seq %d: tail %v has %v, want %v %v", seqs[i], got, m[i].HasTail, wantTail[i], wantHas[i])
+			}
+		}
+		info, _ := b.Info()
+		if fb := info.Bytes["next.observation"]; fb.Logical != 12*16 {
+			t.Errorf("tail bytes %+v", fb)
+		}
+		// Partial final observations are refused.
+		bad := makeBatch(spec, rows, true)
+		bad.Fields["next.observation"] = bad.Fields["next.observation"][:16]
+		if _, err := b.Extend("s", bad); !errors.Is(err, ErrInvalidBatch) {
+			t.Fatalf("got %v", err)
+		}
+	})
+}
+
+func TestCreateBufferSpecConflict(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	defer s.Close()
+	spec := testSpec(KindMemmap, 10, false)
+	if _, created, err := s.CreateBuffer("x", spec); err != nil || !created {
+		t.Fatal(created, err)
+	}
+	// Same spec in another field order: identical.
+	same := spec.Clone()
+	slices.Reverse(same.Fields)
+	if _, created, err := s.CreateBuffer("x", same); err != nil || created {
+		t.Fatalf("identical spec: created=%v err=%v", created, err)
+	}
+	other := spec.Clone()
+	other.Capacity = 11
+	if _, _, err := s.CreateBuffer("x", other); !errors.Is(err, ErrSpecConflict) {
+		t.Fatalf("got %v, want ErrSpecConflict", err)
+	}
+	for _, name := range []string{"", "..", "a/b", "../x", "-x", "a..b", string(make([]byte, 65))} {
+		if _, _, err := s.CreateBuffer(name, spec); !errors.Is(err, ErrInvalidName) {
+			t.Errorf("name %q: got %v", name, err)
+		}
+	}
+	bad := spec.Clone()
+	bad.Storage = KindCompressed
+	if _, _, err := s.CreateBuffer("c", bad); !errors.Is(err, ErrNotSupported) {
+		t.Errorf("compressed: got %v", err)
+	}
+}
+
+func TestDeleteBuffer(t *testing.T) {
+	forEachKind(t, func(t *testing.T, kind Kind) {
+		dir := t.TempDir()
+		s := openStore(t, dir)
+		defer s.Close()
+		spec := testSpec(kind, 10, false)
+		b := mustCreate(t, s, "d", spec)
+		mustExtend(t, b, "s", makeBatch(spec, []row{{val: 1}}, false))
+		if err := s.DeleteBuffer("d"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Extend("s", makeBatch(spec, []row{{val: 1}}, false)); !errors.Is(err, ErrClosed) {
+			t.Fatalf("extend after delete: %v", err)
+		}
+		if _, err := s.Buffer("d"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("lookup after delete: %v", err)
+		}
+		if err := s.DeleteBuffer("d"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("second delete: %v", err)
+		}
+		b2 := mustCreate(t, s, "d", spec)
+		if b2.WriteCount() != 0 {
+			t.Fatal("recreated buffer kept rows")
+		}
+	})
+}

@@ -1,0 +1,90 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+)
+
+// These errors are returned when opening a data dir or a buffer's files.
+var (
+	// ErrLocked is returned by Open when another process holds the data
+	// dir's catalog past Options.LockTimeout.
+	ErrLocked = errors.New("storage: data dir is locked by another process")
+	// ErrVersionMismatch is returned when a file or the catalog was written
+	// by a format version this build does not know (usually a newer rbd).
+	ErrVersionMismatch = errors.New("storage: format version mismatch")
+	// ErrCorrupt marks damage found in stored bytes: a bad magic number, a
+	// checksum mismatch, a file of the wrong size or one that belongs to
+	// another buffer. Test for it with errors.Is; errors.As with
+	// *CorruptionError gives the location.
+	ErrCorrupt = errors.New("storage: corruption")
+	// ErrReadOnly is returned by mutating calls on a store opened read-only.
+	ErrReadOnly = errors.New("storage: store is read-only")
+	// ErrClosed is returned by calls on a closed store or deleted buffer.
+	ErrClosed = errors.New("storage: closed")
+)
+
+// These errors are returned by buffer management calls.
+var (
+	// ErrNotFound is returned when a named buffer does not exist.
+	ErrNotFound = errors.New("storage: buffer not found")
+	// ErrSpecConflict is returned by CreateBuffer when a buffer of that name
+	// exists with a different spec.
+	ErrSpecConflict = errors.New("storage: buffer exists with a different spec")
+	// ErrInvalidName is returned for a buffer name outside
+	// ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$ (or containing "..").
+	ErrInvalidName = errors.New("storage: invalid buffer name")
+)
+
+// ErrInvalidBatch is wrapped by every error that rejects an extend because
+// of its content (missing, extra, mis-typed or mis-shaped field, bad flags).
+// Nothing is written when it is returned.
+var ErrInvalidBatch = errors.New("storage: invalid batch")
+
+// CorruptionError locates damage in a buffer's files.
+type CorruptionError struct {
+	Path   string // file that holds the damage
+	Offset int64  // byte offset in the file, -1 if not known
+	Err    error  // what is wrong
+}
+
+func (e *CorruptionError) Error() string {
+	if e.Offset >= 0 {
+		return fmt.Sprintf("storage: corruption in %s at offset %d: %v", e.Path, e.Offset, e.Err)
+	}
+	return fmt.Sprintf("storage: corruption in %s: %v", e.Path, e.Err)
+}
+
+// Unwrap lets errors.Is match both ErrCorrupt and the underlying cause.
+func (e *CorruptionError) Unwrap() []error { return []error{ErrCorrupt, e.Err} }
+
+func corruptf(path string, off int64, format string, args ...any) error {
+	return &CorruptionError{Path: path, Offset: off, Err: fmt.Errorf(format, args...)}
+}
+
+// BatchError names the field (and row, when one row is at fault) that made
+// an extend invalid.
+type BatchError struct {
+	Field string // field name, "env", or "" for the batch as a whole
+	Row   int    // -1 when not about one row
+	Msg   string
+}
+
+func (e *BatchError) Error() string {
+	switch {
+	case e.Field != "" && e.Row >= 0:
+		return fmt.Sprintf("field %q row %d: %s", e.Field, e.Row, e.Msg)
+	case e.Field != "":
+		return fmt.Sprintf("field %q: %s", e.Field, e.Msg)
+	case e.Row >= 0:
+		return fmt.Sprintf("row %d: %s", e.Row, e.Msg)
+	}
+	return e.Msg
+}
+
+// Unwrap returns ErrInvalidBatch.
+func (e *BatchError) Unwrap() error { return ErrInvalidBatch }
+
+func batchErr(field string, row int, format string, args ...any) error {
+	return &BatchError{Field: field, Row: row, Msg: fmt.Sprintf(format, args...)}
+}

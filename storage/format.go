@@ -1,0 +1,257 @@
+package storage
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+)
+
+// The on-disk layout below is specified byte for byte in docs/format.md;
+// the constants here mirror that page and must change together with it.
+
+// FormatVersion is the version of the column, meta and catalog formats this
+// build writes. It only moves forward: a file with a larger version is
+// refused with ErrVersionMismatch, never guessed at.
+const FormatVersion uint32 = 1
+
+const (
+	// headerSize is the size of every file header. Data starts right after
+	// it, page aligned, so row bytes can be mapped and synced by page.
+	headerSize = 4096
+
+	colHeaderCRCOff  = 508 // crc32c of bytes [0, 508) of a column header
+	metaHeaderCRCOff = 252 // crc32c of bytes [0, 252) of the meta header
+	watermarkOff     = 256 // durable watermark block: int64 seq + crc32c
+	maxNameBytes     = 128 // field names; buffer names are at most 64
+
+	// recordSize is the size of one row-metadata record in rows.meta.
+	recordSize = 64
+)
+
+var (
+	colMagic  = [8]byte{'R', 'B', 'D', 'C', 'O', 'L', 0, 0}
+	metaMagic = [8]byte{'R', 'B', 'D', 'M', 'E', 'T', 'A', 0}
+	castagnoli = crc32.MakeTable(crc32.Castagnoli)
+)
+
+// Column roles, stored in column headers.
+const (
+	roleField uint32 = 1 // one stored field of the spec
+	roleTail  uint32 = 2 // final observations of ended trajectories (compact_obs)
+)
+
+// colHeader describes a column file. Every value is checked against the
+// catalog on open, so a file copied in from another buffer, or one whose
+// field changed type, is refused rather than read as wrong data.
+type colHeader struct {
+	Version  uint32
+	Role     uint32
+	UID      uint64
+	Capacity uint64
+	RowBytes uint64
+	DType    DType
+	Shape    []int
+	Name     string
+}
+
+func (h colHeader) encode() []byte {
+	b := make([]byte, headerSize)
+	copy(b[0:8], colMagic[:])
+	le := binary.LittleEndian
+	le.PutUint32(b[8:], h.Version)
+	le.PutUint32(b[12:], h.Role)
+	le.PutUint64(b[16:], h.UID)
+	le.PutUint64(b[24:], h.Capacity)
+	le.PutUint64(b[32:], h.RowBytes)
+	b[40] = byte(h.DType)
+	b[41] = byte(len(h.Shape))
+	le.PutUint16(b[42:], uint16(len(h.Name)))
+	for i, d := range h.Shape {
+		le.PutUint32(b[44+4*i:], uint32(d))
+	}
+	copy(b[76:76+maxNameBytes], h.Name)
+	le.PutUint32(b[colHeaderCRCOff:], crc32.Checksum(b[:colHeaderCRCOff], castagnoli))
+	return b
+}
+
+func decodeColHeader(path string, b []byte) (colHeader, error) {
+	var h colHeader
+	if len(b) < headerSize {
+		return h, corruptf(path, 0, "file shorter than its %d-byte header", headerSize)
+	}
+	if [8]byte(b[0:8]) != colMagic {
+		return h, corruptf(path, 0, "not an rbd column file (bad magic %q)", b[0:8])
+	}
+	le := binary.LittleEndian
+	if got, want := le.Uint32(b[colHeaderCRCOff:]), crc32.Checksum(b[:colHeaderCRCOff], castagnoli); got != want {
+		return h, corruptf(path, colHeaderCRCOff, "header checksum %08x, computed %08x", got, want)
+	}
+	h.Version = le.Uint32(b[8:])
+	if h.Version != FormatVersion {
+		return h, fmt.Errorf("%s: column format version %d, this build reads %d: %w", path, h.Version, FormatVersion, ErrVersionMismatch)
+	}
+	h.Role = le.Uint32(b[12:])
+	h.UID = le.Uint64(b[16:])
+	h.Capacity = le.Uint64(b[24:])
+	h.RowBytes = le.Uint64(b[32:])
+	h.DType = DType(b[40])
+	ndim := int(b[41])
+	nameLen := int(le.Uint16(b[42:]))
+	if ndim > 8 || nameLen > maxNameBytes {
+		return h, corruptf(path, 41, "header has %d dims and a %d-byte name", ndim, nameLen)
+	}
+	h.Shape = make([]int, ndim)
+	for i := range h.Shape {
+		h.Shape[i] = int(le.Uint32(b[44+4*i:]))
+	}
+	h.Name = string(b[76 : 76+nameLen])
+	return h, nil
+}
+
+// metaHeader describes rows.meta, the row-metadata file of a buffer.
+type metaHeader struct {
+	Version    uint32
+	RecordSize uint32
+	UID        uint64
+	Capacity   uint64
+	Name       string
+}
+
+func (h metaHeader) encode() []byte {
+	b := make([]byte, headerSize)
+	copy(b[0:8], metaMagic[:])
+	le := binary.LittleEndian
+	le.PutUint32(b[8:], h.Version)
+	le.PutUint32(b[12:], h.RecordSize)
+	le.PutUint64(b[16:], h.UID)
+	le.PutUint64(b[24:], h.Capacity)
+	le.PutUint16(b[32:], uint16(len(h.Name)))
+	copy(b[34:34+64], h.Name)
+	le.PutUint32(b[metaHeaderCRCOff:], crc32.Checksum(b[:metaHeaderCRCOff], castagnoli))
+	putWatermark(b, 0)
+	return b
+}
+
+func decodeMetaHeader(path string, b []byte) (metaHeader, error) {
+	var h metaHeader
+	if len(b) < headerSize {
+		return h, corruptf(path, 0, "file shorter than its %d-byte header", headerSize)
+	}
+	if [8]byte(b[0:8]) != metaMagic {
+		return h, corruptf(path, 0, "not an rbd row-metadata file (bad magic %q)", b[0:8])
+	}
+	le := binary.LittleEndian
+	if got, want := le.Uint32(b[metaHeaderCRCOff:]), crc32.Checksum(b[:metaHeaderCRCOff], castagnoli); got != want {
+		return h, corruptf(path, metaHeaderCRCOff, "header checksum %08x, computed %08x", got, want)
+	}
+	h.Version = le.Uint32(b[8:])
+	if h.Version != FormatVersion {
+		return h, fmt.Errorf("%s: row-metadata format version %d, this build reads %d: %w", path, h.Version, FormatVersion, ErrVersionMismatch)
+	}
+	h.RecordSize = le.Uint32(b[12:])
+	h.UID = le.Uint64(b[16:])
+	h.Capacity = le.Uint64(b[24:])
+	n := int(le.Uint16(b[32:]))
+	if n > 64 {
+		return h, corruptf(path, 32, "buffer name of %d bytes", n)
+	}
+	h.Name = string(b[34 : 34+n])
+	return h, nil
+}
+
+// putWatermark stores the durable watermark (every written row with a
+// smaller seq is on stable storage) with its own checksum, so that a torn
+// update of this block is detected instead of trusted.
+func putWatermark(hdr []byte, seq int64) {
+	le := binary.LittleEndian
+	le.PutUint64(hdr[watermarkOff:], uint64(seq))
+	le.PutUint32(hdr[watermarkOff+8:], crc32.Checksum(hdr[watermarkOff:watermarkOff+8], castagnoli))
+}
+
+func readWatermark(hdr []byte) (int64, bool) {
+	le := binary.LittleEndian
+	if le.Uint32(hdr[watermarkOff+8:]) != crc32.Checksum(hdr[watermarkOff:watermarkOff+8], castagnoli) {
+		return 0, false
+	}
+	return int64(le.Uint64(hdr[watermarkOff:])), true
+}
+
+// Row flags, stored in a record's flags word.
+const (
+	flagDone       uint32 = 1 << 0
+	flagTerminated uint32 = 1 << 1
+	flagTruncated  uint32 = 1 << 2
+	flagHasTail    uint32 = 1 << 3 // tail columns hold this row's final observation
+	knownFlags            = flagDone | flagTerminated | flagTruncated | flagHasTail
+)
+
+// Record byte offsets (little endian):
+//
+//	0  int64  seq       write sequence number; -1 while the slot is being written
+//	8  int64  traj_id
+//	16 int64  step      index of the row within its trajectory
+//	24 int64  prev_seq  seq of the previous row of the trajectory, -1 at its start
+//	32 int64  env
+//	40 uint32 flags
+//	44 [12]byte reserved, zero
+//	56 uint32 data crc32c over the row's field bytes (spec order), then its
+//	          tail bytes (obs_keys order) when flagHasTail is set; 0 in memory buffers
+//	60 uint32 record crc32c over bytes [0, 60)
+//
+// next_seq is deliberately not stored: it would make a row's record change
+// after the row was written (when its successor arrives), and a crash during
+// that update could destroy an acknowledged row. It is rebuilt from prev_seq
+// on open.
+const (
+	recSeq     = 0
+	recTraj    = 8
+	recStep    = 16
+	recPrev    = 24
+	recEnv     = 32
+	recFlags   = 40
+	recDataCRC = 56
+	recCRC     = 60
+)
+
+// record is the decoded form of one row-metadata record.
+type record struct {
+	Seq, TrajID, Step, PrevSeq, Env int64
+	Flags                           uint32
+	DataCRC                         uint32
+}
+
+func putRecordBody(b []byte, r *record) {
+	le := binary.LittleEndian
+	le.PutUint64(b[recTraj:], uint64(r.TrajID))
+	le.PutUint64(b[recStep:], uint64(r.Step))
+	le.PutUint64(b[recPrev:], uint64(r.PrevSeq))
+	le.PutUint64(b[recEnv:], uint64(r.Env))
+	le.PutUint32(b[recFlags:], r.Flags)
+	clear(b[44:56])
+	le.PutUint32(b[recDataCRC:], r.DataCRC)
+}
+
+// recordCRC is the checksum of a record as it will be once seq is stored.
+func recordCRC(b []byte, seq int64) uint32 {
+	var s [8]byte
+	binary.LittleEndian.PutUint64(s[:], uint64(seq))
+	c := crc32.Update(0, castagnoli, s[:])
+	return crc32.Update(c, castagnoli, b[8:recCRC])
+}
+
+// decodeRecord returns the record and whether its checksum holds and its
+// seq is a completed write.
+func decodeRecord(b []byte) (record, bool) {
+	le := binary.LittleEndian
+	r := record{
+		Seq:     int64(le.Uint64(b[recSeq:])),
+		TrajID:  int64(le.Uint64(b[recTraj:])),
+		Step:    int64(le.Uint64(b[recStep:])),
+		PrevSeq: int64(le.Uint64(b[recPrev:])),
+		Env:     int64(le.Uint64(b[recEnv:])),
+		Flags:   le.Uint32(b[recFlags:]),
+		DataCRC: le.Uint32(b[recDataCRC:]),
+	}
+	ok := r.Seq >= 0 && le.Uint32(b[recCRC:]) == crc32.Checksum(b[:recCRC], castagnoli)
+	return r, ok
+}

@@ -1,0 +1,124 @@
+package storage
+
+import (
+	"encoding/binary"
+	"math"
+	"testing"
+)
+
+// testSpec is a small CartPole-shaped spec. compact drops next.observation.
+func testSpec(kind Kind, capacity int64, compact bool) Spec {
+	fields := []Field{
+		{Name: "observation", DType: Float32, Shape: []int{4}},
+		{Name: "action", DType: Int64, Shape: []int{}},
+		{Name: "next.reward", DType: Float32, Shape: []int{}},
+		{Name: "next.done", DType: Bool, Shape: []int{}},
+		{Name: "next.terminated", DType: Bool, Shape: []int{}},
+		{Name: "next.truncated", DType: Bool, Shape: []int{}},
+	}
+	if !compact {
+		fields = append(fields, Field{Name: "next.observation", DType: Float32, Shape: []int{4}})
+	}
+	s := Spec{Capacity: capacity, Storage: kind, Fields: fields, CompactObs: compact, ObsKeys: []string{"observation"}}
+	if kind != KindMemory {
+		s.Durability = DurabilityFlush
+	}
+	return s
+}
+
+var kinds = []Kind{KindMemory, KindMemmap}
+
+// row describes one step for makeBatch.
+type row struct {
+	env        int64
+	val        float32 // observation = val, val+1, val+2, val+3
+	terminated bool
+	truncated  bool
+	final      float32 // next.observation base on done rows (compact tail)
+}
+
+// makeBatch builds a batch; in compact mode, final observations are sent
+// as D rows when tails is true.
+func makeBatch(spec Spec, rows []row, tails bool) *Batch {
+	n := len(rows)
+	f := map[string][]byte{}
+	obs := make([]byte, 16*n)
+	nobs := make([]byte, 16*n)
+	act := make([]byte, 8*n)
+	rew := make([]byte, 4*n)
+	done := make([]byte, n)
+	term := make([]byte, n)
+	trunc := make([]byte, n)
+	env := make([]int64, n)
+	var tail []byte
+	for i, r := range rows {
+		for k := 0; k < 4; k++ {
+			binary.LittleEndian.PutUint32(obs[16*i+4*k:], math.Float32bits(r.val+float32(k)))
+			binary.LittleEndian.PutUint32(nobs[16*i+4*k:], math.Float32bits(r.final+float32(k)))
+		}
+		binary.LittleEndian.PutUint64(act[8*i:], uint64(int64(r.val)))
+		binary.LittleEndian.PutUint32(rew[4*i:], math.Float32bits(r.val/10))
+		if r.terminated || r.truncated {
+			done[i] = 1
+			if tails {
+				tail = append(tail, nobs[16*i:16*i+16]...)
+			}
+		}
+		if r.terminated {
+			term[i] = 1
+		}
+		if r.truncated {
+			trunc[i] = 1
+		}
+		env[i] = r.env
+	}
+	f["observation"], f["action"], f["next.reward"] = obs, act, rew
+	f["next.done"], f["next.terminated"], f["next.truncated"] = done, term, trunc
+	if spec.CompactObs {
+		if tails {
+			f["next.observation"] = tail
+		}
+	} else {
+		f["next.observation"] = nobs
+	}
+	return &Batch{Rows: n, Fields: f, Env: env}
+}
+
+func obsOf(b []byte) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(b)) }
+
+func openStore(t testing.TB, dir string) *Store {
+	t.Helper()
+	s, err := Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func mustCreate(t testing.TB, s *Store, name string, spec Spec) *Buffer {
+	t.Helper()
+	b, _, err := s.CreateBuffer(name, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func mustExtend(t testing.TB, b *Buffer, stream string, batch *Batch) ExtendResult {
+	t.Helper()
+	res, err := b.Extend(stream, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// metas gathers the metadata of seqs.
+func metas(t testing.TB, b *Buffer, seqs ...int64) []RowMeta {
+	t.Helper()
+	m := make([]RowMeta, len(seqs))
+	if _, err := b.Gather(seqs, nil, nil, m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}

@@ -1,0 +1,169 @@
+package storage
+
+import "fmt"
+
+// Trajectory is the index entry of one live trajectory: the seqs of its live
+// rows in time order. Only the newest rows of a trajectory survive the
+// ring's overwrites, so its live rows are always a contiguous run of steps,
+// starting at FirstStep.
+//
+// A *Trajectory is only valid inside the ReadIndex callback that produced it.
+type Trajectory struct {
+	id        int64
+	seqs      []int64 // seqs[head:] are live
+	head      int
+	firstStep int64 // step of seqs[head]
+	open      bool  // a (stream, env) may still append to it
+	ended     bool  // its last row carries done
+	pos       int   // position in index.list
+}
+
+// ID returns the trajectory id.
+func (t *Trajectory) ID() int64 { return t.id }
+
+// Len returns the number of live rows.
+func (t *Trajectory) Len() int { return len(t.seqs) - t.head }
+
+// Seq returns the seq of the i-th live row (0 = oldest live).
+func (t *Trajectory) Seq(i int) int64 { return t.seqs[t.head+i] }
+
+// FirstStep returns the step of the oldest live row; it is above 0 when the
+// trajectory's first rows were overwritten.
+func (t *Trajectory) FirstStep() int64 { return t.firstStep }
+
+// Open reports whether a stream may still append rows to the trajectory.
+func (t *Trajectory) Open() bool { return t.open }
+
+// Ended reports whether the trajectory's last row has done set. A closed
+// trajectory that is not Ended was cut short: by closing its stream, or by
+// a crash.
+func (t *Trajectory) Ended() bool { return t.ended }
+
+// index maps trajectory ids to their live rows. It is kept up to date on
+// every write, so samplers never scan rows to find trajectory boundaries.
+type index struct {
+	byID map[int64]*Trajectory
+	list []*Trajectory // dense, for O(1) uniform choice
+	rows  int64        // live rows
+	tails int64        // live rows that carry a final observation
+	open  int          // open trajectories
+}
+
+func (ix *index) init() {
+	ix.byID = map[int64]*Trajectory{}
+	ix.list = nil
+	ix.rows, ix.tails, ix.open = 0, 0, 0
+}
+
+// add appends a newly written row to its trajectory.
+func (ix *index) add(id, step, seq int64, done, hasTail bool) error {
+	t := ix.byID[id]
+	if t == nil {
+		t = &Trajectory{id: id, firstStep: step, open: true, pos: len(ix.list)}
+		ix.byID[id] = t
+		ix.list = append(ix.list, t)
+		ix.open++
+	} else if want := t.firstStep + int64(t.Len()); step != want || !t.open {
+		return fmt.Errorf("trajectory %d: row seq %d has step %d, want %d (open=%v)", id, seq, step, want, t.open)
+	}
+	t.seqs = append(t.seqs, seq)
+	ix.rows++
+	if hasTail {
+		ix.tails++
+	}
+	if done {
+		t.ended = true
+		ix.setClosed(t)
+	}
+	return nil
+}
+
+func (ix *index) setClosed(t *Trajectory) {
+	if t.open {
+		t.open = false
+		ix.open--
+	}
+}
+
+// evict removes the oldest live row of trajectory id, which must be seq.
+func (ix *index) evict(id, seq int64, hasTail bool) error {
+	t := ix.byID[id]
+	if t == nil || t.Len() == 0 || t.seqs[t.head] != seq {
+		return fmt.Errorf("evict seq %d: not the oldest live row of trajectory %d", seq, id)
+	}
+	t.head++
+	t.firstStep++
+	ix.rows--
+	if hasTail {
+		ix.tails--
+	}
+	if t.Len() == 0 {
+		ix.remove(t)
+		return nil
+	}
+	// Reclaim the evicted prefix once it dominates, so memory stays
+	// proportional to live rows while each row is moved O(1) times.
+	if t.head >= 64 && t.head*2 >= len(t.seqs) {
+		n := copy(t.seqs, t.seqs[t.head:])
+		t.seqs = t.seqs[:n]
+		t.head = 0
+	}
+	return nil
+}
+
+func (ix *index) remove(t *Trajectory) {
+	last := ix.list[len(ix.list)-1]
+	ix.list[t.pos] = last
+	last.pos = t.pos
+	ix.list = ix.list[:len(ix.list)-1]
+	delete(ix.byID, t.id)
+	if t.open {
+		ix.open--
+	}
+}
+
+// next returns the seq after the live row (id, step), or -1.
+func (ix *index) next(id, step int64) int64 {
+	t := ix.byID[id]
+	if t == nil {
+		return -1
+	}
+	i := step - t.firstStep + 1
+	if i <= 0 || i >= int64(t.Len()) {
+		return -1
+	}
+	return t.Seq(int(i))
+}
+
+// Index is a read-only view of a buffer's trajectory index, valid only
+// inside the ReadIndex callback.
+type Index struct{ ix *index }
+
+// NumTrajectories returns the number of trajectories with live rows.
+func (v Index) NumTrajectories() int { return len(v.ix.list) }
+
+// Trajectory returns the i-th trajectory, 0 <= i < NumTrajectories. The
+// order is arbitrary and changes as trajectories come and go.
+func (v Index) Trajectory(i int) *Trajectory { return v.ix.list[i] }
+
+// ByID returns the live trajectory with that id, or nil.
+func (v Index) ByID(id int64) *Trajectory { return v.ix.byID[id] }
+
+// LiveRows returns the number of live rows.
+func (v Index) LiveRows() int64 { return v.ix.rows }
+
+// OpenTrajectories returns how many trajectories may still grow.
+func (v Index) OpenTrajectories() int { return v.ix.open }
+
+// ReadIndex calls fn with a consistent view of the trajectory index. Writers
+// wait while fn runs, so fn should only choose rows, not copy them.
+func (b *Buffer) ReadIndex(fn func(Index)) error {
+	if err := b.enter(); err != nil {
+		return err
+	}
+	defer b.leave()
+	b.imu.RLock()
+	defer b.imu.RUnlock()
+	fn(Index{&b.ix})
+	return nil
+}

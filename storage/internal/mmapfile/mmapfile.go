@@ -1,0 +1,168 @@
+// Package mmapfile maps whole files (or anonymous memory) into the address
+// space. It is the only place in rbd that touches mmap, so the mapping library
+// can be swapped without touching the storage engine.
+//
+// # Caveats
+//
+// Slices returned by Bytes alias the mapping and become invalid after Close:
+// touching them then crashes the process. Callers must make sure no reader is
+// still using a mapping when they close it.
+package mmapfile
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	mmap "github.com/edsrzf/mmap-go"
+	"golang.org/x/sys/unix"
+)
+
+// Region is a mapped file or an anonymous mapping.
+type Region struct {
+	f    *os.File // nil for anonymous regions
+	m    mmap.MMap
+	path string
+}
+
+// Anonymous maps size bytes of zeroed memory that is not backed by a file.
+// Pages are allocated by the kernel on first touch, so a sparse ring (such as
+// the tail store, where only trajectory ends are written) costs only what it
+// uses.
+func Anonymous(size int64) (*Region, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("mmap anonymous: size %d must be positive", size)
+	}
+	if size != int64(int(size)) {
+		return nil, fmt.Errorf("mmap anonymous: size %d too large for this platform", size)
+	}
+	m, err := mmap.MapRegion(nil, int(size), mmap.RDWR, mmap.ANON, 0)
+	if err != nil {
+		return nil, fmt.Errorf("mmap anonymous %d bytes: %w", size, err)
+	}
+	return &Region{m: m, path: "(anonymous)"}, nil
+}
+
+// Create makes a new file of exactly size bytes (sparse: holes cost no disk)
+// and maps it read-write. It fails if the file exists.
+func Create(path string, size int64) (r *Region, retErr error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", path, err)
+	}
+	defer func() {
+		if retErr != nil {
+			retErr = errors.Join(retErr, f.Close(), os.Remove(path))
+		}
+	}()
+	if err := f.Truncate(size); err != nil {
+		return nil, fmt.Errorf("truncate %s to %d: %w", path, size, err)
+	}
+	return mapFile(f, path, size, true)
+}
+
+// Open maps an existing file. The file must be exactly size bytes long: a
+// mapping past the end of a shorter file would crash on first touch (SIGBUS),
+// so a short file is refused here instead.
+func Open(path string, size int64, writable bool) (*Region, error) {
+	flag := os.O_RDONLY
+	if writable {
+		flag = os.O_RDWR
+	}
+	f, err := os.OpenFile(path, flag, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("stat %s: %w", path, err), f.Close())
+	}
+	if st.Size() != size {
+		return nil, errors.Join(&SizeError{Path: path, Want: size, Got: st.Size()}, f.Close())
+	}
+	r, err := mapFile(f, path, size, writable)
+	if err != nil {
+		return nil, errors.Join(err, f.Close())
+	}
+	return r, nil
+}
+
+// SizeError reports a file whose length differs from what its header and the
+// catalog require (typically a truncated or foreign file).
+type SizeError struct {
+	Path      string
+	Want, Got int64
+}
+
+func (e *SizeError) Error() string {
+	return fmt.Sprintf("%s is %d bytes, want %d", e.Path, e.Got, e.Want)
+}
+
+func mapFile(f *os.File, path string, size int64, writable bool) (*Region, error) {
+	if size != int64(int(size)) {
+		return nil, fmt.Errorf("mmap %s: size %d too large for this platform", path, size)
+	}
+	prot := mmap.RDONLY
+	if writable {
+		prot = mmap.RDWR
+	}
+	m, err := mmap.MapRegion(f, int(size), prot, 0, 0)
+	if err != nil {
+		return nil, fmt.Errorf("mmap %s: %w", path, err)
+	}
+	return &Region{f: f, m: m, path: path}, nil
+}
+
+// Bytes returns the mapped memory.
+func (r *Region) Bytes() []byte { return r.m }
+
+// Path names the file behind the region ("(anonymous)" for anonymous ones).
+func (r *Region) Path() string { return r.path }
+
+// Sync writes the dirty pages of the whole region to stable storage and
+// waits for it (msync MS_SYNC). The kernel only visits dirty pages, so the
+// cost follows what was written, not the size of the mapping.
+func (r *Region) Sync() error {
+	if r.f == nil {
+		return nil
+	}
+	if err := r.m.Flush(); err != nil {
+		return fmt.Errorf("msync %s: %w", r.path, err)
+	}
+	return nil
+}
+
+// SyncRange syncs the pages covering [off, off+n).
+func (r *Region) SyncRange(off, n int) error {
+	if r.f == nil || n <= 0 {
+		return nil
+	}
+	page := os.Getpagesize()
+	start := off &^ (page - 1)
+	end := off + n
+	if end > len(r.m) {
+		end = len(r.m)
+	}
+	if err := unix.Msync(r.m[start:end], unix.MS_SYNC); err != nil {
+		return fmt.Errorf("msync %s [%d,%d): %w", r.path, start, end, err)
+	}
+	return nil
+}
+
+// Close unmaps the region and closes the file.
+func (r *Region) Close() error {
+	var errs []error
+	if r.m != nil {
+		if err := r.m.Unmap(); err != nil {
+			errs = append(errs, fmt.Errorf("munmap %s: %w", r.path, err))
+		}
+		r.m = nil
+	}
+	if r.f != nil {
+		if err := r.f.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close %s: %w", r.path, err))
+		}
+		r.f = nil
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,267 @@
+package storage
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"syscall"
+)
+
+// RowMeta is the metadata of one row. Links name seqs, so a reference to a
+// row that was overwritten since is detected, never followed into the
+// slot's new contents: check liveness with Buffer.Live.
+type RowMeta struct {
+	Seq     int64 // -1 when the row is not live
+	TrajID  int64
+	Step    int64 // index of the row within its trajectory
+	PrevSeq int64 // previous row of the trajectory, -1 at its start
+	NextSeq int64 // next row of the trajectory, -1 if none or not written yet
+	Env     int64
+	// Done = Terminated || Truncated ends the trajectory.
+	Done, Terminated, Truncated bool
+	// HasTail is set on done rows of compact buffers whose writer sent the
+	// final observation.
+	HasTail bool
+}
+
+// Column describes one readable column: a field of the spec or, in
+// compact_obs buffers, the tail store "next.<k>" of an obs key (final
+// observations, present only on done rows with HasTail).
+type Column struct {
+	Name  string
+	DType DType
+	Shape []int
+	// RowBytes is the size of one row of the column.
+	RowBytes int
+	// Tail is true for final-observation columns.
+	Tail bool
+	c    *column
+}
+
+// Column looks up a column by name.
+func (b *Buffer) Column(name string) (Column, bool) {
+	if i, ok := b.colOf[name]; ok {
+		c := b.cols[i]
+		return Column{Name: c.name, DType: c.field.DType, Shape: c.field.Shape, RowBytes: c.rowBytes, c: c}, true
+	}
+	if i, ok := b.tailOf[name]; ok {
+		c := b.tails[i]
+		return Column{Name: c.name, DType: c.field.DType, Shape: c.field.Shape, RowBytes: c.rowBytes, Tail: true, c: c}, true
+	}
+	return Column{}, false
+}
+
+// Live reports whether seq names a row that is live now.
+func (b *Buffer) Live(seq int64) bool {
+	wc := b.writeCount.Load()
+	if seq < 0 || seq >= wc || seq < wc-b.capacity {
+		return false
+	}
+	return b.stamps[seq%b.capacity].Load() == seq
+}
+
+// Gather copies the rows named by seqs into dst: dst[i] receives column
+// cols[i] and must be len(seqs)*cols[i].RowBytes long. meta, if not nil,
+// must be len(seqs) long and receives each row's metadata. Rows that are not
+// live (never written, overwritten, a hole, or overwritten while being
+// copied) are zero-filled, get Seq -1 in meta and are listed in missing.
+// Tail columns are zero for rows without HasTail.
+//
+// Rows are copied without holding any lock: a per-slot stamp is checked
+// before and after each row's copy, so a row is either returned whole or
+// reported missing, never torn.
+func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMeta) (missing []int, err error) {
+	if len(dst) != len(cols) || (meta != nil && len(meta) != len(seqs)) {
+		return nil, fmt.Errorf("gather %q: %d columns, %d destinations, %d seqs, %d metas", b.name, len(cols), len(dst), len(seqs), len(meta))
+	}
+	for i, c := range cols {
+		if c.c == nil {
+			return nil, fmt.Errorf("gather %q: column %d is not from this buffer", b.name, i)
+		}
+		if len(dst[i]) != len(seqs)*c.RowBytes {
+			return nil, fmt.Errorf("gather %q: destination for %q has %d bytes, want %d", b.name, c.Name, len(dst[i]), len(seqs)*c.RowBytes)
+		}
+	}
+	if err := b.enter(); err != nil {
+		return nil, err
+	}
+	defer b.leave()
+	wc := b.writeCount.Load()
+	lo := wc - b.capacity
+	for j, seq := range seqs {
+		var rec record
+		ok := seq >= 0 && seq < wc && seq >= lo
+		if ok {
+			ok = b.copyRow(seq, cols, dst, j, &rec)
+		}
+		if !ok {
+			missing = append(missing, j)
+			for i, c := range cols {
+				clear(dst[i][j*c.RowBytes : (j+1)*c.RowBytes])
+			}
+			if meta != nil {
+				meta[j] = RowMeta{Seq: -1, TrajID: -1, Step: -1, PrevSeq: -1, NextSeq: -1}
+			}
+			continue
+		}
+		if meta != nil {
+			meta[j] = metaOf(&rec)
+		}
+	}
+	if meta != nil {
+		b.imu.RLock()
+		for j := range meta {
+			if meta[j].Seq >= 0 {
+				meta[j].NextSeq = b.ix.next(meta[j].TrajID, meta[j].Step)
+			}
+		}
+		b.imu.RUnlock()
+	}
+	return missing, nil
+}
+
+func (b *Buffer) copyRow(seq int64, cols []Column, dst [][]byte, j int, rec *record) bool {
+	slot := seq % b.capacity
+	stamp := &b.stamps[slot]
+	if stamp.Load() != seq {
+		return false
+	}
+	rb := b.rec(slot)
+	le := binary.LittleEndian
+	rec.Seq = seq
+	rec.TrajID = int64(le.Uint64(rb[recTraj:]))
+	rec.Step = int64(le.Uint64(rb[recStep:]))
+	rec.PrevSeq = int64(le.Uint64(rb[recPrev:]))
+	rec.Env = int64(le.Uint64(rb[recEnv:]))
+	rec.Flags = le.Uint32(rb[recFlags:])
+	for i, c := range cols {
+		d := dst[i][j*c.RowBytes : (j+1)*c.RowBytes]
+		if c.Tail && rec.Flags&flagHasTail == 0 {
+			clear(d)
+			continue
+		}
+		copy(d, c.c.row(slot))
+	}
+	// CompareAndSwap, not Load: it is a full barrier, so the copies above
+	// cannot be reordered after this check on weakly ordered CPUs.
+	return stamp.CompareAndSwap(seq, seq)
+}
+
+func metaOf(r *record) RowMeta {
+	return RowMeta{
+		Seq: r.Seq, TrajID: r.TrajID, Step: r.Step, PrevSeq: r.PrevSeq, NextSeq: -1, Env: r.Env,
+		Done:       r.Flags&flagDone != 0,
+		Terminated: r.Flags&flagTerminated != 0,
+		Truncated:  r.Flags&flagTruncated != 0,
+		HasTail:    r.Flags&flagHasTail != 0,
+	}
+}
+
+// LiveSeqs returns up to count live seqs from fromSeq on, in seq order,
+// skipping rows that are not live (holes, overwritten). A negative fromSeq
+// counts back from the write count.
+func (b *Buffer) LiveSeqs(fromSeq int64, count int) []int64 {
+	wc := b.writeCount.Load()
+	if fromSeq < 0 {
+		fromSeq += wc
+	}
+	fromSeq = max(fromSeq, wc-b.capacity, 0)
+	var out []int64
+	for s := fromSeq; s < wc && len(out) < count; s++ {
+		if b.stamps[s%b.capacity].Load() == s {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// FieldBytes compares what a field would take stored plainly with what it
+// takes here.
+type FieldBytes struct {
+	Logical int64 `json:"logical"`
+	Stored  int64 `json:"stored"`
+}
+
+// Info is a snapshot of a buffer's state.
+type Info struct {
+	Name             string                `json:"name"`
+	Spec             Spec                  `json:"spec"`
+	Size             int64                 `json:"size"`
+	WriteCount       int64                 `json:"write_count"`
+	Trajectories     int                   `json:"trajectories"`
+	OpenTrajectories int                   `json:"open_trajectories"`
+	Bytes            map[string]FieldBytes `json:"bytes"`
+	SamplesServed    int64                 `json:"samples_served"`
+	Durable          int64                 `json:"durable_seq"`
+	Streams          int                   `json:"streams"`
+	Holes            int64                 `json:"holes"`
+	Damaged          int                   `json:"damaged_rows"`
+}
+
+// Info returns the buffer's sizes and counters. For compact_obs buffers the
+// "next.<k>" entry compares the next observations a plain layout would store
+// (one per live row) with the final observations actually kept.
+func (b *Buffer) Info() (Info, error) {
+	if err := b.enter(); err != nil {
+		return Info{}, err
+	}
+	defer b.leave()
+	info := Info{
+		Name:          b.name,
+		Spec:          b.spec.Clone(),
+		WriteCount:    b.writeCount.Load(),
+		SamplesServed: b.sampled.Load(),
+		Durable:       b.Durable(),
+		Bytes:         map[string]FieldBytes{},
+	}
+	b.imu.RLock()
+	info.Size = b.ix.rows
+	info.Trajectories = len(b.ix.list)
+	info.OpenTrajectories = b.ix.open
+	tails := b.ix.tails
+	b.imu.RUnlock()
+	b.wmu.Lock()
+	info.Streams = len(b.streams)
+	b.wmu.Unlock()
+	b.stateMu.Lock()
+	for _, h := range b.holes {
+		info.Holes += h[1] - max(h[0], info.WriteCount-b.capacity)
+	}
+	info.Damaged = len(b.damage)
+	b.stateMu.Unlock()
+	touched := min(info.WriteCount, b.capacity)
+	for _, c := range b.cols {
+		info.Bytes[c.name] = FieldBytes{Logical: info.Size * int64(c.rowBytes), Stored: b.storedBytes(c, touched*int64(c.rowBytes))}
+	}
+	for _, c := range b.tails {
+		info.Bytes[c.name] = FieldBytes{Logical: info.Size * int64(c.rowBytes), Stored: b.storedBytes(c, tails*int64(c.rowBytes))}
+	}
+	return info, nil
+}
+
+// storedBytes is the disk space a column file takes (sparse regions cost
+// nothing) or, for memory buffers, the estimate given.
+func (b *Buffer) storedBytes(c *column, memEstimate int64) int64 {
+	if !b.persistent {
+		return memEstimate
+	}
+	st, err := os.Stat(c.region.Path())
+	if err != nil {
+		return 0
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		return sys.Blocks * 512
+	}
+	return st.Size()
+}
+
+// Damage lists rows that recovery found damaged below the durable watermark
+// (and so dropped). Empty for a healthy buffer.
+func (b *Buffer) Damage() []string {
+	b.stateMu.Lock()
+	defer b.stateMu.Unlock()
+	return append([]string(nil), b.damage...)
+}
+
+// NoteSampled adds n to the count of rows served by samples.
+func (b *Buffer) NoteSampled(n int) { b.sampled.Add(int64(n)) }

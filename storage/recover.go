@@ -1,0 +1,194 @@
+package storage
+
+import (
+	"fmt"
+	"hash/crc32"
+	"sort"
+)
+
+// recover rebuilds the in-memory state of a persistent buffer from its
+// files: which slots hold complete rows, the trajectory index, the stream
+// positions to continue (after a clean close only) and the holes a crash
+// left. It returns the largest trajectory id seen (-1 if none).
+//
+// A row is accepted when its record checksum holds, its seq belongs to its
+// slot and the live window, its data checksum holds, and its predecessor
+// (if still in the window) was accepted with the same trajectory and the
+// previous step. Everything else is either a hole (above the durable
+// watermark: what a crash leaves) or damage (below it: reported, never
+// served).
+func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos) (int64, error) {
+	capacity := b.capacity
+	durable, ok := readWatermark(b.hdr)
+	if !ok {
+		b.log.Warn("durable watermark block is torn; treating every row as unacknowledged")
+		durable = 0
+	}
+	maxSeq := int64(-1)
+	for slot := int64(0); slot < capacity; slot++ {
+		r, ok := decodeRecord(b.rec(slot))
+		if !ok {
+			continue
+		}
+		if r.Seq%capacity != slot {
+			return -1, corruptf(metaFile(b.dir), headerSize+slot*recordSize, "record in slot %d holds seq %d (slot %d)", slot, r.Seq, r.Seq%capacity)
+		}
+		maxSeq = max(maxSeq, r.Seq)
+	}
+	wc := max(st.WriteCount, maxSeq+1)
+	lo := max(0, wc-capacity)
+	durable = min(durable, wc)
+	inOldHole := func(seq int64) bool {
+		for _, h := range st.Holes {
+			if seq >= h[0] && seq < h[1] {
+				return true
+			}
+		}
+		return false
+	}
+
+	var holes [][2]int64
+	addHole := func(seq int64) {
+		if n := len(holes); n > 0 && holes[n-1][1] == seq {
+			holes[n-1][1]++
+			return
+		}
+		holes = append(holes, [2]int64{seq, seq + 1})
+	}
+	lost := func(seq int64, why string) {
+		if seq >= durable || inOldHole(seq) {
+			addHole(seq)
+			return
+		}
+		b.damage = append(b.damage, fmt.Sprintf("seq %d (below durable watermark %d): %s", seq, durable, why))
+	}
+	maxTraj := int64(-1)
+	type accepted struct{ traj, step int64 }
+	ok2 := make(map[int64]accepted) // accepted rows whose successor may still come
+	for seq := lo; seq < wc; seq++ {
+		slot := seq % capacity
+		r, ok := decodeRecord(b.rec(slot))
+		if !ok || r.Seq != seq {
+			lost(seq, "record missing or torn")
+			continue
+		}
+		if r.Flags&^knownFlags != 0 {
+			lost(seq, fmt.Sprintf("unknown flags %#x", r.Flags))
+			continue
+		}
+		if got := b.dataCRC(slot, r.Flags); got != r.DataCRC {
+			lost(seq, fmt.Sprintf("data checksum %08x, record says %08x", got, r.DataCRC))
+			continue
+		}
+		if r.PrevSeq >= lo {
+			p, ok := ok2[r.PrevSeq]
+			if !ok {
+				lost(seq, fmt.Sprintf("previous row %d of trajectory %d is missing", r.PrevSeq, r.TrajID))
+				continue
+			}
+			if p.traj != r.TrajID || p.step != r.Step-1 {
+				lost(seq, fmt.Sprintf("links to row %d of trajectory %d step %d, but it is trajectory %d step %d", r.PrevSeq, r.TrajID, r.Step-1, p.traj, p.step))
+				continue
+			}
+			delete(ok2, r.PrevSeq)
+		} else if r.PrevSeq < -1 || r.PrevSeq >= seq {
+			lost(seq, fmt.Sprintf("impossible prev_seq %d", r.PrevSeq))
+			continue
+		}
+		if err := b.ix.add(r.TrajID, r.Step, seq, r.Flags&flagDone != 0, r.Flags&flagHasTail != 0); err != nil {
+			lost(seq, err.Error())
+			continue
+		}
+		if r.Flags&flagDone == 0 {
+			ok2[seq] = accepted{r.TrajID, r.Step}
+		}
+		b.stamps[slot].Store(seq)
+		maxTraj = max(maxTraj, r.TrajID)
+	}
+	b.writeCount.Store(wc)
+	b.sync.durable = durable
+
+	// Continue open trajectories only after a clean close: after a crash
+	// their last rows may be lost, so they are closed (as truncated).
+	if st.Clean {
+		for name, envs := range streams {
+			kept := map[int64]*streamPos{}
+			for e, pos := range envs {
+				t := b.ix.byID[pos.TrajID]
+				switch {
+				case t != nil && t.open && t.Seq(t.Len()-1) == pos.LastSeq:
+				case t == nil && pos.LastSeq < lo:
+					// Every row of it was overwritten; it still continues.
+				default:
+					continue
+				}
+				p := pos
+				kept[e] = &p
+				maxTraj = max(maxTraj, pos.TrajID)
+			}
+			if len(kept) > 0 {
+				b.streams[name] = kept
+			}
+		}
+	}
+	continued := map[int64]bool{}
+	for _, envs := range b.streams {
+		for _, pos := range envs {
+			continued[pos.TrajID] = true
+		}
+	}
+	for _, t := range b.ix.list {
+		if t.open && !continued[t.id] {
+			b.ix.setClosed(t)
+		}
+	}
+
+	// Keep the holes still in the ring, old and new, for verify.
+	for _, h := range st.Holes {
+		if h[1] > lo {
+			holes = append(holes, h)
+		}
+	}
+	sort.Slice(holes, func(i, j int) bool { return holes[i][0] < holes[j][0] })
+	b.holes = mergeRanges(holes)
+	if len(b.damage) > 0 {
+		b.log.Error("damaged rows below the durable watermark were dropped", "rows", len(b.damage), "first", b.damage[0])
+	}
+	if !st.Clean {
+		b.log.Warn("buffer was not closed cleanly; recovered", "write_count", wc, "live_rows", b.ix.rows, "holes", len(holes))
+	}
+	if !b.store.readOnly {
+		// Clean stays false until the next clean close, so a crash before
+		// then is detected; the saved streams are consumed.
+		if err := b.store.cat.putState(b.name, b.state(false), nil, true); err != nil {
+			return -1, err
+		}
+	}
+	return maxTraj, nil
+}
+
+// dataCRC recomputes the data checksum of the row in slot.
+func (b *Buffer) dataCRC(slot int64, flags uint32) uint32 {
+	var crc uint32
+	for _, c := range b.cols {
+		crc = crc32.Update(crc, castagnoli, c.row(slot))
+	}
+	if flags&flagHasTail != 0 {
+		for _, c := range b.tails {
+			crc = crc32.Update(crc, castagnoli, c.row(slot))
+		}
+	}
+	return crc
+}
+
+func mergeRanges(rs [][2]int64) [][2]int64 {
+	var out [][2]int64
+	for _, r := range rs {
+		if n := len(out); n > 0 && r[0] <= out[n-1][1] {
+			out[n-1][1] = max(out[n-1][1], r[1])
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}

@@ -1,0 +1,944 @@
+package storage
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Kind selects how a buffer keeps its rows.
+type Kind string
+
+// The storage kinds. The strings are part of the HTTP contract.
+const (
+	// KindMemory keeps rows in process memory only; they are lost on restart.
+	KindMemory Kind = "memory"
+	// KindMemmap keeps rows in memory-mapped column files so that a buffer
+	// survives restarts and may grow beyond RAM.
+	KindMemmap Kind = "memmap"
+	// KindCompressed is planned: memmap storage with per-field compression.
+	// Specs that ask for it are rejected with ErrNotSupported until it exists,
+	// so that clients learn early instead of getting a silently uncompressed
+	// buffer.
+	KindCompressed Kind = "compressed"
+)
+
+// Durability says how hard a persistent buffer works to get written rows onto
+// disk before acknowledging them, trading ingest throughput against how many
+// recent rows a crash may lose.
+type Durability string
+
+// The durability levels. The strings are part of the HTTP contract.
+const (
+	// DurabilityNone leaves write-back entirely to the operating system.
+	DurabilityNone Durability = "none"
+	// DurabilityFlush hands written pages to the OS before acknowledging, so
+	// a crash of the process (but not of the machine) loses nothing.
+	DurabilityFlush Durability = "flush"
+	// DurabilityFsync waits for the data to reach stable storage, so acknowledged
+	// rows survive power loss too.
+	DurabilityFsync Durability = "fsync"
+)
+
+// Limits enforced by Validate. They exist to turn absurd requests (usually
+// typos or unit mix-ups) into clear errors before any file is sized from them.
+const (
+	specMaxCapacity     = 1 << 40
+	specMaxDims         = 8
+	specMaxRowBytes     = 256 << 20
+	specMaxFieldNameLen = 128
+)
+
+// Defaults filled by WithDefaults and by decoding.
+const (
+	specDefaultObsKey = "observation"
+	specDefaultCodec  = "zstd"
+	specDefaultLevel  = 1
+	specDefaultAlpha  = 0.6
+	specDefaultEps    = 1e-6
+)
+
+// FrameStack asks for a field to be stored as single frames and stacked K deep
+// along Axis at sample time, which saves K-fold space for image observations.
+// It belongs to the compressed kind and is rejected until that exists.
+type FrameStack struct {
+	K    int `json:"k"`
+	Axis int `json:"axis"`
+}
+
+// Field declares one column of a buffer.
+type Field struct {
+	Name  string
+	DType DType
+	// Shape is the per-row shape; empty means one scalar per row.
+	Shape []int
+	// Compress opts a field in or out of compression on compressed buffers;
+	// nil means the buffer's default. Rejected until compressed storage exists.
+	Compress *bool
+	// FrameStack is nil for ordinary fields.
+	FrameStack *FrameStack
+}
+
+// RowElems returns the number of elements one row of the field holds: the
+// product of Shape, which is 1 for a scalar. It assumes a validated shape.
+func (f Field) RowElems() int {
+	n := 1
+	for _, d := range f.Shape {
+		n *= d
+	}
+	return n
+}
+
+// RowBytes returns the number of bytes one row of the field occupies in its
+// column. It assumes a validated field.
+func (f Field) RowBytes() int {
+	return f.RowElems() * f.DType.Size()
+}
+
+// clone returns a copy of f that shares no memory with it.
+func (f Field) clone() Field {
+	c := f
+	c.Shape = slices.Clone(f.Shape)
+	if f.Compress != nil {
+		v := *f.Compress
+		c.Compress = &v
+	}
+	if f.FrameStack != nil {
+		v := *f.FrameStack
+		c.FrameStack = &v
+	}
+	return c
+}
+
+// PriorityOptions configures proportional prioritised sampling, where a row
+// is drawn with probability proportional to (priority + Eps)^Alpha.
+type PriorityOptions struct {
+	// Alpha is the prioritisation exponent; 0 means uniform sampling, which
+	// is why a missing alpha is filled at decode time rather than treated as 0.
+	Alpha float64 `json:"alpha"`
+	// Eps keeps rows with zero priority sampleable.
+	Eps float64 `json:"eps"`
+}
+
+// DefaultPriority returns the customary settings from the prioritised
+// experience replay paper, used for any key a client leaves out.
+func DefaultPriority() PriorityOptions {
+	return PriorityOptions{Alpha: specDefaultAlpha, Eps: specDefaultEps}
+}
+
+// CompressionOptions configures the codec of a compressed buffer.
+type CompressionOptions struct {
+	Codec string `json:"codec"`
+	Level int    `json:"level"`
+}
+
+// Spec describes a buffer: its capacity, where rows live and what each row
+// holds. It is what clients send to create a buffer and what is persisted
+// alongside it, so its JSON form is a public contract; see MarshalJSON.
+type Spec struct {
+	// Capacity is the number of rows kept before the oldest are overwritten.
+	Capacity int64
+	Storage  Kind
+	// Fields are in declaration order, which fixes column order in listings
+	// and on disk; it carries no other meaning (see Equal).
+	Fields []Field
+	// CompactObs stores each observation once and rebuilds next.<obs key> at
+	// sample time from the following step, halving observation storage.
+	CompactObs bool
+	// ObsKeys names the fields that are observations.
+	ObsKeys []string
+	// Priority enables prioritised sampling; nil means uniform sampling only.
+	Priority    *PriorityOptions
+	Durability  Durability
+	Compression *CompressionOptions
+}
+
+// ErrInvalidSpec is matched (with errors.Is) by every problem found in a spec,
+// whatever its more specific cause, so that callers such as the HTTP layer
+// can map all of them to one client error.
+var ErrInvalidSpec = errors.New("storage: invalid spec")
+
+// ErrNotSupported marks requests for features that are planned but not built
+// yet, so that callers can tell "never valid" from "not valid yet".
+var ErrNotSupported = errors.New("storage: not supported yet")
+
+// SpecError is one problem with a spec. Path locates it the way a client
+// would find it in the JSON, e.g. "capacity", "fields.observation.shape" or
+// "obs_keys[1]", so that error messages can be acted on without guessing.
+type SpecError struct {
+	Path string
+	Msg  string
+	// Err is the underlying cause, if there is a more specific one than an
+	// invalid spec: ErrNotSupported, or a JSON syntax error. It may be nil.
+	Err error
+}
+
+// Error returns "spec: <path>: <msg>".
+func (e *SpecError) Error() string {
+	if e.Path == "" {
+		return "spec: " + e.Msg
+	}
+	return "spec: " + e.Path + ": " + e.Msg
+}
+
+// Unwrap returns the specific cause if there is one, and ErrInvalidSpec
+// otherwise.
+func (e *SpecError) Unwrap() error {
+	if e.Err != nil {
+		return e.Err
+	}
+	return ErrInvalidSpec
+}
+
+// Is makes every SpecError match ErrInvalidSpec even when Unwrap leads to a
+// more specific cause such as ErrNotSupported.
+func (e *SpecError) Is(target error) bool {
+	return target == ErrInvalidSpec
+}
+
+// ParseSpec decodes a spec from JSON, fills defaults and validates it, which
+// is everything needed before a client's spec can be trusted.
+func ParseSpec(data []byte) (Spec, error) {
+	var s Spec
+	if err := s.UnmarshalJSON(data); err != nil {
+		return Spec{}, err
+	}
+	s = s.WithDefaults()
+	if err := s.Validate(); err != nil {
+		return Spec{}, err
+	}
+	return s, nil
+}
+
+// Clone returns a deep copy of s, so that a buffer can keep its spec without
+// the caller being able to change it afterwards. Nil and empty slices are
+// preserved as they are.
+func (s Spec) Clone() Spec {
+	c := s
+	if s.Fields != nil {
+		c.Fields = make([]Field, len(s.Fields))
+		for i, f := range s.Fields {
+			c.Fields[i] = f.clone()
+		}
+	}
+	c.ObsKeys = slices.Clone(s.ObsKeys)
+	if s.Priority != nil {
+		v := *s.Priority
+		c.Priority = &v
+	}
+	if s.Compression != nil {
+		v := *s.Compression
+		c.Compression = &v
+	}
+	return c
+}
+
+// WithDefaults returns a deep copy of s with every omitted setting filled in,
+// so that code downstream never has to know the defaults. Priority defaults
+// are not filled here: a nil Priority means "off", and partially given
+// priority options are completed when decoding.
+func (s Spec) WithDefaults() Spec {
+	c := s.Clone()
+	if c.Storage == "" {
+		c.Storage = KindMemmap
+	}
+	if len(c.ObsKeys) == 0 {
+		c.ObsKeys = []string{specDefaultObsKey}
+	}
+	if c.Durability == "" && (c.Storage == KindMemmap || c.Storage == KindCompressed) {
+		c.Durability = DurabilityFlush
+	}
+	if c.Compression == nil && c.Storage == KindCompressed {
+		c.Compression = &CompressionOptions{Codec: specDefaultCodec, Level: specDefaultLevel}
+	}
+	for i := range c.Fields {
+		if c.Fields[i].Shape == nil {
+			c.Fields[i].Shape = []int{}
+		}
+	}
+	return c
+}
+
+// Field returns a copy of the field with the given name.
+func (s Spec) Field(name string) (Field, bool) {
+	for _, f := range s.Fields {
+		if f.Name == name {
+			return f.clone(), true
+		}
+	}
+	return Field{}, false
+}
+
+// HasField reports whether s declares a field with the given name.
+func (s Spec) HasField(name string) bool {
+	return slices.ContainsFunc(s.Fields, func(f Field) bool { return f.Name == name })
+}
+
+// Equal reports whether s and o describe the same buffer: they are compared
+// after WithDefaults, so spelling a default out makes no difference, and
+// field order is ignored because JSON clients cannot be relied on to keep
+// object keys in order. Everything else, including the order of ObsKeys,
+// must match.
+func (s Spec) Equal(o Spec) bool {
+	a, b := s.WithDefaults(), o.WithDefaults()
+	if a.Capacity != b.Capacity || a.Storage != b.Storage || a.CompactObs != b.CompactObs ||
+		a.Durability != b.Durability || !slices.Equal(a.ObsKeys, b.ObsKeys) {
+		return false
+	}
+	if (a.Priority == nil) != (b.Priority == nil) || (a.Priority != nil && *a.Priority != *b.Priority) {
+		return false
+	}
+	if (a.Compression == nil) != (b.Compression == nil) || (a.Compression != nil && *a.Compression != *b.Compression) {
+		return false
+	}
+	if len(a.Fields) != len(b.Fields) {
+		return false
+	}
+	// Sorting by a total order over every attribute, not just the name,
+	// keeps the comparison exact even for (invalid) duplicate names.
+	slices.SortFunc(a.Fields, compareFields)
+	slices.SortFunc(b.Fields, compareFields)
+	return slices.EqualFunc(a.Fields, b.Fields, func(x, y Field) bool { return compareFields(x, y) == 0 })
+}
+
+// compareFields is a total order over fields for Equal.
+func compareFields(x, y Field) int {
+	// cmp.Compare does not order bools; false sorts first.
+	order := func(b bool) int {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	if c := cmp.Compare(x.Name, y.Name); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(x.DType, y.DType); c != 0 {
+		return c
+	}
+	if c := slices.Compare(x.Shape, y.Shape); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(order(x.Compress != nil), order(y.Compress != nil)); c != 0 {
+		return c
+	}
+	if x.Compress != nil {
+		if c := cmp.Compare(order(*x.Compress), order(*y.Compress)); c != 0 {
+			return c
+		}
+	}
+	if c := cmp.Compare(order(x.FrameStack != nil), order(y.FrameStack != nil)); c != 0 {
+		return c
+	}
+	if x.FrameStack != nil {
+		if c := cmp.Compare(x.FrameStack.K, y.FrameStack.K); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.FrameStack.Axis, y.FrameStack.Axis)
+	}
+	return 0
+}
+
+// specJoinPath extends an error path by one object key. An empty key is shown
+// quoted, since "fields." would look like a truncated message.
+func specJoinPath(parent, key string) string {
+	switch {
+	case key == "":
+		return parent + `[""]`
+	case parent == "":
+		return key
+	default:
+		return parent + "." + key
+	}
+}
+
+// specFieldPath is the error path of the field with the given name.
+func specFieldPath(name string) string {
+	return specJoinPath("fields", name)
+}
+
+// Validate reports every problem with s rather than only the first, so that
+// a client can fix a spec in one go. The result is nil or an errors.Join of
+// *SpecError values, ordered as their paths appear in the JSON form.
+//
+// Validate judges s as it will be used, that is after WithDefaults, so a spec
+// that relies on defaults is valid.
+func (s Spec) Validate() error {
+	var v specValidator
+	v.validate(s.WithDefaults())
+	return errors.Join(v.errs...)
+}
+
+// specValidator accumulates the problems found in one spec.
+type specValidator struct {
+	errs []error
+}
+
+func (v *specValidator) add(path, format string, args ...any) {
+	v.errs = append(v.errs, &SpecError{Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+func (v *specValidator) unsupported(path, msg string) {
+	v.errs = append(v.errs, &SpecError{Path: path, Msg: msg, Err: ErrNotSupported})
+}
+
+// validate checks s in the order its keys are marshaled, which is what
+// makes the error order deterministic.
+func (v *specValidator) validate(s Spec) {
+	capacityOK := s.Capacity >= 1 && s.Capacity <= specMaxCapacity
+	if !capacityOK {
+		v.add("capacity", "must be between 1 and %d (1<<40), got %d", int64(specMaxCapacity), s.Capacity)
+	}
+
+	switch s.Storage {
+	case KindMemory, KindMemmap:
+	case KindCompressed:
+		v.unsupported("storage", "compressed storage is not supported yet")
+	default:
+		v.add("storage", "unknown storage kind %q; want one of %s, %s, %s", s.Storage, KindMemory, KindMemmap, KindCompressed)
+	}
+
+	// Observations that compact_obs rebuilds at sample time, keyed by the
+	// name the client must therefore not declare.
+	rebuilt := make(map[string]string)
+	if s.CompactObs {
+		for _, k := range s.ObsKeys {
+			rebuilt["next."+k] = k
+		}
+	}
+	if len(s.Fields) == 0 {
+		v.add("fields", "at least one field is required")
+	}
+	declared := make(map[string]bool, len(s.Fields))
+	for _, f := range s.Fields {
+		path := specFieldPath(f.Name)
+		if declared[f.Name] {
+			v.add(path, "duplicate field name")
+			continue
+		}
+		declared[f.Name] = true
+		v.field(path, f, s.Capacity, capacityOK)
+		if k, ok := rebuilt[f.Name]; ok {
+			v.add(path, "compact_obs buffers must not declare next.%s; it is rebuilt at sample time", k)
+		}
+	}
+	if len(s.Fields) > 0 && !declared["next.done"] {
+		v.add(specFieldPath("next.done"), `required field is missing; declare it as {"dtype": "bool", "shape": []}`)
+	}
+
+	seenKeys := make(map[string]bool, len(s.ObsKeys))
+	for i, k := range s.ObsKeys {
+		path := fmt.Sprintf("obs_keys[%d]", i)
+		switch {
+		case seenKeys[k]:
+			v.add(path, "duplicate obs key %q", k)
+		case !declared[k]:
+			v.add(path, "no field named %q", k)
+		}
+		seenKeys[k] = true
+	}
+
+	if p := s.Priority; p != nil {
+		// Written as !(x >= 0) so that NaN fails too.
+		if !(p.Alpha >= 0) || math.IsInf(p.Alpha, 0) {
+			v.add("priority.alpha", "must be a finite number >= 0, got %v", p.Alpha)
+		}
+		if !(p.Eps >= 0) || math.IsInf(p.Eps, 0) {
+			v.add("priority.eps", "must be a finite number >= 0, got %v", p.Eps)
+		}
+	}
+
+	switch s.Durability {
+	case "":
+	case DurabilityNone, DurabilityFlush, DurabilityFsync:
+		if s.Storage == KindMemory {
+			v.add("durability", "durability applies to persistent storage kinds; memory buffers keep no rows across restarts")
+		}
+	default:
+		v.add("durability", "unknown durability %q; want one of %s, %s, %s", s.Durability, DurabilityNone, DurabilityFlush, DurabilityFsync)
+	}
+
+	if s.Compression != nil && s.Storage != KindCompressed {
+		v.add("compression", "compression options apply only to %s storage, not %q", KindCompressed, s.Storage)
+	}
+}
+
+// field checks one field. The capacity is needed because the column for the
+// field must be addressable in int64 bytes.
+func (v *specValidator) field(path string, f Field, capacity int64, capacityOK bool) {
+	if msg := v.nameProblem(f.Name); msg != "" {
+		v.add(path, "%s", msg)
+	}
+
+	dtypePath, shapePath := path+".dtype", path+".shape"
+	switch {
+	case f.DType == 0:
+		v.add(dtypePath, "is required (one of %s)", validDTypeNames())
+	case !f.DType.Valid():
+		v.add(dtypePath, "unknown %s (valid dtypes: %s)", f.DType, validDTypeNames())
+	}
+
+	shapeOK := true
+	if len(f.Shape) > specMaxDims {
+		v.add(shapePath, "has %d dimensions; at most %d are allowed", len(f.Shape), specMaxDims)
+		shapeOK = false
+	}
+	for i, d := range f.Shape {
+		if d < 1 {
+			v.add(fmt.Sprintf("%s[%d]", shapePath, i), "dimension must be at least 1, got %d", d)
+			shapeOK = false
+		}
+	}
+	if shapeOK {
+		// Multiply with an overflow guard: the shape comes from a client and
+		// its product may not fit in an int at all.
+		size := max(int64(f.DType.Size()), 1)
+		rowBytes := size
+		for _, d := range f.Shape {
+			if int64(d) > specMaxRowBytes/rowBytes {
+				rowBytes = -1
+				break
+			}
+			rowBytes *= int64(d)
+		}
+		switch {
+		case rowBytes < 0:
+			v.add(shapePath, "a row of shape %v exceeds the %d MiB row limit", f.Shape, specMaxRowBytes>>20)
+		case capacityOK && rowBytes > math.MaxInt64/capacity:
+			v.add(shapePath, "capacity %d times %d bytes per row overflows int64", capacity, rowBytes)
+		}
+	}
+
+	switch f.Name {
+	case "next.done", "next.terminated", "next.truncated":
+		// Episode boundaries are read as one flag per row by the samplers.
+		if f.DType.Valid() && f.DType != Bool {
+			v.add(dtypePath, "%s must be bool, got %s", f.Name, f.DType)
+		}
+		if len(f.Shape) != 0 {
+			v.add(shapePath, "%s must be a scalar (shape []), got %v", f.Name, f.Shape)
+		}
+	}
+
+	if f.Compress != nil {
+		v.unsupported(path+".compress", "per-field compression is not supported yet (it needs compressed storage)")
+	}
+	if f.FrameStack != nil {
+		v.unsupported(path+".frame_stack", "frame stacking is not supported yet (it needs compressed storage)")
+	}
+}
+
+// nameProblem returns why name cannot be a field name, or "" if it can.
+// Names are restricted to dotted identifiers so that they can double as
+// file names and as Python attribute paths; reserved names belong to the
+// columns and sample keys the buffer adds itself.
+func (specValidator) nameProblem(name string) string {
+	if name == "" {
+		return "field name must not be empty"
+	}
+	if len(name) > specMaxFieldNameLen {
+		return fmt.Sprintf("field name is %d bytes long; at most %d are allowed", len(name), specMaxFieldNameLen)
+	}
+	for part := range strings.SplitSeq(name, ".") {
+		if !isSpecIdentifier(part) {
+			return fmt.Sprintf("invalid field name %q: each dot-separated part must match [A-Za-z_][A-Za-z0-9_]*", name)
+		}
+	}
+	switch name {
+	case "seq", "traj_id", "step", "prev_seq", "next_seq", "env", "weight", "mask",
+		"slice_end", "steps_to_next_obs", "gamma", "epoch":
+		return fmt.Sprintf("field name %q is reserved for a column the buffer adds itself", name)
+	}
+	if strings.HasSuffix(name, "_valid") {
+		return fmt.Sprintf("field name %q is reserved: names ending in _valid are validity masks the buffer adds itself", name)
+	}
+	if strings.HasPrefix(name, "next.original_") {
+		return fmt.Sprintf("field name %q is reserved: names starting with next.original_ are kept for unmodified copies of transformed fields", name)
+	}
+	return ""
+}
+
+// isSpecIdentifier reports whether s matches [A-Za-z_][A-Za-z0-9_]*.
+func isSpecIdentifier(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '_', 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z':
+		case '0' <= c && c <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// MarshalJSON writes the canonical JSON form of s: compact, with top-level
+// keys in a fixed order, fields in declaration order and optional sections
+// (priority, durability, compression) only when set. Being canonical means
+// that marshaling a decoded spec again gives identical bytes, which lets
+// specs be compared and stored byte for byte. s is written as it is; call
+// WithDefaults first to spell out defaults.
+func (s Spec) MarshalJSON() ([]byte, error) {
+	var e specEncoder
+	e.raw(`{"capacity":`)
+	e.raw(strconv.FormatInt(s.Capacity, 10))
+	e.raw(`,"storage":`)
+	e.str(string(s.Storage))
+	e.raw(`,"fields":{`)
+	for i, f := range s.Fields {
+		if i > 0 {
+			e.raw(",")
+		}
+		e.str(f.Name)
+		e.raw(`:{"dtype":`)
+		e.value(f.DType)
+		e.raw(`,"shape":[`)
+		for j, d := range f.Shape {
+			if j > 0 {
+				e.raw(",")
+			}
+			e.raw(strconv.Itoa(d))
+		}
+		e.raw("]")
+		if f.Compress != nil {
+			e.raw(`,"compress":`)
+			e.raw(strconv.FormatBool(*f.Compress))
+		}
+		if f.FrameStack != nil {
+			e.raw(`,"frame_stack":{"k":`)
+			e.raw(strconv.Itoa(f.FrameStack.K))
+			e.raw(`,"axis":`)
+			e.raw(strconv.Itoa(f.FrameStack.Axis))
+			e.raw("}")
+		}
+		e.raw("}")
+	}
+	e.raw(`},"compact_obs":`)
+	e.raw(strconv.FormatBool(s.CompactObs))
+	e.raw(`,"obs_keys":[`)
+	for i, k := range s.ObsKeys {
+		if i > 0 {
+			e.raw(",")
+		}
+		e.str(k)
+	}
+	e.raw("]")
+	if p := s.Priority; p != nil {
+		e.raw(`,"priority":{"alpha":`)
+		e.value(p.Alpha)
+		e.raw(`,"eps":`)
+		e.value(p.Eps)
+		e.raw("}")
+	}
+	if s.Durability != "" {
+		e.raw(`,"durability":`)
+		e.str(string(s.Durability))
+	}
+	if c := s.Compression; c != nil {
+		e.raw(`,"compression":{"codec":`)
+		e.str(c.Codec)
+		e.raw(`,"level":`)
+		e.raw(strconv.Itoa(c.Level))
+		e.raw("}")
+	}
+	e.raw("}")
+	if e.err != nil {
+		return nil, fmt.Errorf("storage: marshal spec: %w", e.err)
+	}
+	return e.buf.Bytes(), nil
+}
+
+// specEncoder builds JSON by hand so that key order is under our control,
+// keeping the first error so that the writing code can stay linear.
+type specEncoder struct {
+	buf bytes.Buffer
+	err error
+}
+
+func (e *specEncoder) raw(s string) {
+	e.buf.WriteString(s)
+}
+
+func (e *specEncoder) str(s string) {
+	e.value(s)
+}
+
+// value writes v with encoding/json, which gives strings proper escaping and
+// floats their shortest exactly-round-tripping form, and rejects NaN.
+func (e *specEncoder) value(v any) {
+	if e.err != nil {
+		return
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		e.err = err
+		return
+	}
+	e.buf.Write(b)
+}
+
+// UnmarshalJSON decodes a spec without filling defaults or validating it; use
+// ParseSpec for input from clients. Decoding is strict, because a misspelt
+// key silently ignored would give the client a buffer it did not ask for:
+// unknown and duplicate keys are errors naming the key. The order of the
+// "fields" object is kept in Fields. Priority keys that are left out take
+// their DefaultPriority values here, since a zero alpha is meaningful. JSON
+// null leaves s unchanged, following encoding/json's convention. Errors are
+// *SpecError values.
+func (s *Spec) UnmarshalJSON(data []byte) error {
+	if string(bytes.TrimSpace(data)) == "null" {
+		return nil
+	}
+	d := specDecoder{dec: json.NewDecoder(bytes.NewReader(data))}
+	var out Spec
+	present, err := d.object("", "key", func(key, path string) error {
+		switch key {
+		case "capacity":
+			return d.value(path, "an integer", &out.Capacity)
+		case "storage":
+			return d.value(path, "a string", &out.Storage)
+		case "fields":
+			return d.fields(path, &out.Fields)
+		case "compact_obs":
+			return d.value(path, "a boolean", &out.CompactObs)
+		case "obs_keys":
+			return d.value(path, "an array of strings", &out.ObsKeys)
+		case "priority":
+			return d.priority(path, &out.Priority)
+		case "durability":
+			return d.value(path, "a string", &out.Durability)
+		case "compression":
+			return d.compression(path, &out.Compression)
+		default:
+			return d.unknownKey(path)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if !present {
+		return &SpecError{Msg: "must be a JSON object"}
+	}
+	if _, err := d.dec.Token(); err != io.EOF {
+		return &SpecError{Msg: "unexpected data after the spec object"}
+	}
+	*s = out
+	return nil
+}
+
+// specDecoder walks a spec with json.Decoder tokens, which is what lets it
+// keep the order of the fields object and notice duplicate keys.
+type specDecoder struct {
+	dec *json.Decoder
+}
+
+// object reads one JSON object, calling fn with each key and its path while
+// the decoder is positioned at the key's value; fn must consume that value.
+// A JSON null reads as an absent object (present is false). what names the
+// keys in duplicate-key errors.
+func (d specDecoder) object(path, what string, fn func(key, path string) error) (present bool, err error) {
+	tok, err := d.dec.Token()
+	if err != nil {
+		return false, d.syntaxError(path, err)
+	}
+	if tok == nil {
+		return false, nil
+	}
+	if delim, ok := tok.(json.Delim); !ok || delim != '{' {
+		return false, &SpecError{Path: path, Msg: "must be a JSON object, not " + d.describe(tok)}
+	}
+	seen := make(map[string]bool)
+	for d.dec.More() {
+		tok, err := d.dec.Token()
+		if err != nil {
+			return false, d.syntaxError(path, err)
+		}
+		// Inside an object the decoder only yields string keys.
+		key := tok.(string)
+		keyPath := specJoinPath(path, key)
+		if seen[key] {
+			return false, &SpecError{Path: keyPath, Msg: "duplicate " + what}
+		}
+		seen[key] = true
+		if err := fn(key, keyPath); err != nil {
+			return false, err
+		}
+	}
+	if _, err := d.dec.Token(); err != nil { // the closing brace
+		return false, d.syntaxError(path, err)
+	}
+	return true, nil
+}
+
+// value decodes the next JSON value into v, where want describes the
+// expected JSON type for error messages. JSON null leaves v unchanged.
+func (d specDecoder) value(path, want string, v any) error {
+	err := d.dec.Decode(v)
+	if err == nil {
+		return nil
+	}
+	if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
+		return &SpecError{Path: path, Msg: fmt.Sprintf("must be %s, not %s", want, te.Value)}
+	}
+	return d.syntaxError(path, err)
+}
+
+func (d specDecoder) syntaxError(path string, err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return &SpecError{Path: path, Msg: "unexpected end of JSON input", Err: err}
+	}
+	return &SpecError{Path: path, Msg: "malformed JSON: " + err.Error(), Err: err}
+}
+
+func (specDecoder) unknownKey(path string) error {
+	return &SpecError{Path: path, Msg: "unknown key"}
+}
+
+// describe names the JSON type of a token for error messages.
+func (specDecoder) describe(tok json.Token) string {
+	switch t := tok.(type) {
+	case json.Delim:
+		if t == '[' {
+			return "an array"
+		}
+		return "an object"
+	case string:
+		return "a string"
+	case bool:
+		return "a boolean"
+	case nil:
+		return "null"
+	default:
+		return "a number"
+	}
+}
+
+// fields decodes the "fields" object, one Field per key in order.
+func (d specDecoder) fields(path string, out *[]Field) error {
+	fields := []Field{}
+	present, err := d.object(path, "field name", func(name, _ string) error {
+		f, err := d.field(specFieldPath(name), name)
+		if err != nil {
+			return err
+		}
+		fields = append(fields, f)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if present {
+		*out = fields
+	}
+	return nil
+}
+
+func (d specDecoder) field(path, name string) (Field, error) {
+	f := Field{Name: name}
+	_, err := d.object(path, "key", func(key, keyPath string) error {
+		switch key {
+		case "dtype":
+			var dt *string
+			if err := d.value(keyPath, "a string", &dt); err != nil {
+				return err
+			}
+			if dt == nil {
+				return nil
+			}
+			v, err := ParseDType(*dt)
+			if err != nil {
+				return &SpecError{Path: keyPath, Msg: fmt.Sprintf("unknown dtype %q (valid dtypes: %s)", *dt, validDTypeNames())}
+			}
+			f.DType = v
+			return nil
+		case "shape":
+			return d.value(keyPath, "an array of integers", &f.Shape)
+		case "compress":
+			return d.value(keyPath, "a boolean", &f.Compress)
+		case "frame_stack":
+			return d.frameStack(keyPath, &f.FrameStack)
+		default:
+			return d.unknownKey(keyPath)
+		}
+	})
+	return f, err
+}
+
+func (d specDecoder) frameStack(path string, out **FrameStack) error {
+	var fs FrameStack
+	present, err := d.object(path, "key", func(key, keyPath string) error {
+		switch key {
+		case "k":
+			return d.value(keyPath, "an integer", &fs.K)
+		case "axis":
+			return d.value(keyPath, "an integer", &fs.Axis)
+		default:
+			return d.unknownKey(keyPath)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if present {
+		*out = &fs
+	}
+	return nil
+}
+
+func (d specDecoder) priority(path string, out **PriorityOptions) error {
+	p := DefaultPriority()
+	present, err := d.object(path, "key", func(key, keyPath string) error {
+		switch key {
+		case "alpha":
+			return d.value(keyPath, "a number", &p.Alpha)
+		case "eps":
+			return d.value(keyPath, "a number", &p.Eps)
+		default:
+			return d.unknownKey(keyPath)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if present {
+		*out = &p
+	} else {
+		*out = nil
+	}
+	return nil
+}
+
+func (d specDecoder) compression(path string, out **CompressionOptions) error {
+	// Like priority, keys left out take defaults now, so that a client can
+	// change only the level.
+	c := CompressionOptions{Codec: specDefaultCodec, Level: specDefaultLevel}
+	present, err := d.object(path, "key", func(key, keyPath string) error {
+		switch key {
+		case "codec":
+			return d.value(keyPath, "a string", &c.Codec)
+		case "level":
+			return d.value(keyPath, "an integer", &c.Level)
+		default:
+			return d.unknownKey(keyPath)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if present {
+		*out = &c
+	} else {
+		*out = nil
+	}
+	return nil
+}

@@ -1,0 +1,352 @@
+package storage
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Options configures a Store. The zero value (or nil) gives the defaults.
+type Options struct {
+	// LockTimeout bounds the wait for the data dir's lock, held by any other
+	// process that has it open. Zero means 1s. (bbolt itself would wait
+	// forever on zero; rbd never passes zero through.)
+	LockTimeout time.Duration
+	// CheckpointInterval is how often flush-mode buffers are synced to disk
+	// and their counters committed to the catalog. Zero means 1s.
+	CheckpointInterval time.Duration
+	// ReadOnly opens the data dir without changing anything: recovery runs
+	// in memory only and every write fails with ErrReadOnly.
+	ReadOnly bool
+	// Logger receives operational events. Nil discards them.
+	Logger *slog.Logger
+}
+
+func (o *Options) withDefaults() Options {
+	var c Options
+	if o != nil {
+		c = *o
+	}
+	if c.LockTimeout <= 0 {
+		c.LockTimeout = time.Second
+	}
+	if c.CheckpointInterval <= 0 {
+		c.CheckpointInterval = time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// trajIDBlock is how many trajectory ids are reserved in the catalog at a
+// time: ids are never reused, and one catalog commit per block keeps the
+// cost of that promise small.
+const trajIDBlock = 4096
+
+// Store is an open data dir: a catalog and the buffers it lists.
+type Store struct {
+	dir      string
+	opts     Options
+	log      *slog.Logger
+	cat      *catalog
+	readOnly bool
+
+	mu      sync.Mutex // guards buffers and closed
+	buffers map[string]*Buffer
+	closed  bool
+
+	traj struct {
+		sync.Mutex
+		next     int64 // next trajectory id to hand out
+		reserved int64 // ids below this are reserved in the catalog
+	}
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// Open opens (creating if needed) the data dir. It recovers every buffer
+// from its files: rows a crash left half-written are dropped, links and the
+// trajectory index are rebuilt, and open trajectories are continued only
+// after a clean close.
+func Open(dir string, opts *Options) (_ *Store, retErr error) {
+	o := opts.withDefaults()
+	s := &Store{dir: dir, opts: o, log: o.Logger, readOnly: o.ReadOnly, buffers: map[string]*Buffer{}}
+	if !o.ReadOnly {
+		if err := os.MkdirAll(filepath.Join(dir, "buffers"), 0o755); err != nil {
+			return nil, fmt.Errorf("open %s: %w", dir, err)
+		}
+	} else if _, err := os.Stat(filepath.Join(dir, "catalog.db")); err != nil {
+		return nil, fmt.Errorf("open %s: %w", dir, err)
+	}
+	cat, err := openCatalog(filepath.Join(dir, "catalog.db"), o.ReadOnly, o.LockTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", dir, err)
+	}
+	s.cat = cat
+	defer func() {
+		if retErr != nil {
+			for _, b := range s.buffers {
+				retErr = errors.Join(retErr, b.unmap())
+			}
+			retErr = errors.Join(retErr, cat.close())
+		}
+	}()
+	next, err := cat.trajNext()
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", dir, err)
+	}
+	entries, err := cat.entries()
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		b, maxTraj, err := s.openBuffer(e)
+		if err != nil {
+			return nil, fmt.Errorf("open %s: buffer %q: %w", dir, e.name, err)
+		}
+		s.buffers[e.name] = b
+		next = max(next, maxTraj+1)
+	}
+	s.traj.next, s.traj.reserved = next, next
+	if !o.ReadOnly {
+		s.stop, s.done = make(chan struct{}), make(chan struct{})
+		go s.checkpointLoop()
+	}
+	return s, nil
+}
+
+func (s *Store) openBuffer(e catalogEntry) (*Buffer, int64, error) {
+	if err := e.spec.Validate(); err != nil {
+		return nil, 0, corruptf(s.cat.path, -1, "stored spec is invalid: %v", err)
+	}
+	b := newBuffer(s, e.name, e.spec, e.state.UID)
+	b.createdAt = e.state.CreatedAt
+	if e.state.MaxPriority > 0 {
+		b.maxPriority = e.state.MaxPriority
+	}
+	if !b.persistent {
+		if err := b.mapMemory(); err != nil {
+			return nil, 0, err
+		}
+		// The rows are gone; seqs continue past every one ever reserved.
+		wc := max(e.state.WriteCount, e.state.SeqReserved)
+		b.writeCount.Store(wc)
+		b.seqRes = wc
+		b.sync.durable = wc
+		return b, -1, nil
+	}
+	if err := b.openFiles(!s.readOnly); err != nil {
+		return nil, 0, err
+	}
+	maxTraj, err := b.recover(e.state, e.streams)
+	if err != nil {
+		return nil, 0, errors.Join(err, b.unmap())
+	}
+	return b, maxTraj, nil
+}
+
+// Dir returns the data dir.
+func (s *Store) Dir() string { return s.dir }
+
+var bufferNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+// ValidateBufferName reports whether name can name a buffer. Names become
+// directory names, so the rule keeps every path inside the data dir.
+func ValidateBufferName(name string) error {
+	if !bufferNameRE.MatchString(name) || strings.Contains(name, "..") {
+		return fmt.Errorf("%w: %q must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$ and not contain \"..\"", ErrInvalidName, name)
+	}
+	return nil
+}
+
+// CreateBuffer creates a buffer, or returns the existing one (created =
+// false) when its spec is identical after defaults. A different spec under
+// the same name is ErrSpecConflict.
+func (s *Store) CreateBuffer(name string, spec Spec) (b *Buffer, created bool, err error) {
+	if err := ValidateBufferName(name); err != nil {
+		return nil, false, err
+	}
+	spec = spec.WithDefaults()
+	if err := spec.Validate(); err != nil {
+		return nil, false, fmt.Errorf("create buffer %q: %w", name, err)
+	}
+	if s.readOnly {
+		return nil, false, fmt.Errorf("create buffer %q: %w", name, ErrReadOnly)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, false, ErrClosed
+	}
+	if old, ok := s.buffers[name]; ok {
+		if old.spec.Equal(spec) {
+			return old, false, nil
+		}
+		return nil, false, fmt.Errorf("create buffer %q: %w", name, ErrSpecConflict)
+	}
+	var u [8]byte
+	if _, err := rand.Read(u[:]); err != nil {
+		return nil, false, err
+	}
+	b = newBuffer(s, name, spec, binary.LittleEndian.Uint64(u[:]))
+	b.createdAt = time.Now().UTC()
+	if b.persistent {
+		err = b.createFiles()
+	} else {
+		err = b.mapMemory()
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("create buffer %q: %w", name, err)
+	}
+	if err := s.cat.createBuffer(name, spec, b.state(false)); err != nil {
+		err = errors.Join(err, b.unmap())
+		if b.persistent {
+			err = errors.Join(err, os.RemoveAll(b.dir))
+		}
+		return nil, false, fmt.Errorf("create buffer %q: %w", name, err)
+	}
+	s.buffers[name] = b
+	s.log.Info("buffer created", "buffer", name, "storage", spec.Storage, "capacity", spec.Capacity)
+	return b, true, nil
+}
+
+// Buffer returns the named buffer or ErrNotFound.
+func (s *Store) Buffer(name string) (*Buffer, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.buffers[name]
+	if !ok {
+		return nil, fmt.Errorf("buffer %q: %w", name, ErrNotFound)
+	}
+	return b, nil
+}
+
+// Buffers returns every buffer, sorted by name.
+func (s *Store) Buffers() []*Buffer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*Buffer, 0, len(s.buffers))
+	for _, b := range s.buffers {
+		out = append(out, b)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}
+
+// DeleteBuffer removes a buffer. New calls on it fail at once; calls in
+// flight finish first (unmapping under a reader would crash the process);
+// then its catalog entry and files are removed.
+func (s *Store) DeleteBuffer(name string) error {
+	if s.readOnly {
+		return fmt.Errorf("delete buffer %q: %w", name, ErrReadOnly)
+	}
+	s.mu.Lock()
+	b, ok := s.buffers[name]
+	if ok {
+		delete(s.buffers, name)
+	}
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("delete buffer %q: %w", name, ErrNotFound)
+	}
+	b.closed.Store(true)
+	b.life.Lock()
+	defer b.life.Unlock()
+	err := errors.Join(b.unmap(), s.cat.deleteBuffer(name))
+	if b.persistent {
+		err = errors.Join(err, os.RemoveAll(b.dir))
+	}
+	if err != nil {
+		return fmt.Errorf("delete buffer %q: %w", name, err)
+	}
+	s.log.Info("buffer deleted", "buffer", name)
+	return nil
+}
+
+// allocTrajIDs hands out k consecutive trajectory ids, reserving a new
+// block in the catalog first when the current one runs out.
+func (s *Store) allocTrajIDs(k int) (int64, error) {
+	s.traj.Lock()
+	defer s.traj.Unlock()
+	first := s.traj.next
+	if k == 0 {
+		return first, nil
+	}
+	if end := first + int64(k); end > s.traj.reserved {
+		res := end + trajIDBlock
+		if err := s.cat.putTrajNext(res); err != nil {
+			return 0, fmt.Errorf("reserve trajectory ids: %w", err)
+		}
+		s.traj.reserved = res
+	}
+	s.traj.next += int64(k)
+	return first, nil
+}
+
+// Checkpoint syncs every persistent buffer and commits its counters,
+// whatever its durability mode.
+func (s *Store) Checkpoint() error {
+	var errs []error
+	for _, b := range s.Buffers() {
+		errs = append(errs, b.checkpoint())
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Store) checkpointLoop() {
+	defer close(s.done)
+	t := time.NewTicker(s.opts.CheckpointInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			for _, b := range s.Buffers() {
+				if b.spec.Durability != DurabilityFlush {
+					continue
+				}
+				if err := b.checkpoint(); err != nil && !errors.Is(err, ErrClosed) {
+					s.log.Error("checkpoint failed", "buffer", b.name, "err", err)
+				}
+			}
+		}
+	}
+}
+
+// Close syncs every buffer, records the open trajectories of its streams
+// so they continue after reopening, and releases the data dir.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	bufs := make([]*Buffer, 0, len(s.buffers))
+	for _, b := range s.buffers {
+		bufs = append(bufs, b)
+	}
+	s.mu.Unlock()
+	if s.stop != nil {
+		close(s.stop)
+		<-s.done
+	}
+	var errs []error
+	for _, b := range bufs {
+		errs = append(errs, b.close())
+	}
+	errs = append(errs, s.cat.close())
+	return errors.Join(errs...)
+}

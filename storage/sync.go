@@ -1,0 +1,169 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// syncState coordinates group commits: one goroutine syncs the files while
+// extends that arrive meanwhile wait and are covered by the next sync.
+type syncState struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	durable int64 // every written row with a smaller seq is on stable storage
+	syncing bool
+}
+
+func (s *syncState) init() { s.cond = sync.NewCond(&s.mu) }
+
+// Durable returns the durable watermark: every row written with a smaller
+// seq is on stable storage.
+func (b *Buffer) Durable() int64 {
+	b.sync.mu.Lock()
+	defer b.sync.mu.Unlock()
+	return b.sync.durable
+}
+
+// syncTo returns once every row below target is durable, syncing the files
+// itself or waiting for a sync in flight (group commit).
+func (b *Buffer) syncTo(target int64) error {
+	if !b.persistent {
+		return nil
+	}
+	s := &b.sync
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.durable < target {
+		if s.syncing {
+			s.cond.Wait()
+			continue
+		}
+		s.syncing = true
+		goal := b.writeCount.Load()
+		s.mu.Unlock()
+		err := b.syncFiles(goal)
+		s.mu.Lock()
+		s.syncing = false
+		s.cond.Broadcast()
+		if err != nil {
+			return err
+		}
+		s.durable = max(s.durable, goal)
+	}
+	return nil
+}
+
+// syncFiles makes every row below goal durable, then records goal as the
+// watermark. Rows go first: a watermark must never claim rows the disk
+// does not hold.
+func (b *Buffer) syncFiles(goal int64) error {
+	var errs []error
+	for _, c := range b.allColumns() {
+		errs = append(errs, c.region.Sync())
+	}
+	errs = append(errs, b.meta.Sync())
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	putWatermark(b.hdr, goal)
+	return b.meta.SyncRange(0, headerSize)
+}
+
+// state is the catalog-side state of the buffer as of now.
+func (b *Buffer) state(clean bool) bufferState {
+	b.stateMu.Lock()
+	defer b.stateMu.Unlock()
+	return bufferState{
+		UID:         b.uid,
+		WriteCount:  b.writeCount.Load(),
+		SeqReserved: b.seqRes,
+		Clean:       clean,
+		MaxPriority: b.maxPriority,
+		Holes:       append([][2]int64(nil), b.holes...),
+		CreatedAt:   b.createdAt,
+	}
+}
+
+// reserveSeqs commits a new seq reservation for a memory buffer. Called
+// with wmu held.
+func (b *Buffer) reserveSeqs(end int64) error {
+	res := end + max(b.capacity, 1<<16)
+	st := b.state(false)
+	st.SeqReserved = res
+	if err := b.store.cat.putState(b.name, st, nil, false); err != nil {
+		return fmt.Errorf("reserve seqs: %w", err)
+	}
+	b.seqRes = res
+	return nil
+}
+
+// checkpoint makes the buffer's rows durable and commits its counters.
+func (b *Buffer) checkpoint() error {
+	if err := b.enter(); err != nil {
+		return err
+	}
+	defer b.leave()
+	if b.store.readOnly {
+		return nil
+	}
+	if err := b.syncTo(b.writeCount.Load()); err != nil {
+		return fmt.Errorf("checkpoint %q: %w", b.name, err)
+	}
+	b.pruneHoles()
+	if err := b.store.cat.putState(b.name, b.state(false), nil, false); err != nil {
+		return fmt.Errorf("checkpoint %q: %w", b.name, err)
+	}
+	return nil
+}
+
+// pruneHoles forgets holes that have left the ring.
+func (b *Buffer) pruneHoles() {
+	lo := b.writeCount.Load() - b.capacity
+	b.stateMu.Lock()
+	defer b.stateMu.Unlock()
+	kept := b.holes[:0]
+	for _, h := range b.holes {
+		if h[1] > lo {
+			kept = append(kept, h)
+		}
+	}
+	b.holes = kept
+}
+
+// close syncs everything, saves the streams' open trajectories and unmaps.
+func (b *Buffer) close() error {
+	b.closed.Store(true)
+	b.life.Lock()
+	defer b.life.Unlock()
+	if b.store.readOnly {
+		return b.unmap()
+	}
+	var errs []error
+	if b.persistent {
+		if err := b.syncFiles(b.writeCount.Load()); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	b.pruneHoles()
+	clean := b.persistent && len(errs) == 0
+	streams := map[string]map[int64]streamPos{}
+	if clean {
+		b.wmu.Lock()
+		for name, envs := range b.streams {
+			m := make(map[int64]streamPos, len(envs))
+			for e, pos := range envs {
+				m[e] = *pos
+			}
+			streams[name] = m
+		}
+		b.wmu.Unlock()
+	}
+	st := b.state(clean)
+	st.SeqReserved = max(st.SeqReserved, st.WriteCount)
+	errs = append(errs, b.store.cat.putState(b.name, st, streams, true), b.unmap())
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("close buffer %q: %w", b.name, err)
+	}
+	return nil
+}

@@ -1,0 +1,403 @@
+package storage
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+)
+
+// Batch is a set of rows to append, column by column, as raw little-endian
+// bytes (C order within a row).
+type Batch struct {
+	// Rows is the number of rows, N >= 1.
+	Rows int
+	// Fields maps every field of the spec to its N*RowBytes bytes. In a
+	// compact_obs buffer, "next.<k>" for the obs keys may also be given,
+	// either with N rows (values on rows that are not done are ignored) or
+	// with D rows, one final observation per done row in row order.
+	Fields map[string][]byte
+	// Env gives each row's env (len N). Nil means env 0 for every row.
+	Env []int64
+}
+
+// ExtendResult reports where an extend's rows went.
+type ExtendResult struct {
+	FirstSeq   int64 `json:"first_seq"`
+	Rows       int   `json:"rows"`
+	WriteCount int64 `json:"write_count"`
+}
+
+// plan is a validated batch, ready to be copied without further checks.
+type plan struct {
+	n        int
+	flags    []uint32
+	src      [][]byte // per spec field
+	tailSrc  [][]byte // per tail column; nil when no final observations were sent
+	tailRows []int    // for each row, the row of tailSrc holding its final observation, -1 if none
+	env      []int64
+}
+
+func (b *Buffer) validate(batch *Batch) (*plan, error) {
+	if batch == nil || batch.Rows < 1 {
+		return nil, batchErr("", -1, "a batch needs at least one row")
+	}
+	n := batch.Rows
+	p := &plan{n: n, src: make([][]byte, len(b.cols)), flags: make([]uint32, n), env: batch.Env}
+	for name := range batch.Fields {
+		if _, ok := b.colOf[name]; ok {
+			continue
+		}
+		if _, ok := b.tailOf[name]; ok {
+			continue
+		}
+		return nil, batchErr(name, -1, "not a field of buffer %q", b.name)
+	}
+	for i, c := range b.cols {
+		v, ok := batch.Fields[c.name]
+		if !ok {
+			return nil, batchErr(c.name, -1, "missing")
+		}
+		if want := n * c.rowBytes; len(v) != want {
+			return nil, batchErr(c.name, -1, "has %d bytes, want %d (%d rows of %s %v)", len(v), want, n, c.field.DType, c.field.Shape)
+		}
+		p.src[i] = v
+	}
+	if batch.Env != nil && len(batch.Env) != n {
+		return nil, batchErr("env", -1, "has %d values, want %d", len(batch.Env), n)
+	}
+	done := p.src[b.doneCol]
+	var term, trunc []byte
+	if b.termCol >= 0 {
+		term = p.src[b.termCol]
+	}
+	if b.truncCol >= 0 {
+		trunc = p.src[b.truncCol]
+	}
+	nDone := 0
+	for r := 0; r < n; r++ {
+		d, err := boolAt(done, r, "next.done")
+		if err != nil {
+			return nil, err
+		}
+		var f uint32
+		switch {
+		case term == nil && trunc == nil:
+			// Without the two flags a done row is a termination, as in gym.
+			if d {
+				f = flagDone | flagTerminated
+			}
+		default:
+			t, tr := false, false
+			if term != nil {
+				if t, err = boolAt(term, r, "next.terminated"); err != nil {
+					return nil, err
+				}
+			}
+			if trunc != nil {
+				if tr, err = boolAt(trunc, r, "next.truncated"); err != nil {
+					return nil, err
+				}
+			}
+			if d != (t || tr) {
+				return nil, batchErr("next.done", r, "done=%v but terminated=%v and truncated=%v (done must equal terminated || truncated)", d, t, tr)
+			}
+			if d {
+				f |= flagDone
+			}
+			if t {
+				f |= flagTerminated
+			}
+			if tr {
+				f |= flagTruncated
+			}
+		}
+		if d {
+			nDone++
+		}
+		p.flags[r] = f
+	}
+	if len(b.tails) > 0 {
+		if err := b.planTails(batch, p, nDone); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+func (b *Buffer) planTails(batch *Batch, p *plan, nDone int) error {
+	given := 0
+	for _, c := range b.tails {
+		if _, ok := batch.Fields[c.name]; ok {
+			given++
+		}
+	}
+	if given == 0 {
+		return nil
+	}
+	if given != len(b.tails) {
+		for _, c := range b.tails {
+			if _, ok := batch.Fields[c.name]; !ok {
+				return batchErr(c.name, -1, "missing: final observations must be sent for every obs key or for none")
+			}
+		}
+	}
+	n := p.n
+	rows := -1
+	p.tailSrc = make([][]byte, len(b.tails))
+	for i, c := range b.tails {
+		v := batch.Fields[c.name]
+		var r int
+		switch len(v) {
+		case n * c.rowBytes:
+			r = n
+		case nDone * c.rowBytes:
+			r = nDone
+		default:
+			return batchErr(c.name, -1, "has %d bytes, want %d rows (one per row) or %d rows (one per done row) of %s %v",
+				len(v), n, nDone, c.field.DType, c.field.Shape)
+		}
+		if rows >= 0 && r != rows {
+			return batchErr(c.name, -1, "has %d rows but other final observations have %d", r, rows)
+		}
+		rows = r
+		p.tailSrc[i] = v
+	}
+	p.tailRows = make([]int, n)
+	j := 0
+	for r := 0; r < n; r++ {
+		p.tailRows[r] = -1
+		if p.flags[r]&flagDone == 0 {
+			continue
+		}
+		if rows == n {
+			p.tailRows[r] = r
+		} else {
+			p.tailRows[r] = j
+		}
+		j++
+		p.flags[r] |= flagHasTail
+	}
+	return nil
+}
+
+func boolAt(b []byte, r int, field string) (bool, error) {
+	switch b[r] {
+	case 0:
+		return false, nil
+	case 1:
+		return true, nil
+	}
+	return false, batchErr(field, r, "bool byte is %d, want 0 or 1", b[r])
+}
+
+// Extend appends the batch's rows to the buffer as one atomic unit: a batch
+// that fails validation writes nothing. Rows of one (stream, env) continue
+// that pair's open trajectory; a done row ends it. An empty stream makes the
+// call its own stream, whose open trajectories are closed when it returns.
+// Under DurabilityFsync, Extend returns once the rows are on stable storage.
+func (b *Buffer) Extend(stream string, batch *Batch) (ExtendResult, error) {
+	p, err := b.validate(batch)
+	if err != nil {
+		return ExtendResult{}, fmt.Errorf("extend %q: %w", b.name, err)
+	}
+	if err := b.enter(); err != nil {
+		return ExtendResult{}, err
+	}
+	defer b.leave()
+	if b.store.readOnly {
+		return ExtendResult{}, fmt.Errorf("extend %q: %w", b.name, ErrReadOnly)
+	}
+	res, err := b.write(stream, p)
+	if err != nil {
+		return ExtendResult{}, fmt.Errorf("extend %q: %w", b.name, err)
+	}
+	if b.spec.Durability == DurabilityFsync {
+		if err := b.syncTo(res.WriteCount); err != nil {
+			return ExtendResult{}, fmt.Errorf("extend %q: rows written but not durable: %w", b.name, err)
+		}
+	}
+	return res, nil
+}
+
+func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
+	b.wmu.Lock()
+	defer b.wmu.Unlock()
+	n := int64(p.n)
+	first := b.writeCount.Load()
+	end := first + n
+	if !b.persistent && end > b.seqRes {
+		// Memory buffers lose their rows on restart; reserving seqs in the
+		// catalog before handing them out keeps them unique across restarts.
+		if err := b.reserveSeqs(end); err != nil {
+			return ExtendResult{}, err
+		}
+	}
+
+	// Assign trajectories on a copy of the stream state, committed only
+	// once nothing can fail any more.
+	cur := b.streams[stream]
+	envs := make(map[int64]*streamPos, len(cur))
+	for e, pos := range cur {
+		c := *pos
+		envs[e] = &c
+	}
+	newTraj := 0
+	open := map[int64]bool{}
+	for e := range envs {
+		open[e] = true
+	}
+	for r := 0; r < p.n; r++ {
+		e := p.envAt(r)
+		if !open[e] {
+			newTraj++
+			open[e] = true
+		}
+		if p.flags[r]&flagDone != 0 {
+			open[e] = false
+		}
+	}
+	nextID, err := b.store.allocTrajIDs(newTraj)
+	if err != nil {
+		return ExtendResult{}, err
+	}
+	recs := make([]record, p.n)
+	for r := 0; r < p.n; r++ {
+		e := p.envAt(r)
+		seq := first + int64(r)
+		pos := envs[e]
+		if pos == nil {
+			pos = &streamPos{TrajID: nextID, Step: -1, LastSeq: -1}
+			nextID++
+			envs[e] = pos
+		}
+		recs[r] = record{Seq: seq, TrajID: pos.TrajID, Step: pos.Step + 1, PrevSeq: pos.LastSeq, Env: e, Flags: p.flags[r]}
+		pos.Step++
+		pos.LastSeq = seq
+		if p.flags[r]&flagDone != 0 {
+			delete(envs, e)
+		}
+	}
+
+	// Rows this extend overwrites leave the index before their slots are
+	// touched, so samplers stop choosing them; a reader already copying one
+	// sees its stamp change and drops it.
+	capacity := b.capacity
+	written := max(first, end-capacity) // rows below this are overwritten by the same batch
+	b.imu.Lock()
+	for s := max(0, first-capacity); s < end-capacity; s++ {
+		slot := s % capacity
+		if b.stamps[slot].Load() != s {
+			continue // a hole
+		}
+		r, _ := decodeRecord(b.rec(slot))
+		if err := b.ix.evict(r.TrajID, s, r.Flags&flagHasTail != 0); err != nil {
+			b.imu.Unlock()
+			panic(fmt.Sprintf("rbd: buffer %q index out of step with rows: %v", b.name, err))
+		}
+		b.stamps[slot].Store(-1)
+	}
+	b.imu.Unlock()
+
+	for s := written; s < end; s++ {
+		r := int(s - first)
+		b.writeRow(s%capacity, &recs[r], p, r)
+	}
+
+	b.imu.Lock()
+	for s := written; s < end; s++ {
+		rec := &recs[s-first]
+		if err := b.ix.add(rec.TrajID, rec.Step, s, rec.Flags&flagDone != 0, rec.Flags&flagHasTail != 0); err != nil {
+			b.imu.Unlock()
+			panic(fmt.Sprintf("rbd: buffer %q index out of step with rows: %v", b.name, err))
+		}
+	}
+	if stream == "" {
+		// An anonymous stream ends with its request.
+		for _, pos := range envs {
+			if t := b.ix.byID[pos.TrajID]; t != nil {
+				b.ix.setClosed(t)
+			}
+		}
+		envs = nil
+	}
+	b.writeCount.Store(end)
+	b.imu.Unlock()
+
+	if stream != "" {
+		if len(envs) == 0 {
+			delete(b.streams, stream)
+		} else {
+			b.streams[stream] = envs
+		}
+	}
+	return ExtendResult{FirstSeq: first, Rows: p.n, WriteCount: end}, nil
+}
+
+func (p *plan) envAt(r int) int64 {
+	if p.env == nil {
+		return 0
+	}
+	return p.env[r]
+}
+
+// writeRow copies row r of the plan into slot. The on-disk record is
+// invalidated first and completed last, so a crash at any point leaves the
+// slot either with its old row intact-but-invalid or with the new row whole.
+func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
+	rb := b.rec(slot)
+	le := binary.LittleEndian
+	b.stamps[slot].Store(-1)
+	le.PutUint64(rb[recSeq:], ^uint64(0)) // seq -1: being written
+	var crc uint32
+	for i, c := range b.cols {
+		src := p.src[i][r*c.rowBytes : (r+1)*c.rowBytes]
+		copy(c.row(slot), src)
+		if b.persistent {
+			crc = crc32.Update(crc, castagnoli, src)
+		}
+	}
+	if t := p.tailRowOf(r); t >= 0 {
+		for i, c := range b.tails {
+			src := p.tailSrc[i][t*c.rowBytes : (t+1)*c.rowBytes]
+			copy(c.row(slot), src)
+			if b.persistent {
+				crc = crc32.Update(crc, castagnoli, src)
+			}
+		}
+	}
+	rec.DataCRC = crc
+	putRecordBody(rb, rec)
+	le.PutUint32(rb[recCRC:], recordCRC(rb, rec.Seq))
+	le.PutUint64(rb[recSeq:], uint64(rec.Seq))
+	b.stamps[slot].Store(rec.Seq)
+}
+
+func (p *plan) tailRowOf(r int) int {
+	if p.tailRows == nil {
+		return -1
+	}
+	return p.tailRows[r]
+}
+
+// CloseStream closes the open trajectories of a stream (as truncated in the
+// index; the stored flags of their last rows stay as written). The next
+// extend on that stream starts new trajectories. It returns how many were
+// open.
+func (b *Buffer) CloseStream(stream string) (int, error) {
+	if err := b.enter(); err != nil {
+		return 0, err
+	}
+	defer b.leave()
+	b.wmu.Lock()
+	defer b.wmu.Unlock()
+	envs := b.streams[stream]
+	b.imu.Lock()
+	for _, pos := range envs {
+		if t := b.ix.byID[pos.TrajID]; t != nil {
+			b.ix.setClosed(t)
+		}
+	}
+	b.imu.Unlock()
+	delete(b.streams, stream)
+	return len(envs), nil
+}
