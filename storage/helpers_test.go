@@ -2,6 +2,7 @@ package storage
 
 import (
 	"encoding/binary"
+	"errors"
 	"math"
 	"testing"
 )
@@ -122,3 +123,5 @@ func metas(t testing.TB, b *Buffer, seqs ...int64) []RowMeta {
 	}
 	return m
 }
+
+func errorsIs(err, target error) bool { return errors.Is(err, target) }

@@ -60,6 +60,7 @@ type Store struct {
 	log      *slog.Logger
 	cat      *catalog
 	readOnly bool
+	crash    *crasher // nil unless RBD_CRASH_AT is set
 
 	mu      sync.Mutex // guards buffers and closed
 	buffers map[string]*Buffer
@@ -81,7 +82,7 @@ type Store struct {
 // after a clean close.
 func Open(dir string, opts *Options) (_ *Store, retErr error) {
 	o := opts.withDefaults()
-	s := &Store{dir: dir, opts: o, log: o.Logger, readOnly: o.ReadOnly, buffers: map[string]*Buffer{}}
+	s := &Store{dir: dir, opts: o, log: o.Logger, readOnly: o.ReadOnly, buffers: map[string]*Buffer{}, crash: newCrasher()}
 	if !o.ReadOnly {
 		if err := os.MkdirAll(filepath.Join(dir, "buffers"), 0o755); err != nil {
 			return nil, fmt.Errorf("open %s: %w", dir, err)

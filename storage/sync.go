@@ -42,7 +42,9 @@ func (b *Buffer) syncTo(target int64) error {
 		s.syncing = true
 		goal := b.writeCount.Load()
 		s.mu.Unlock()
+		b.store.crash.at("before-sync")
 		err := b.syncFiles(goal)
+		b.store.crash.at("after-sync")
 		s.mu.Lock()
 		s.syncing = false
 		s.cond.Broadcast()
@@ -111,6 +113,7 @@ func (b *Buffer) checkpoint() error {
 		return fmt.Errorf("checkpoint %q: %w", b.name, err)
 	}
 	b.pruneHoles()
+	b.store.crash.at("before-commit")
 	if err := b.store.cat.putState(b.name, b.state(false), nil, false); err != nil {
 		return fmt.Errorf("checkpoint %q: %w", b.name, err)
 	}

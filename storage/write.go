@@ -365,11 +365,13 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 			}
 		}
 	}
+	b.store.crash.at("after-data")
 	rec.DataCRC = crc
 	putRecordBody(rb, rec)
 	le.PutUint32(rb[recCRC:], recordCRC(rb, rec.Seq))
 	le.PutUint64(rb[recSeq:], uint64(rec.Seq))
 	b.stamps[slot].Store(rec.Seq)
+	b.store.crash.at("after-meta")
 }
 
 func (p *plan) tailRowOf(r int) int {

@@ -1,0 +1,49 @@
+package storage
+
+import (
+	"os"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+)
+
+// Crash points let tests kill a real writer process at exact places in the
+// write path, which random kills rarely hit. They are armed only by the
+// environment: RBD_CRASH_AT names the point and RBD_CRASH_AFTER (default
+// 1) how many times it is passed before the process kills itself with
+// SIGKILL. Points:
+//
+//	after-data     a row's field bytes are copied, its record not yet written
+//	after-meta     a row's record is complete, the row not yet published
+//	before-sync    an fsync-mode extend is about to sync the files
+//	after-sync     the files are synced, the extend not yet acknowledged
+//	before-commit  a checkpoint is about to commit counters to the catalog
+type crasher struct {
+	point string
+	left  atomic.Int64
+}
+
+func newCrasher() *crasher {
+	p := os.Getenv("RBD_CRASH_AT")
+	if p == "" {
+		return nil
+	}
+	c := &crasher{point: p}
+	n, err := strconv.ParseInt(os.Getenv("RBD_CRASH_AFTER"), 10, 64)
+	if err != nil || n < 1 {
+		n = 1
+	}
+	c.left.Store(n)
+	return c
+}
+
+// at kills the process when the armed point is passed for the last time.
+func (c *crasher) at(point string) {
+	if c == nil || c.point != point {
+		return
+	}
+	if c.left.Add(-1) == 0 {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal is asynchronous; never run past the point
+	}
+}
