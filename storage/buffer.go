@@ -121,18 +121,18 @@ func metaFile(dir string) string       { return filepath.Join(dir, "rows.meta") 
 // by createFiles or openFiles.
 func newBuffer(s *Store, name string, spec Spec, uid uint64) *Buffer {
 	b := &Buffer{
-		name:       name,
-		spec:       spec,
-		uid:        uid,
-		store:      s,
-		log:        s.log.With("buffer", name),
-		persistent: spec.Storage != KindMemory,
-		capacity:   spec.Capacity,
-		tailOf:     map[string]int{},
-		colOf:      map[string]int{},
-		termCol:    -1,
-		truncCol:   -1,
-		streams:    map[string]map[int64]*streamPos{},
+		name:        name,
+		spec:        spec,
+		uid:         uid,
+		store:       s,
+		log:         s.log.With("buffer", name),
+		persistent:  spec.Storage != KindMemory,
+		capacity:    spec.Capacity,
+		tailOf:      map[string]int{},
+		colOf:       map[string]int{},
+		termCol:     -1,
+		truncCol:    -1,
+		streams:     map[string]map[int64]*streamPos{},
 		maxPriority: 1,
 	}
 	if b.persistent {

@@ -29,8 +29,8 @@ const (
 )
 
 var (
-	colMagic  = [8]byte{'R', 'B', 'D', 'C', 'O', 'L', 0, 0}
-	metaMagic = [8]byte{'R', 'B', 'D', 'M', 'E', 'T', 'A', 0}
+	colMagic   = [8]byte{'R', 'B', 'D', 'C', 'O', 'L', 0, 0}
+	metaMagic  = [8]byte{'R', 'B', 'D', 'M', 'E', 'T', 'A', 0}
 	castagnoli = crc32.MakeTable(crc32.Castagnoli)
 )
 

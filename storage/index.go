@@ -42,11 +42,11 @@ func (t *Trajectory) Ended() bool { return t.ended }
 // index maps trajectory ids to their live rows. It is kept up to date on
 // every write, so samplers never scan rows to find trajectory boundaries.
 type index struct {
-	byID map[int64]*Trajectory
-	list []*Trajectory // dense, for O(1) uniform choice
-	rows  int64        // live rows
-	tails int64        // live rows that carry a final observation
-	open  int          // open trajectories
+	byID  map[int64]*Trajectory
+	list  []*Trajectory // dense, for O(1) uniform choice
+	rows  int64         // live rows
+	tails int64         // live rows that carry a final observation
+	open  int           // open trajectories
 }
 
 func (ix *index) init() {
