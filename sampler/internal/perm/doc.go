@@ -10,5 +10,9 @@
 //
 // The permutation is a balanced Feistel network over the smallest power-of-two
 // domain with an even number of bits that covers n, restricted to [0, n) by
-// cycle walking. It is meant for statistical shuffling, not cryptography.
+// cycle walking. Epochs of at most 16 rows, where a Feistel network is too
+// narrow to mix well, use a Fisher-Yates table stored inside the value instead.
+// Perm is meant for statistical shuffling, not cryptography: its orders are
+// not uniform over all n! permutations, but individual positions and pairs are
+// indistinguishable from uniform in the tests.
 package perm

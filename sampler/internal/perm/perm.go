@@ -8,17 +8,19 @@ import (
 // rounds is the number of Feistel rounds. Four rounds of a strong round
 // function give a pseudo-random permutation in the Luby-Rackoff sense, but that
 // argument is asymptotic in the half width, and our halves can be as narrow as
-// 3 bits. Measured over many seeds, 4 and 6 rounds still showed a detectable
-// bias in where single elements land for n in the tens; 8 did not. Each round is
-// one splitmix64 finalizer, so At stays at a few nanoseconds.
+// 3 bits. Measured over 10^5 seeds for n from 17 to 257, 4 rounds left a
+// glaring bias in where single elements land (most chi-square p-values below
+// 0.01), 6 were borderline and 8 were clean. Each round is one splitmix64
+// finalizer, so At stays at a few nanoseconds.
 const rounds = 8
 
 // smallN is the largest n served from an explicitly shuffled table instead of
-// the Feistel network. With 1- or 2-bit halves a Feistel network reaches only a
-// skewed subset of the n! orders (every round is an even permutation of the
-// domain, and the round functions have a handful of possible values), which
-// low-order statistics over seeds detect easily. A 16-byte table inside the
-// value keeps O(1) memory and makes those tiny epochs exactly uniform.
+// the Feistel network. With 1- or 2-bit halves the network reaches only a
+// skewed subset of the n! orders (from 2-bit halves up every round is an even
+// permutation of the domain, and each round function has only a handful of
+// possible values), which low-order statistics over seeds detect easily. A
+// 16-byte table inside the value keeps O(1) memory and makes those tiny epochs
+// exactly uniform.
 const smallN = 16
 
 // Perm is a pseudo-random permutation of [0, n) computed on demand in O(1)

@@ -156,11 +156,12 @@ func TestUniformAcrossSeeds(t *testing.T) {
 	}
 }
 
-// TestUniformTinyDomains repeats the first-element check where the Feistel
-// halves are only one or two bits wide, the weakest case for the network.
+// TestUniformTinyDomains repeats the first-element check around the switch
+// from the explicit table to the Feistel network, whose narrowest halves
+// (3 bits) are its weakest case.
 func TestUniformTinyDomains(t *testing.T) {
 	const seeds = 20000
-	for _, n := range []uint64{2, 3, 4, 5, 7, 16} {
+	for _, n := range []uint64{2, 3, 4, 5, 7, 16, 17, 31, 64, 65} {
 		first := make([]float64, n)
 		for seed := range uint64(seeds) {
 			first[New(n, seed).At(0)]++
@@ -171,10 +172,44 @@ func TestUniformTinyDomains(t *testing.T) {
 	}
 }
 
+// TestSmallAllOrdersUniform checks the explicit-table path: every one of the
+// n! orders must be reachable and equally likely.
+func TestSmallAllOrdersUniform(t *testing.T) {
+	for _, n := range []uint64{2, 3, 4, 5} {
+		const seeds = 120000
+		idx := map[[5]uint64]int{}
+		var counts []float64
+		for seed := range uint64(seeds) {
+			p := New(n, seed)
+			var order [5]uint64
+			for i := range n {
+				order[i] = p.At(i)
+			}
+			j, ok := idx[order]
+			if !ok {
+				j = len(counts)
+				idx[order] = j
+				counts = append(counts, 0)
+			}
+			counts[j]++
+		}
+		want := 1
+		for k := 2; k <= int(n); k++ {
+			want *= k
+		}
+		if len(counts) != want {
+			t.Fatalf("n=%d: %d distinct orders, want %d", n, len(counts), want)
+		}
+		if pv := chiSquareP(t, counts, seeds); pv < 1e-4 {
+			t.Errorf("n=%d: orders not uniform: p=%v", n, pv)
+		}
+	}
+}
+
 // TestWalkCost checks the documented cycle-walking bound: the average number
 // of Feistel applications per At is below domain/n < 4.
 func TestWalkCost(t *testing.T) {
-	for _, n := range []uint64{2, 5, 17, 65, 257, 1025, 4097} {
+	for _, n := range []uint64{17, 65, 257, 1025, 4097, 1<<20 + 1} {
 		p := New(n, 3)
 		domain := uint64(1) << (2 * p.half)
 		if domain >= 4*n {
