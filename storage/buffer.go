@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rbdb/rbd/internal/segtree"
 	"github.com/rbdb/rbd/storage/internal/mmapfile"
 )
 
@@ -18,6 +19,7 @@ import (
 // anonymous memory for memory buffers.
 type column struct {
 	name     string // field name; "next.<k>" for tail columns
+	file     string // file name inside the buffer dir
 	role     uint32
 	field    Field
 	rowBytes int
@@ -78,12 +80,15 @@ type Buffer struct {
 	sampled    atomic.Int64 // rows returned by samples (for info and metrics)
 
 	sync syncState
+	// prio is the prioritised-replay state (nil without spec.Priority),
+	// guarded by imu.
+	prio *priorities
+
 	// stateMu guards the catalog-side state below.
-	stateMu     sync.Mutex
-	maxPriority float64
-	holes       [][2]int64
-	damage      []string // problems found by recovery, for Info and verify
-	createdAt   time.Time
+	stateMu   sync.Mutex
+	holes     [][2]int64
+	damage    []string // problems found by recovery, for Info and verify
+	createdAt time.Time
 }
 
 // Name returns the buffer's name.
@@ -113,34 +118,31 @@ func (b *Buffer) leave() { b.life.RUnlock() }
 
 func bufferDir(root, name string) string { return filepath.Join(root, "buffers", name) }
 
-func colFile(dir, name string) string  { return filepath.Join(dir, "f."+name+".col") }
-func tailFile(dir, name string) string { return filepath.Join(dir, "tail."+name+".col") }
-func metaFile(dir string) string       { return filepath.Join(dir, "rows.meta") }
+func metaFile(dir string) string { return filepath.Join(dir, "rows.meta") }
 
 // newBuffer builds the in-memory shell of a buffer; its columns are mapped
 // by createFiles or openFiles.
 func newBuffer(s *Store, name string, spec Spec, uid uint64) *Buffer {
 	b := &Buffer{
-		name:        name,
-		spec:        spec,
-		uid:         uid,
-		store:       s,
-		log:         s.log.With("buffer", name),
-		persistent:  spec.Storage != KindMemory,
-		capacity:    spec.Capacity,
-		tailOf:      map[string]int{},
-		colOf:       map[string]int{},
-		termCol:     -1,
-		truncCol:    -1,
-		streams:     map[string]map[int64]*streamPos{},
-		maxPriority: 1,
+		name:       name,
+		spec:       spec,
+		uid:        uid,
+		store:      s,
+		log:        s.log.With("buffer", name),
+		persistent: spec.Storage != KindMemory,
+		capacity:   spec.Capacity,
+		tailOf:     map[string]int{},
+		colOf:      map[string]int{},
+		termCol:    -1,
+		truncCol:   -1,
+		streams:    map[string]map[int64]*streamPos{},
 	}
 	if b.persistent {
 		b.dir = bufferDir(s.dir, name)
 	}
 	for i, f := range spec.Fields {
 		b.colOf[f.Name] = i
-		b.cols = append(b.cols, &column{name: f.Name, role: roleField, field: f, rowBytes: f.RowBytes()})
+		b.cols = append(b.cols, &column{name: f.Name, file: "f." + f.Name + ".col", role: roleField, field: f, rowBytes: f.RowBytes()})
 		switch f.Name {
 		case "next.done":
 			b.doneCol = i
@@ -155,7 +157,16 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) *Buffer {
 			f, _ := spec.Field(k)
 			tf := Field{Name: "next." + k, DType: f.DType, Shape: f.Shape}
 			b.tailOf[tf.Name] = i
-			b.tails = append(b.tails, &column{name: tf.Name, role: roleTail, field: tf, rowBytes: f.RowBytes()})
+			b.tails = append(b.tails, &column{name: tf.Name, file: "tail." + k + ".col", role: roleTail, field: tf, rowBytes: f.RowBytes()})
+		}
+	}
+	if spec.Priority != nil {
+		pf := Field{Name: "priority", DType: Float64, Shape: []int{}}
+		b.prio = &priorities{
+			alpha: spec.Priority.Alpha, eps: spec.Priority.Eps, max: 1,
+			col: &column{name: pf.Name, file: "priority.col", role: rolePriority, field: pf, rowBytes: 8},
+			sum: segtree.NewSumTree(int(spec.Capacity)),
+			min: segtree.NewMinTree(int(spec.Capacity)),
 		}
 	}
 	b.stamps = make([]atomic.Int64, spec.Capacity)
@@ -168,7 +179,11 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) *Buffer {
 }
 
 func (b *Buffer) allColumns() []*column {
-	return append(append([]*column(nil), b.cols...), b.tails...)
+	cs := append(append([]*column(nil), b.cols...), b.tails...)
+	if b.prio != nil {
+		cs = append(cs, b.prio.col)
+	}
+	return cs
 }
 
 // mapMemory allocates anonymous regions for a memory buffer.
@@ -217,10 +232,7 @@ func (b *Buffer) createFiles() (retErr error) {
 		}
 	}()
 	for _, c := range b.allColumns() {
-		path := colFile(b.dir, c.name)
-		if c.role == roleTail {
-			path = tailFile(b.dir, c.name[len("next."):])
-		}
+		path := filepath.Join(b.dir, c.file)
 		r, err := mmapfile.Create(path, headerSize+b.capacity*int64(c.rowBytes))
 		if err != nil {
 			return err
@@ -254,10 +266,7 @@ func (b *Buffer) openFiles(writable bool) (retErr error) {
 		}
 	}()
 	for _, c := range b.allColumns() {
-		path := colFile(b.dir, c.name)
-		if c.role == roleTail {
-			path = tailFile(b.dir, c.name[len("next."):])
-		}
+		path := filepath.Join(b.dir, c.file)
 		r, err := mmapfile.Open(path, headerSize+b.capacity*int64(c.rowBytes), writable)
 		if err != nil {
 			var se *mmapfile.SizeError

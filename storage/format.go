@@ -38,6 +38,9 @@ var (
 const (
 	roleField uint32 = 1 // one stored field of the spec
 	roleTail  uint32 = 2 // final observations of ended trajectories (compact_obs)
+	// rolePriority is the raw priority of each slot (float64), outside the
+	// row checksum because it changes after the row is written.
+	rolePriority uint32 = 3
 )
 
 // colHeader describes a column file. Every value is checked against the

@@ -1,6 +1,9 @@
 package storage
 
-import "fmt"
+import (
+	"fmt"
+	"math/rand/v2"
+)
 
 // Trajectory is the index entry of one live trajectory: the seqs of its live
 // rows in time order. Only the newest rows of a trajectory survive the
@@ -16,6 +19,7 @@ type Trajectory struct {
 	open      bool  // a (stream, env) may still append to it
 	ended     bool  // its last row carries done
 	pos       int   // position in index.list
+	lenPos    int   // position in its length bucket
 }
 
 // ID returns the trajectory id.
@@ -47,12 +51,14 @@ type index struct {
 	rows  int64         // live rows
 	tails int64         // live rows that carry a final observation
 	open  int           // open trajectories
+	byLen *lenIndex
 }
 
 func (ix *index) init() {
 	ix.byID = map[int64]*Trajectory{}
 	ix.list = nil
 	ix.rows, ix.tails, ix.open = 0, 0, 0
+	ix.byLen = &lenIndex{}
 }
 
 // add appends a newly written row to its trajectory.
@@ -67,6 +73,7 @@ func (ix *index) add(id, step, seq int64, done, hasTail bool) error {
 		return fmt.Errorf("trajectory %d: row seq %d has step %d, want %d (open=%v)", id, seq, step, want, t.open)
 	}
 	t.seqs = append(t.seqs, seq)
+	ix.byLen.moved(t, t.Len()-1)
 	ix.rows++
 	if hasTail {
 		ix.tails++
@@ -93,6 +100,7 @@ func (ix *index) evict(id, seq int64, hasTail bool) error {
 	}
 	t.head++
 	t.firstStep++
+	ix.byLen.moved(t, t.Len()+1)
 	ix.rows--
 	if hasTail {
 		ix.tails--
@@ -137,7 +145,10 @@ func (ix *index) next(id, step int64) int64 {
 
 // Index is a read-only view of a buffer's trajectory index, valid only
 // inside the ReadIndex callback.
-type Index struct{ ix *index }
+type Index struct {
+	ix *index
+	b  *Buffer
+}
 
 // NumTrajectories returns the number of trajectories with live rows.
 func (v Index) NumTrajectories() int { return len(v.ix.list) }
@@ -148,6 +159,13 @@ func (v Index) Trajectory(i int) *Trajectory { return v.ix.list[i] }
 
 // ByID returns the live trajectory with that id, or nil.
 func (v Index) ByID(id int64) *Trajectory { return v.ix.byID[id] }
+
+// CountAtLeast returns how many trajectories have at least n live rows.
+func (v Index) CountAtLeast(n int) int { return v.ix.byLen.countAtLeast(n) }
+
+// PickAtLeast draws a trajectory uniformly among those with at least n live
+// rows in O(log) time, or returns nil when there is none.
+func (v Index) PickAtLeast(n int, rng *rand.Rand) *Trajectory { return v.ix.byLen.pickAtLeast(n, rng) }
 
 // LiveRows returns the number of live rows.
 func (v Index) LiveRows() int64 { return v.ix.rows }
@@ -164,6 +182,40 @@ func (b *Buffer) ReadIndex(fn func(Index)) error {
 	defer b.leave()
 	b.imu.RLock()
 	defer b.imu.RUnlock()
-	fn(Index{&b.ix})
+	fn(Index{&b.ix, b})
 	return nil
+}
+
+// Row returns the metadata of an indexed (live, published) row. Inside
+// ReadIndex such a row cannot be overwritten: writers evict rows from the
+// index, under the lock ReadIndex holds, before touching their slots.
+func (v Index) Row(seq int64) (RowMeta, bool) {
+	b := v.b
+	wc := b.writeCount.Load()
+	if seq < 0 || seq >= wc || seq < wc-b.capacity || b.stamps[seq%b.capacity].Load() != seq {
+		return RowMeta{Seq: -1, TrajID: -1, Step: -1, PrevSeq: -1, NextSeq: -1}, false
+	}
+	r, _ := decodeRecord(b.rec(seq % b.capacity))
+	m := metaOf(&r)
+	m.NextSeq = v.ix.next(r.TrajID, r.Step)
+	return m, true
+}
+
+// Window returns the live seq range [lo, hi): hi is the write count.
+func (v Index) Window() (lo, hi int64) {
+	hi = v.b.writeCount.Load()
+	return max(0, hi-v.b.capacity), hi
+}
+
+// Capacity returns the ring size.
+func (v Index) Capacity() int64 { return v.b.capacity }
+
+// Position returns the trajectory of an indexed row and the row's position
+// in it (0 = oldest live row).
+func (v Index) Position(m RowMeta) (*Trajectory, int) {
+	t := v.ix.byID[m.TrajID]
+	if t == nil {
+		return nil, -1
+	}
+	return t, int(m.Step - t.firstStep)
 }

@@ -104,6 +104,19 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		}
 		b.stamps[slot].Store(seq)
 		maxTraj = max(maxTraj, r.TrajID)
+		if b.prio != nil {
+			raw := b.prio.raw(slot)
+			if !validPriority(raw) || (raw == 0 && seq >= durable) {
+				// Priorities are outside the row checksum; a torn or
+				// never-synced value gets the default a new row would.
+				raw = b.prio.max
+			}
+			if b.store.readOnly {
+				b.prio.setTrees(slot, raw)
+			} else {
+				b.prio.set(slot, raw)
+			}
+		}
 	}
 	b.writeCount.Store(wc)
 	b.sync.durable = durable

@@ -133,8 +133,8 @@ func (s *Store) openBuffer(e catalogEntry) (*Buffer, int64, error) {
 	}
 	b := newBuffer(s, e.name, e.spec, e.state.UID)
 	b.createdAt = e.state.CreatedAt
-	if e.state.MaxPriority > 0 {
-		b.maxPriority = e.state.MaxPriority
+	if b.prio != nil && e.state.MaxPriority > 0 {
+		b.prio.max = e.state.MaxPriority
 	}
 	if !b.persistent {
 		if err := b.mapMemory(); err != nil {

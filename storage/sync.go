@@ -74,6 +74,12 @@ func (b *Buffer) syncFiles(goal int64) error {
 
 // state is the catalog-side state of the buffer as of now.
 func (b *Buffer) state(clean bool) bufferState {
+	maxPrio := 0.0
+	if b.prio != nil {
+		b.imu.RLock()
+		maxPrio = b.prio.max
+		b.imu.RUnlock()
+	}
 	b.stateMu.Lock()
 	defer b.stateMu.Unlock()
 	return bufferState{
@@ -81,7 +87,7 @@ func (b *Buffer) state(clean bool) bufferState {
 		WriteCount:  b.writeCount.Load(),
 		SeqReserved: b.seqRes,
 		Clean:       clean,
-		MaxPriority: b.maxPriority,
+		MaxPriority: maxPrio,
 		Holes:       append([][2]int64(nil), b.holes...),
 		CreatedAt:   b.createdAt,
 	}

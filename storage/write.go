@@ -294,6 +294,9 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 			b.imu.Unlock()
 			panic(fmt.Sprintf("rbd: buffer %q index out of step with rows: %v", b.name, err))
 		}
+		if b.prio != nil {
+			b.prio.clear(slot)
+		}
 		b.stamps[slot].Store(-1)
 	}
 	b.imu.Unlock()
@@ -309,6 +312,11 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 		if err := b.ix.add(rec.TrajID, rec.Step, s, rec.Flags&flagDone != 0, rec.Flags&flagHasTail != 0); err != nil {
 			b.imu.Unlock()
 			panic(fmt.Sprintf("rbd: buffer %q index out of step with rows: %v", b.name, err))
+		}
+		if b.prio != nil {
+			// New rows get the largest priority seen, so each is sampled
+			// soon after it arrives (TorchRL, PER paper).
+			b.prio.set(s%capacity, b.prio.max)
 		}
 	}
 	if stream == "" {

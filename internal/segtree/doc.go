@@ -1,4 +1,4 @@
-// Package tree holds the segment trees behind prioritised replay.
+// Package segtree holds the segment trees behind prioritised replay.
 //
 // A prioritised sampler needs two queries over per-slot priorities that change
 // on every training step: draw a slot with probability proportional to its
@@ -30,4 +30,4 @@
 // the error is bounded by the tree depth rather than by the update history,
 // and a subtree of zero leaves sums to exactly zero, which is what lets Find
 // guarantee it never returns a zero-priority slot.
-package tree
+package segtree

@@ -1,0 +1,146 @@
+package storage
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/rbdb/rbd/internal/segtree"
+)
+
+// priorities is the prioritised-replay state of a buffer: the raw priority
+// of every slot in a float64 column (persisted like the rows), and sum and
+// min trees over q = (p + eps)^alpha for sampling and importance weights.
+// Guarded by Buffer.imu.
+type priorities struct {
+	alpha, eps float64
+	max        float64 // largest raw priority ever set; new rows get it (1 before any)
+	col        *column
+	sum        *segtree.SumTree
+	min        *segtree.MinTree
+}
+
+func (p *priorities) q(raw float64) float64 { return math.Pow(raw+p.eps, p.alpha) }
+
+func (p *priorities) raw(slot int64) float64 {
+	return math.Float64frombits(binary.LittleEndian.Uint64(p.col.row(slot)))
+}
+
+// set stores a raw priority for a live slot.
+func (p *priorities) set(slot int64, raw float64) {
+	binary.LittleEndian.PutUint64(p.col.row(slot), math.Float64bits(raw))
+	p.setTrees(slot, raw)
+}
+
+// setTrees updates the trees only (read-only stores must not write the
+// mapping).
+func (p *priorities) setTrees(slot int64, raw float64) {
+	q := p.q(raw)
+	p.sum.Set(int(slot), q)
+	p.min.Set(int(slot), q)
+}
+
+func (p *priorities) clear(slot int64) {
+	p.sum.Set(int(slot), 0)
+	p.min.Clear(int(slot))
+}
+
+// validPriority reports whether a priority can be stored.
+func validPriority(v float64) bool { return v >= 0 && !math.IsInf(v, 0) && !math.IsNaN(v) }
+
+// ErrNoPriority is returned by priority calls on a buffer created without
+// spec.Priority.
+var ErrNoPriority = fmt.Errorf("storage: buffer has no priorities (create it with \"priority\" in its spec)")
+
+// UpdatePriorities sets the raw priorities of rows named by seq (TD errors,
+// typically). Rows that are no longer live (overwritten since they were
+// sampled) are skipped and counted as stale, never applied to the slot's new
+// row. A negative, NaN or infinite priority fails the whole call before
+// anything changes. With duplicate seqs the last value wins.
+func (b *Buffer) UpdatePriorities(seqs []int64, prios []float64) (updated, stale int, err error) {
+	if b.prio == nil {
+		return 0, 0, fmt.Errorf("update priorities %q: %w", b.name, ErrNoPriority)
+	}
+	if len(seqs) != len(prios) {
+		return 0, 0, batchErr("priority", -1, "has %d values for %d seqs", len(prios), len(seqs))
+	}
+	for i, v := range prios {
+		if !validPriority(v) {
+			return 0, 0, batchErr("priority", i, "%v is not a finite non-negative number", v)
+		}
+	}
+	if err := b.enter(); err != nil {
+		return 0, 0, err
+	}
+	defer b.leave()
+	if b.store.readOnly {
+		return 0, 0, fmt.Errorf("update priorities %q: %w", b.name, ErrReadOnly)
+	}
+	b.imu.Lock()
+	defer b.imu.Unlock()
+	wc := b.writeCount.Load()
+	for i, seq := range seqs {
+		if seq < 0 || seq >= wc || seq < wc-b.capacity || b.stamps[seq%b.capacity].Load() != seq {
+			stale++
+			continue
+		}
+		b.prio.set(seq%b.capacity, prios[i])
+		b.prio.max = max(b.prio.max, prios[i])
+		updated++
+	}
+	return updated, stale, nil
+}
+
+// PriorityTotal returns the sum of q over live rows (0 without priorities).
+func (v Index) PriorityTotal() float64 {
+	if v.b.prio == nil {
+		return 0
+	}
+	return v.b.prio.sum.Total()
+}
+
+// PriorityFind returns the live row whose share of the priority mass
+// contains mass, for mass in [0, PriorityTotal()), or -1.
+func (v Index) PriorityFind(mass float64) int64 {
+	if v.b.prio == nil {
+		return -1
+	}
+	slot := v.b.prio.sum.Find(mass)
+	if slot < 0 {
+		return -1
+	}
+	return v.b.stamps[slot].Load()
+}
+
+// PriorityQ returns q = (p + eps)^alpha of a live row.
+func (v Index) PriorityQ(seq int64) float64 {
+	return v.b.prio.sum.Get(int(seq % v.b.capacity))
+}
+
+// PriorityMinQ returns the smallest q over live rows (+Inf when empty).
+func (v Index) PriorityMinQ() float64 {
+	if v.b.prio == nil {
+		return math.Inf(1)
+	}
+	return v.b.prio.min.Min()
+}
+
+// Priority returns the raw priority of a live row.
+func (b *Buffer) Priority(seq int64) (float64, bool) {
+	if b.prio == nil || !b.Live(seq) {
+		return 0, false
+	}
+	b.imu.RLock()
+	defer b.imu.RUnlock()
+	return b.prio.raw(seq % b.capacity), true
+}
+
+// MaxPriority returns the largest raw priority ever set (1 before any).
+func (b *Buffer) MaxPriority() float64 {
+	if b.prio == nil {
+		return 0
+	}
+	b.imu.RLock()
+	defer b.imu.RUnlock()
+	return b.prio.max
+}
