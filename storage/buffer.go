@@ -77,7 +77,10 @@ type Buffer struct {
 	ix  index
 
 	writeCount atomic.Int64 // rows ever written; the next seq
-	sampled    atomic.Int64 // rows returned by samples (for info and metrics)
+
+	notifyMu sync.Mutex
+	notify   chan struct{} // closed (and replaced) when rows are published
+	sampled  atomic.Int64  // rows returned by samples (for info and metrics)
 
 	sync syncState
 	// prio is the prioritised-replay state (nil without spec.Priority),
@@ -169,6 +172,7 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) *Buffer {
 			min: segtree.NewMinTree(int(spec.Capacity)),
 		}
 	}
+	b.notify = make(chan struct{})
 	b.stamps = make([]atomic.Int64, spec.Capacity)
 	for i := range b.stamps {
 		b.stamps[i].Store(-1)

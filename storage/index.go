@@ -219,3 +219,13 @@ func (v Index) Position(m RowMeta) (*Trajectory, int) {
 	}
 	return t, int(m.Step - t.firstStep)
 }
+
+// SlotSeq returns the seq of the indexed row in slot, or -1 when the slot is
+// empty, a hole, or holds a row not yet published.
+func (v Index) SlotSeq(slot int64) int64 {
+	seq := v.b.stamps[slot].Load()
+	if seq < 0 || seq >= v.b.writeCount.Load() {
+		return -1
+	}
+	return seq
+}

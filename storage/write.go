@@ -330,6 +330,10 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	}
 	b.writeCount.Store(end)
 	b.imu.Unlock()
+	b.notifyMu.Lock()
+	close(b.notify)
+	b.notify = make(chan struct{})
+	b.notifyMu.Unlock()
 
 	if stream != "" {
 		if len(envs) == 0 {
@@ -410,4 +414,13 @@ func (b *Buffer) CloseStream(stream string) (int, error) {
 	b.imu.Unlock()
 	delete(b.streams, stream)
 	return len(envs), nil
+}
+
+// Changed returns a channel that is closed when the next rows are
+// published, so a sampler waiting for data wakes on the write rather than
+// polling.
+func (b *Buffer) Changed() <-chan struct{} {
+	b.notifyMu.Lock()
+	defer b.notifyMu.Unlock()
+	return b.notify
 }

@@ -1,0 +1,343 @@
+package rbd
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/rbdb/rbd/sampler"
+	"github.com/rbdb/rbd/storage"
+)
+
+// SampleRequest is a sample request, as in the HTTP contract (POST
+// .../sample). Zero values mean the documented defaults.
+type SampleRequest struct {
+	// BatchSize is the number of rows (transition samplers) or
+	// NumSlices*SliceLen (slice samplers).
+	BatchSize int `json:"batch_size,omitempty"`
+	// Sampler is one of sampler.Kinds; "" means uniform.
+	Sampler string `json:"sampler,omitempty"`
+	// Seed makes the sample reproducible for the same store state; nil
+	// draws a random seed. Without-replacement samplers use it only for the
+	// permutation of a new epoch.
+	Seed *uint64 `json:"seed,omitempty"`
+	// Keys lists the fields to return; nil means every stored field, plus
+	// next.<k> for the obs keys when next-state reconstruction is on.
+	Keys []string `json:"keys,omitempty"`
+	// NextState turns next-state reconstruction on or off; nil means on
+	// for compact_obs buffers.
+	NextState *bool `json:"next_state,omitempty"`
+	// NStep asks for n-step returns.
+	NStep *NStep `json:"n_step,omitempty"`
+	// NumSlices and SliceLen shape slice samples (give two of BatchSize,
+	// NumSlices and SliceLen).
+	NumSlices int `json:"num_slices,omitempty"`
+	SliceLen  int `json:"slice_len,omitempty"`
+	// StrictLength (default true) draws slices only from trajectories with
+	// SliceLen live rows; false pads shorter slices and returns a mask.
+	StrictLength *bool `json:"strict_length,omitempty"`
+	// Beta is the importance-weight exponent (default 0.4).
+	Beta *float64 `json:"beta,omitempty"`
+	// Consumer names the epoch of without-replacement samplers.
+	Consumer string `json:"consumer,omitempty"`
+	// IncludeIncomplete lets transition samplers return rows whose next
+	// observation is not known yet, flagged by next.<k>_valid = false.
+	IncludeIncomplete bool `json:"include_incomplete,omitempty"`
+	// DropLast drops the short last batch of a without-replacement epoch.
+	DropLast bool `json:"drop_last,omitempty"`
+	// Fill is the value of unknown next observations: "zero" (default) or
+	// "nan" (float keys only).
+	Fill string `json:"fill,omitempty"`
+	// TimeoutMS is how long to wait for data that can satisfy the request
+	// (0: answer at once).
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+}
+
+// NStep asks for n-step returns with discount Gamma.
+type NStep struct {
+	N     int     `json:"n"`
+	Gamma float64 `json:"gamma"`
+}
+
+// ErrBadRequest is wrapped by every RequestError: a request that no data
+// can ever satisfy (HTTP 400).
+var ErrBadRequest = errors.New("rbd: bad request")
+
+// RequestError names the request field at fault.
+type RequestError struct {
+	Field string
+	Msg   string
+}
+
+func (e *RequestError) Error() string { return fmt.Sprintf("%s: %s", e.Field, e.Msg) }
+
+// Unwrap returns ErrBadRequest.
+func (e *RequestError) Unwrap() error { return ErrBadRequest }
+
+func reqErr(field, format string, args ...any) error {
+	return &RequestError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// ParseSampleRequest decodes a JSON sample request. Unknown keys and wrong
+// types are errors naming the key; seed may be any integer (taken modulo
+// 2^64), given as a JSON number.
+func ParseSampleRequest(data []byte) (*SampleRequest, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return nil, reqErr("body", "not a JSON object: %v", err)
+	}
+	var seed *uint64
+	if v, ok := raw["seed"]; ok {
+		delete(raw, "seed")
+		if string(v) != "null" {
+			s, err := parseSeed(v)
+			if err != nil {
+				return nil, err
+			}
+			seed = &s
+		}
+	}
+	rest, _ := json.Marshal(raw)
+	dec := json.NewDecoder(bytes.NewReader(rest))
+	dec.DisallowUnknownFields()
+	req := &SampleRequest{}
+	if err := dec.Decode(req); err != nil {
+		var ute *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &ute):
+			return nil, reqErr(ute.Field, "must be %s", ute.Type)
+		case strings.HasPrefix(err.Error(), "json: unknown field "):
+			return nil, reqErr(strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`), "unknown key")
+		}
+		return nil, reqErr("body", "%v", err)
+	}
+	req.Seed = seed
+	return req, nil
+}
+
+func parseSeed(v json.RawMessage) (uint64, error) {
+	s := strings.TrimSpace(string(v))
+	if i, err := strconv.ParseInt(s, 10, 64); err == nil {
+		return uint64(i), nil
+	}
+	if u, err := strconv.ParseUint(s, 10, 64); err == nil {
+		return u, nil
+	}
+	return 0, reqErr("seed", "must be an integer in [-2^63, 2^64), got %s", s)
+}
+
+// plan is a validated request against one buffer.
+type plan struct {
+	req       *SampleRequest
+	params    sampler.Params
+	spec      storage.Spec
+	compact   bool
+	nextState bool
+	nstep     *NStep
+	stored    []storage.Column // stored fields to gather, in output order
+	outKeys   []string         // every requested key, in order
+	recon     []string         // obs keys k whose next.<k> is reconstructed
+	fillNaN   bool
+	slices    bool
+	rows      int // output rows (B or S*L)
+}
+
+// maxSampleRows bounds one answer; larger batches are a 400.
+const maxSampleRows = 1 << 22
+
+func (b *Buffer) planSample(req *SampleRequest, maxBytes int64) (*plan, error) {
+	spec := b.Spec()
+	p := &plan{req: req, spec: spec, compact: spec.CompactObs, nstep: req.NStep}
+	kind := req.Sampler
+	if kind == "" {
+		kind = sampler.Uniform
+	}
+	if !slices.Contains(sampler.Kinds, kind) {
+		return nil, reqErr("sampler", "unknown sampler %q (want one of %s)", kind, strings.Join(sampler.Kinds, ", "))
+	}
+	if sampler.IsPrioritized(kind) && spec.Priority == nil {
+		return nil, reqErr("sampler", "%q needs a buffer created with \"priority\" in its spec", kind)
+	}
+	p.slices = sampler.IsSlice(kind)
+	strict := req.StrictLength == nil || *req.StrictLength
+	beta := 0.4
+	if req.Beta != nil {
+		beta = *req.Beta
+		if !(beta >= 0) || math.IsInf(beta, 0) {
+			return nil, reqErr("beta", "must be a finite number >= 0")
+		}
+	}
+	p.params = sampler.Params{Kind: kind, StrictLength: strict, Beta: beta, DropLast: req.DropLast, Consumer: req.Consumer}
+	if req.BatchSize < 0 || req.NumSlices < 0 || req.SliceLen < 0 {
+		return nil, reqErr("batch_size", "batch_size, num_slices and slice_len must not be negative")
+	}
+	if p.slices {
+		if err := sliceShape(req, &p.params); err != nil {
+			return nil, err
+		}
+		if int64(p.params.SliceLen) > spec.Capacity {
+			return nil, reqErr("slice_len", "%d is larger than the buffer's capacity %d", p.params.SliceLen, spec.Capacity)
+		}
+		p.rows = p.params.NumSlices * p.params.SliceLen
+	} else {
+		if req.NumSlices != 0 || req.SliceLen != 0 {
+			return nil, reqErr("num_slices", "num_slices and slice_len apply to slice samplers only")
+		}
+		if req.BatchSize < 1 {
+			return nil, reqErr("batch_size", "must be at least 1")
+		}
+		if req.StrictLength != nil {
+			return nil, reqErr("strict_length", "applies to slice samplers only")
+		}
+		p.params.BatchSize = req.BatchSize
+		p.rows = req.BatchSize
+	}
+	if p.rows > maxSampleRows {
+		return nil, reqErr("batch_size", "%d rows is more than the %d an answer may hold", p.rows, maxSampleRows)
+	}
+	if req.Consumer != "" && kind != sampler.WithoutReplacement && kind != sampler.SliceWithoutReplacement {
+		return nil, reqErr("consumer", "applies to without-replacement samplers only")
+	}
+	if req.DropLast && kind != sampler.WithoutReplacement && kind != sampler.SliceWithoutReplacement {
+		return nil, reqErr("drop_last", "applies to without-replacement samplers only")
+	}
+	if req.TimeoutMS < 0 {
+		return nil, reqErr("timeout_ms", "must not be negative")
+	}
+	p.nextState = p.compact
+	if req.NextState != nil {
+		p.nextState = *req.NextState
+	}
+	if p.nextState && p.compact {
+		p.recon = append(p.recon, spec.ObsKeys...)
+	}
+	switch req.Fill {
+	case "", "zero":
+	case "nan":
+		p.fillNaN = true
+	default:
+		return nil, reqErr("fill", "must be \"zero\" or \"nan\", got %q", req.Fill)
+	}
+	if n := req.NStep; n != nil {
+		if n.N < 1 {
+			return nil, reqErr("n_step.n", "must be at least 1")
+		}
+		if !(n.Gamma >= 0 && n.Gamma <= 1) {
+			return nil, reqErr("n_step.gamma", "must be in [0, 1]")
+		}
+		f, ok := spec.Field("next.reward")
+		if !ok || (f.DType != storage.Float32 && f.DType != storage.Float64) || len(f.Shape) != 0 {
+			return nil, reqErr("n_step", "needs a scalar float32 or float64 field next.reward")
+		}
+		if p.compact && !p.nextState {
+			return nil, reqErr("n_step", "needs next_state on a compact_obs buffer (the bootstrap observation is rebuilt)")
+		}
+	}
+	if req.IncludeIncomplete && (p.slices || len(p.recon) == 0) {
+		return nil, reqErr("include_incomplete", "applies to transition samplers on compact_obs buffers with next_state")
+	}
+	if err := b.planKeys(p); err != nil {
+		return nil, err
+	}
+	if len(p.recon) > 0 && !req.IncludeIncomplete && !p.slices {
+		compact := p.compact
+		p.params.Eligible = func(_ storage.Index, m storage.RowMeta) bool {
+			return nextKnown(m, compact)
+		}
+	}
+	var rowBytes int64 = 8 * 3
+	for _, k := range p.outKeys {
+		if c, ok := b.columnFor(k); ok {
+			rowBytes += int64(c.RowBytes)
+		}
+	}
+	if maxBytes > 0 && rowBytes*int64(p.rows) > maxBytes {
+		return nil, reqErr("batch_size", "the answer would hold %d bytes, more than the %d allowed (--max-response)", rowBytes*int64(p.rows), maxBytes)
+	}
+	return p, nil
+}
+
+func sliceShape(req *SampleRequest, pp *sampler.Params) error {
+	B, S, L := req.BatchSize, req.NumSlices, req.SliceLen
+	given := 0
+	for _, v := range []int{B, S, L} {
+		if v > 0 {
+			given++
+		}
+	}
+	switch {
+	case given < 2:
+		return reqErr("num_slices", "slice samplers need two of batch_size, num_slices and slice_len")
+	case given == 3 && B != S*L:
+		return reqErr("batch_size", "%d is not num_slices x slice_len = %d", B, S*L)
+	case S == 0:
+		if B%L != 0 {
+			return reqErr("batch_size", "%d is not divisible by slice_len %d", B, L)
+		}
+		S = B / L
+	case L == 0:
+		if B%S != 0 {
+			return reqErr("batch_size", "%d is not divisible by num_slices %d", B, S)
+		}
+		L = B / S
+	}
+	pp.NumSlices, pp.SliceLen = S, L
+	return nil
+}
+
+func (b *Buffer) planKeys(p *plan) error {
+	keys := p.req.Keys
+	if keys == nil {
+		for _, f := range p.spec.Fields {
+			keys = append(keys, f.Name)
+		}
+		for _, k := range p.recon {
+			keys = append(keys, "next."+k)
+		}
+	}
+	seen := map[string]bool{}
+	var recon []string
+	for i, k := range keys {
+		field := fmt.Sprintf("keys[%d]", i)
+		if seen[k] {
+			return reqErr(field, "%q is listed twice", k)
+		}
+		seen[k] = true
+		if obs, ok := strings.CutPrefix(k, "next."); ok && slices.Contains(p.recon, obs) {
+			recon = append(recon, obs)
+			if f, _ := p.spec.Field(obs); p.fillNaN && !f.DType.IsFloat() {
+				return reqErr("fill", "\"nan\" needs float keys, but %s is %s", k, f.DType)
+			}
+			p.outKeys = append(p.outKeys, k)
+			continue
+		}
+		if _, ok := p.spec.Field(k); !ok {
+			if obs, isNext := strings.CutPrefix(k, "next."); isNext && p.compact && slices.Contains(p.spec.ObsKeys, obs) {
+				return reqErr(field, "%q is rebuilt at sample time: set next_state to true", k)
+			}
+			return reqErr(field, "%q is not a field of buffer %q", k, b.Name())
+		}
+		c, _ := b.Column(k)
+		p.stored = append(p.stored, c)
+		p.outKeys = append(p.outKeys, k)
+	}
+	p.recon = recon
+	return nil
+}
+
+// columnFor returns the column that shapes output key k (for reconstructed
+// next.<k>, the observation column).
+func (b *Buffer) columnFor(k string) (storage.Column, bool) {
+	if c, ok := b.Column(k); ok && !c.Tail {
+		return c, true
+	}
+	if obs, ok := strings.CutPrefix(k, "next."); ok {
+		return b.Column(obs)
+	}
+	return storage.Column{}, false
+}

@@ -1,0 +1,444 @@
+package rbd
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/rbdb/rbd/sampler"
+	"github.com/rbdb/rbd/storage"
+	"github.com/rbdb/rbd/transforms"
+)
+
+// ErrNotReady is returned when the current data cannot satisfy a sample
+// request within its timeout (HTTP 503, "not_ready").
+var ErrNotReady = sampler.ErrNotReady
+
+// ErrContention is returned when the rows a sample chose kept being
+// overwritten while they were copied (a ring far too small for its write
+// rate); retrying usually succeeds.
+var ErrContention = errors.New("rbd: sampled rows were overwritten while being copied")
+
+// Tensor is one named array of a batch, little-endian, C order.
+type Tensor struct {
+	Name  string
+	DType storage.DType
+	Shape []int
+	Data  []byte
+}
+
+// Batch is the answer to a sample request.
+type Batch struct {
+	Tensors []Tensor
+	// Metadata carries epoch and epoch_end for without-replacement
+	// samplers.
+	Metadata map[string]string
+}
+
+// Tensor returns the named tensor.
+func (b *Batch) Tensor(name string) (*Tensor, bool) {
+	for i := range b.Tensors {
+		if b.Tensors[i].Name == name {
+			return &b.Tensors[i], true
+		}
+	}
+	return nil, false
+}
+
+// SampleOptions are per-call limits set by the caller (e.g. the server).
+type SampleOptions struct {
+	// MaxResponseBytes rejects requests whose answer would be larger
+	// (0: no limit).
+	MaxResponseBytes int64
+	// MaxTimeout caps the request's timeout_ms (0: no cap).
+	MaxTimeout time.Duration
+}
+
+// drawn is a selection resolved against the index: every row's metadata,
+// where its next observation comes from, and its n-step window.
+type drawn struct {
+	sel     *sampler.Selection
+	metas   []storage.RowMeta
+	next    []transforms.NextSource
+	windows [][]storage.RowMeta // n-step only
+}
+
+// Sample draws a batch. It validates the request against the buffer
+// (ErrBadRequest, naming the field), waits up to the request's timeout for
+// data that can satisfy it (ErrNotReady after that), gathers the rows
+// without holding locks and derives next observations and n-step returns.
+func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOptions) (*Batch, error) {
+	var o SampleOptions
+	if opts != nil {
+		o = *opts
+	}
+	p, err := b.planSample(req, o.MaxResponseBytes)
+	if err != nil {
+		return nil, fmt.Errorf("sample %q: %w", b.Name(), err)
+	}
+	var rng *rand.Rand
+	if req.Seed != nil {
+		rng = rand.New(rand.NewPCG(*req.Seed, 0x72626473616d706c)) // "rbdsampl"
+	} else {
+		rng = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	}
+	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
+	if o.MaxTimeout > 0 {
+		timeout = min(timeout, o.MaxTimeout)
+	}
+	deadline := time.Now().Add(timeout)
+	for attempt := 0; ; attempt++ {
+		changed := b.Changed()
+		var d *drawn
+		err := b.ReadIndex(func(ix storage.Index) {
+			var sel *sampler.Selection
+			if sel, err = b.state.Draw(ix, p.params, rng); err == nil {
+				d = p.resolve(ix, sel)
+			}
+		})
+		if errors.Is(err, ErrNotReady) {
+			wait := time.Until(deadline)
+			if wait <= 0 {
+				return nil, fmt.Errorf("sample %q: %w", b.Name(), err)
+			}
+			t := time.NewTimer(wait)
+			select {
+			case <-changed:
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return nil, ctx.Err()
+			}
+			t.Stop()
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("sample %q: %w", b.Name(), err)
+		}
+		batch, ok, err := b.assemble(p, d)
+		if err != nil {
+			return nil, fmt.Errorf("sample %q: %w", b.Name(), err)
+		}
+		if ok {
+			return batch, nil
+		}
+		if attempt >= 4 {
+			return nil, fmt.Errorf("sample %q: %w", b.Name(), ErrContention)
+		}
+	}
+}
+
+func nextKnown(m storage.RowMeta, compact bool) bool {
+	return transforms.NextOf(m, compact).Known()
+}
+
+// resolve reads, under the index lock, everything the gather needs.
+func (p *plan) resolve(ix storage.Index, sel *sampler.Selection) *drawn {
+	n := len(sel.Seqs)
+	d := &drawn{sel: sel, metas: make([]storage.RowMeta, n), next: make([]transforms.NextSource, n)}
+	if p.nstep != nil {
+		d.windows = make([][]storage.RowMeta, n)
+	}
+	for i, seq := range sel.Seqs {
+		m, _ := ix.Row(seq) // Seq -1 for padding
+		d.metas[i] = m
+		if p.nstep != nil {
+			if w, ok := transforms.NStep(ix, m, p.nstep.N, p.compact); ok {
+				d.windows[i] = w.Rows
+				d.next[i] = w.Next
+				continue
+			}
+		}
+		d.next[i] = transforms.NextOf(m, p.compact)
+	}
+	return d
+}
+
+// gatherAt gathers columns at seqs (-1 = skip) and reports whether every
+// requested row was still there.
+func (b *Buffer) gatherAt(seqs []int64, cols []storage.Column, dst [][]byte) (bool, error) {
+	missing, err := b.Gather(seqs, cols, dst, nil)
+	if err != nil {
+		return false, err
+	}
+	for _, i := range missing {
+		if seqs[i] >= 0 {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+func (b *Buffer) assemble(p *plan, d *drawn) (*Batch, bool, error) {
+	sel := d.sel
+	n := len(sel.Seqs)
+	shape := func(row []int) []int {
+		if p.slices {
+			return append([]int{sel.NumSlices, sel.SliceLen}, row...)
+		}
+		return append([]int{n}, row...)
+	}
+	out := &Batch{}
+	isNStepNext := func(name string) bool {
+		switch name {
+		case "next.reward", "next.done", "next.terminated", "next.truncated":
+			return false
+		}
+		return len(name) > 5 && name[:5] == "next."
+	}
+	// Stored fields. With n-step, the other next.* fields come from the
+	// window's last row (TorchRL's rule), so gather those separately.
+	lastSeqs := sel.Seqs
+	if p.nstep != nil {
+		lastSeqs = make([]int64, n)
+		for i, w := range d.windows {
+			lastSeqs[i] = sel.Seqs[i]
+			if len(w) > 0 {
+				lastSeqs[i] = w[len(w)-1].Seq
+			}
+		}
+	}
+	stored := map[string][]byte{}
+	var atRow, atLast []storage.Column
+	for _, c := range p.stored {
+		if p.nstep != nil && isNStepNext(c.Name) {
+			atLast = append(atLast, c)
+		} else {
+			atRow = append(atRow, c)
+		}
+	}
+	for _, group := range []struct {
+		cols []storage.Column
+		seqs []int64
+	}{{atRow, sel.Seqs}, {atLast, lastSeqs}} {
+		if len(group.cols) == 0 {
+			continue
+		}
+		dst := make([][]byte, len(group.cols))
+		for i, c := range group.cols {
+			dst[i] = make([]byte, n*c.RowBytes)
+		}
+		ok, err := b.gatherAt(group.seqs, group.cols, dst)
+		if err != nil || !ok {
+			return nil, ok, err
+		}
+		for i, c := range group.cols {
+			stored[c.Name] = dst[i]
+		}
+	}
+
+	// Reconstructed next observations.
+	valid := make([]bool, n)
+	recon := map[string][]byte{}
+	if len(p.recon) > 0 {
+		rowSeqs, tailSeqs := make([]int64, n), make([]int64, n)
+		for i, s := range d.next {
+			rowSeqs[i], tailSeqs[i] = s.Row, s.Tail
+			valid[i] = s.Known()
+		}
+		for _, k := range p.recon {
+			obs, _ := b.Column(k)
+			tail, _ := b.Column("next." + k)
+			a, t := make([]byte, n*obs.RowBytes), make([]byte, n*obs.RowBytes)
+			ok, err := b.gatherAt(rowSeqs, []storage.Column{obs}, [][]byte{a})
+			if err != nil || !ok {
+				return nil, ok, err
+			}
+			if ok, err = b.gatherAt(tailSeqs, []storage.Column{tail}, [][]byte{t}); err != nil || !ok {
+				return nil, ok, err
+			}
+			rb := obs.RowBytes
+			for i, s := range d.next {
+				switch {
+				case s.Tail >= 0:
+					copy(a[i*rb:(i+1)*rb], t[i*rb:(i+1)*rb])
+				case !s.Known() && p.fillNaN:
+					fillNaN(a[i*rb:(i+1)*rb], obs.DType)
+				}
+			}
+			recon[k] = a
+		}
+	}
+
+	// n-step returns over the windows.
+	var nstepReward, origReward []byte
+	var steps []int64
+	var gammas []float32
+	if p.nstep != nil {
+		rc, _ := b.Column("next.reward")
+		var flat []int64
+		for _, w := range d.windows {
+			for _, m := range w {
+				flat = append(flat, m.Seq)
+			}
+		}
+		rewards := make([]byte, len(flat)*rc.RowBytes)
+		ok, err := b.gatherAt(flat, []storage.Column{rc}, [][]byte{rewards})
+		if err != nil || !ok {
+			return nil, ok, err
+		}
+		orig := stored["next.reward"]
+		if orig == nil {
+			orig = make([]byte, n*rc.RowBytes)
+			if ok, err := b.gatherAt(sel.Seqs, []storage.Column{rc}, [][]byte{orig}); err != nil || !ok {
+				return nil, ok, err
+			}
+		}
+		origReward = slices.Clone(orig)
+		nstepReward = slices.Clone(orig)
+		steps, gammas = make([]int64, n), make([]float32, n)
+		j := 0
+		rs := make([]float64, 0, p.nstep.N)
+		for i, w := range d.windows {
+			rs = rs[:0]
+			for range w {
+				rs = append(rs, readFloat(rewards[j*rc.RowBytes:], rc.DType))
+				j++
+			}
+			if len(w) == 0 {
+				continue // next unknown: steps 0, gamma 0, the 1-step reward
+			}
+			ret, g := transforms.Discount(rs, p.nstep.Gamma)
+			writeFloat(nstepReward[i*rc.RowBytes:], rc.DType, ret)
+			steps[i], gammas[i] = int64(len(w)), float32(g)
+			// Unlike TorchRL, the done flags are those of the window's
+			// last step, so r + gamma^k (1 - terminated) V(next) is right
+			// when the episode ends inside the window.
+			last := w[len(w)-1]
+			for name, v := range map[string]bool{"next.done": last.Done, "next.terminated": last.Terminated, "next.truncated": last.Truncated} {
+				if col := stored[name]; col != nil {
+					col[i] = b2u(v)
+				}
+			}
+		}
+		if stored["next.reward"] != nil {
+			stored["next.reward"] = nstepReward
+		}
+	}
+
+	for _, k := range p.outKeys {
+		if obs, ok := cutNext(k); ok && recon[obs] != nil {
+			c, _ := b.Column(obs)
+			out.Tensors = append(out.Tensors, Tensor{Name: k, DType: c.DType, Shape: shape(c.Shape), Data: recon[obs]})
+			continue
+		}
+		c, _ := b.Column(k)
+		out.Tensors = append(out.Tensors, Tensor{Name: k, DType: c.DType, Shape: shape(c.Shape), Data: stored[k]})
+	}
+	seqB, trajB, stepB := make([]byte, 8*n), make([]byte, 8*n), make([]byte, 8*n)
+	for i, m := range d.metas {
+		binary.LittleEndian.PutUint64(seqB[8*i:], uint64(m.Seq))
+		binary.LittleEndian.PutUint64(trajB[8*i:], uint64(m.TrajID))
+		binary.LittleEndian.PutUint64(stepB[8*i:], uint64(m.Step))
+	}
+	out.Tensors = append(out.Tensors,
+		Tensor{Name: "seq", DType: storage.Int64, Shape: shape(nil), Data: seqB},
+		Tensor{Name: "traj_id", DType: storage.Int64, Shape: shape(nil), Data: trajB},
+		Tensor{Name: "step", DType: storage.Int64, Shape: shape(nil), Data: stepB})
+	if sel.Weights != nil {
+		w := make([]byte, 4*n)
+		for i, v := range sel.Weights {
+			binary.LittleEndian.PutUint32(w[4*i:], math.Float32bits(v))
+		}
+		out.Tensors = append(out.Tensors, Tensor{Name: "weight", DType: storage.Float32, Shape: shape(nil), Data: w})
+	}
+	if p.slices {
+		out.Tensors = append(out.Tensors, Tensor{Name: "slice_end", DType: storage.Bool, Shape: shape(nil), Data: boolBytes(sel.SliceEnd)})
+		if sel.Mask != nil {
+			out.Tensors = append(out.Tensors, Tensor{Name: "mask", DType: storage.Bool, Shape: shape(nil), Data: boolBytes(sel.Mask)})
+		}
+	}
+	if p.slices || p.req.IncludeIncomplete {
+		for _, k := range p.recon {
+			out.Tensors = append(out.Tensors, Tensor{Name: "next." + k + "_valid", DType: storage.Bool, Shape: shape(nil), Data: boolBytes(valid)})
+		}
+	}
+	if p.nstep != nil {
+		rc, _ := b.Column("next.reward")
+		sb, gb := make([]byte, 8*n), make([]byte, 4*n)
+		for i := range steps {
+			binary.LittleEndian.PutUint64(sb[8*i:], uint64(steps[i]))
+			binary.LittleEndian.PutUint32(gb[4*i:], math.Float32bits(gammas[i]))
+		}
+		out.Tensors = append(out.Tensors,
+			Tensor{Name: "steps_to_next_obs", DType: storage.Int64, Shape: shape(nil), Data: sb},
+			Tensor{Name: "gamma", DType: storage.Float32, Shape: shape(nil), Data: gb},
+			Tensor{Name: "next.original_reward", DType: rc.DType, Shape: shape(nil), Data: origReward})
+	}
+	if sel.HasEpoch {
+		out.Metadata = map[string]string{"epoch": strconv.FormatInt(sel.Epoch, 10), "epoch_end": strconv.FormatBool(sel.EpochEnd)}
+	}
+	real := 0
+	for _, s := range sel.Seqs {
+		if s >= 0 {
+			real++
+		}
+	}
+	b.NoteSampled(real)
+	return out, true, nil
+}
+
+func cutNext(k string) (string, bool) {
+	if len(k) > 5 && k[:5] == "next." {
+		return k[5:], true
+	}
+	return "", false
+}
+
+func boolBytes(v []bool) []byte {
+	out := make([]byte, len(v))
+	for i, x := range v {
+		out[i] = b2u(x)
+	}
+	return out
+}
+
+func b2u(v bool) byte {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+func readFloat(b []byte, dt storage.DType) float64 {
+	if dt == storage.Float64 {
+		return math.Float64frombits(binary.LittleEndian.Uint64(b))
+	}
+	return float64(math.Float32frombits(binary.LittleEndian.Uint32(b)))
+}
+
+func writeFloat(b []byte, dt storage.DType, v float64) {
+	if dt == storage.Float64 {
+		binary.LittleEndian.PutUint64(b, math.Float64bits(v))
+		return
+	}
+	binary.LittleEndian.PutUint32(b, math.Float32bits(float32(v)))
+}
+
+// fillNaN writes quiet NaNs of dtype dt over b.
+func fillNaN(b []byte, dt storage.DType) {
+	switch dt {
+	case storage.Float16:
+		for i := 0; i+1 < len(b); i += 2 {
+			binary.LittleEndian.PutUint16(b[i:], 0x7e00)
+		}
+	case storage.BFloat16:
+		for i := 0; i+1 < len(b); i += 2 {
+			binary.LittleEndian.PutUint16(b[i:], 0x7fc0)
+		}
+	case storage.Float32:
+		for i := 0; i+3 < len(b); i += 4 {
+			binary.LittleEndian.PutUint32(b[i:], math.Float32bits(float32(math.NaN())))
+		}
+	case storage.Float64:
+		for i := 0; i+7 < len(b); i += 8 {
+			binary.LittleEndian.PutUint64(b[i:], math.Float64bits(math.NaN()))
+		}
+	}
+}

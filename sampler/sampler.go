@@ -1,0 +1,435 @@
+package sampler
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+
+	"github.com/rbdb/rbd/sampler/internal/perm"
+	"github.com/rbdb/rbd/storage"
+)
+
+// Sampler kinds.
+const (
+	Uniform                 = "uniform"
+	WithoutReplacement      = "without_replacement"
+	Prioritized             = "prioritized"
+	Slice                   = "slice"
+	SliceWithoutReplacement = "slice_without_replacement"
+	PrioritizedSlice        = "prioritized_slice"
+)
+
+// Kinds lists every sampler kind.
+var Kinds = []string{Uniform, WithoutReplacement, Prioritized, Slice, SliceWithoutReplacement, PrioritizedSlice}
+
+// IsSlice reports whether kind returns [num_slices, slice_len] batches.
+func IsSlice(kind string) bool {
+	return kind == Slice || kind == SliceWithoutReplacement || kind == PrioritizedSlice
+}
+
+// IsPrioritized reports whether kind draws by priority (and returns weights).
+func IsPrioritized(kind string) bool { return kind == Prioritized || kind == PrioritizedSlice }
+
+// ErrNotReady is returned when the current data cannot satisfy a draw yet
+// (an empty buffer, no trajectory long enough for a strict slice, no row
+// whose next observation is known). More writes may fix it.
+var ErrNotReady = errors.New("sampler: not enough data yet")
+
+// Params describes one draw.
+type Params struct {
+	Kind string
+	// BatchSize is the number of rows of a transition batch.
+	BatchSize int
+	// NumSlices and SliceLen shape slice batches.
+	NumSlices, SliceLen int
+	// StrictLength draws slices only from trajectories with at least
+	// SliceLen live rows; otherwise shorter ones give padded slices.
+	StrictLength bool
+	// Beta is the importance-weight exponent of prioritised kinds.
+	Beta float64
+	// DropLast drops the short last batch of a without-replacement epoch.
+	DropLast bool
+	// Consumer names the epoch state of without-replacement kinds.
+	Consumer string
+	// Eligible reports whether a transition sampler may return a row (for
+	// instance, whether its next observation is known). Nil admits every
+	// live row. Slice samplers ignore it: they flag such positions instead.
+	Eligible func(storage.Index, storage.RowMeta) bool
+}
+
+// Selection is what a sampler chose.
+type Selection struct {
+	// Seqs has BatchSize entries for transition kinds and
+	// NumSlices*SliceLen for slice kinds (slice after slice, time
+	// ascending); -1 marks padding.
+	Seqs []int64
+	// Weights are importance weights (prioritised kinds), one per entry;
+	// 0 on padding.
+	Weights []float32
+	// NumSlices and SliceLen are set for slice kinds.
+	NumSlices, SliceLen int
+	// SliceEnd is true at the last real row of each slice.
+	SliceEnd []bool
+	// Mask is true on real rows; set for slices when StrictLength is false.
+	Mask []bool
+	// Epoch and EpochEnd report without-replacement progress: EpochEnd is
+	// true on the last batch of an epoch.
+	HasEpoch bool
+	Epoch    int64
+	EpochEnd bool
+}
+
+// State is the sampling state of one buffer: the epochs of
+// without-replacement consumers. It starts afresh when the process starts.
+type State struct {
+	mu        sync.Mutex
+	consumers map[string]*epoch
+}
+
+// NewState returns empty sampling state.
+func NewState() *State { return &State{consumers: map[string]*epoch{}} }
+
+type epoch struct {
+	number   int64
+	perm     perm.Perm
+	cursor   uint64
+	size     int64   // live rows (or trajectories) when the epoch started
+	trajIDs  []int64 // slice epochs: the trajectories of the epoch
+	finished bool
+}
+
+// Draw chooses rows. It must be called inside ReadIndex with that view;
+// rng supplies every random choice.
+func (s *State) Draw(ix storage.Index, p Params, rng *rand.Rand) (*Selection, error) {
+	if ix.LiveRows() == 0 {
+		return nil, fmt.Errorf("%w: the buffer is empty", ErrNotReady)
+	}
+	switch p.Kind {
+	case Uniform:
+		return drawUniform(ix, p, rng)
+	case Prioritized:
+		return drawPrioritized(ix, p, rng)
+	case WithoutReplacement:
+		return s.drawWithoutReplacement(ix, p, rng)
+	case Slice:
+		return drawSlices(ix, p, rng)
+	case SliceWithoutReplacement:
+		return s.drawSlicesWithoutReplacement(ix, p, rng)
+	case PrioritizedSlice:
+		return drawPrioritizedSlices(ix, p, rng)
+	}
+	return nil, fmt.Errorf("sampler: unknown kind %q", p.Kind)
+}
+
+func eligible(ix storage.Index, p Params, m storage.RowMeta) bool {
+	return p.Eligible == nil || p.Eligible(ix, m)
+}
+
+// rejectionBudget bounds the random tries before a sampler falls back to an
+// exact scan, so a store that is mostly ineligible costs O(n) once instead
+// of an unbounded loop.
+func rejectionBudget(n int) int { return 64*n + 256 }
+
+func drawUniform(ix storage.Index, p Params, rng *rand.Rand) (*Selection, error) {
+	lo, hi := ix.Window()
+	sel := &Selection{Seqs: make([]int64, 0, p.BatchSize)}
+	for tries := rejectionBudget(p.BatchSize); len(sel.Seqs) < p.BatchSize && tries > 0; tries-- {
+		seq := lo + rng.Int64N(hi-lo)
+		if m, ok := ix.Row(seq); ok && eligible(ix, p, m) {
+			sel.Seqs = append(sel.Seqs, seq)
+		}
+	}
+	if len(sel.Seqs) == p.BatchSize {
+		return sel, nil
+	}
+	// Few rows qualify: list them once and draw exactly.
+	all := eligibleRows(ix, p)
+	if len(all) == 0 {
+		return nil, fmt.Errorf("%w: no live row is eligible (for compact buffers: no row whose next observation is known yet)", ErrNotReady)
+	}
+	for len(sel.Seqs) < p.BatchSize {
+		sel.Seqs = append(sel.Seqs, all[rng.IntN(len(all))])
+	}
+	return sel, nil
+}
+
+func eligibleRows(ix storage.Index, p Params) []int64 {
+	lo, hi := ix.Window()
+	var out []int64
+	for seq := lo; seq < hi; seq++ {
+		if m, ok := ix.Row(seq); ok && eligible(ix, p, m) {
+			out = append(out, seq)
+		}
+	}
+	return out
+}
+
+// weight is the importance weight (q / q_min)^-beta: the rarest live row
+// gets 1, more likely rows less.
+func weight(q, qmin, beta float64) float32 {
+	return float32(math.Pow(q/qmin, -beta))
+}
+
+func drawPrioritized(ix storage.Index, p Params, rng *rand.Rand) (*Selection, error) {
+	total := ix.PriorityTotal()
+	if !(total > 0) {
+		return nil, fmt.Errorf("%w: total priority is 0", ErrNotReady)
+	}
+	qmin := ix.PriorityMinQ()
+	sel := &Selection{Seqs: make([]int64, 0, p.BatchSize), Weights: make([]float32, 0, p.BatchSize)}
+	for tries := rejectionBudget(p.BatchSize); len(sel.Seqs) < p.BatchSize && tries > 0; tries-- {
+		seq := ix.PriorityFind(rng.Float64() * total)
+		m, ok := ix.Row(seq)
+		if !ok || !eligible(ix, p, m) {
+			continue
+		}
+		sel.Seqs = append(sel.Seqs, seq)
+		sel.Weights = append(sel.Weights, weight(ix.PriorityQ(seq), qmin, p.Beta))
+	}
+	if len(sel.Seqs) == p.BatchSize {
+		return sel, nil
+	}
+	// Exact fallback over the eligible rows' priorities.
+	all := eligibleRows(ix, p)
+	cum := make([]float64, len(all))
+	sum := 0.0
+	for i, seq := range all {
+		sum += ix.PriorityQ(seq)
+		cum[i] = sum
+	}
+	if !(sum > 0) {
+		return nil, fmt.Errorf("%w: no eligible row has a positive priority", ErrNotReady)
+	}
+	for len(sel.Seqs) < p.BatchSize {
+		i := searchCum(cum, rng.Float64()*sum)
+		sel.Seqs = append(sel.Seqs, all[i])
+		sel.Weights = append(sel.Weights, weight(ix.PriorityQ(all[i]), qmin, p.Beta))
+	}
+	return sel, nil
+}
+
+// searchCum returns the first i with cum[i] > x, skipping zero-width
+// entries.
+func searchCum(cum []float64, x float64) int {
+	lo, hi := 0, len(cum)-1
+	for lo < hi {
+		mid := (lo + hi) / 2
+		if cum[mid] > x {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return lo
+}
+
+func (s *State) epochFor(consumer string) *epoch {
+	e := s.consumers[consumer]
+	if e == nil {
+		e = &epoch{number: -1, finished: true}
+		s.consumers[consumer] = e
+	}
+	return e
+}
+
+func (s *State) drawWithoutReplacement(ix storage.Index, p Params, rng *rand.Rand) (*Selection, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.epochFor(p.Consumer)
+	lo, hi := ix.Window()
+	n := hi - lo // slots in use: min(write_count, capacity)
+	if e.finished || e.size != ix.LiveRows() {
+		// A new epoch: when the last ended, or when the number of live
+		// rows changed (TorchRL's rule: a full ring keeps its epoch while
+		// rows are overwritten in place).
+		e.number++
+		e.perm = perm.New(uint64(n), rng.Uint64())
+		e.cursor = 0
+		e.size = ix.LiveRows()
+		e.finished = false
+	}
+	if p.DropLast && int64(p.BatchSize) > e.size {
+		return nil, fmt.Errorf("%w: batch size %d is larger than the %d live rows (drop_last)", ErrNotReady, p.BatchSize, e.size)
+	}
+	sel := &Selection{Seqs: make([]int64, 0, p.BatchSize), HasEpoch: true, Epoch: e.number}
+	for len(sel.Seqs) < p.BatchSize && e.cursor < e.perm.N() {
+		// Slots, not seqs: a full ring keeps its epoch while rows are
+		// overwritten in place, and each slot is visited once.
+		slot := e.perm.At(e.cursor)
+		e.cursor++
+		seq := ix.SlotSeq(int64(slot))
+		if seq < 0 {
+			continue
+		}
+		if m, ok := ix.Row(seq); ok && eligible(ix, p, m) {
+			sel.Seqs = append(sel.Seqs, seq)
+		}
+	}
+	left := e.perm.N() - e.cursor
+	if left == 0 || (p.DropLast && left < uint64(p.BatchSize)) {
+		e.finished = true
+		sel.EpochEnd = true
+	}
+	if len(sel.Seqs) == 0 {
+		return nil, fmt.Errorf("%w: no eligible row left in epoch %d", ErrNotReady, e.number)
+	}
+	if p.DropLast && len(sel.Seqs) < p.BatchSize {
+		return nil, fmt.Errorf("%w: epoch %d ended with a short batch (drop_last)", ErrNotReady, e.number)
+	}
+	return sel, nil
+}
+
+// appendSlice adds one slice of trajectory t starting at position start,
+// with length l <= L, padded to L.
+func appendSlice(sel *Selection, t *storage.Trajectory, start, l, L int, w float32, padded bool) {
+	for i := 0; i < L; i++ {
+		if i < l {
+			sel.Seqs = append(sel.Seqs, t.Seq(start+i))
+		} else {
+			sel.Seqs = append(sel.Seqs, -1)
+		}
+		sel.SliceEnd = append(sel.SliceEnd, i == l-1)
+		if padded {
+			sel.Mask = append(sel.Mask, i < l)
+		}
+		if sel.Weights != nil {
+			if i < l {
+				sel.Weights = append(sel.Weights, w)
+			} else {
+				sel.Weights = append(sel.Weights, 0)
+			}
+		}
+	}
+	sel.NumSlices++
+}
+
+func newSliceSelection(p Params, weighted bool) *Selection {
+	n := p.NumSlices * p.SliceLen
+	sel := &Selection{Seqs: make([]int64, 0, n), SliceEnd: make([]bool, 0, n), SliceLen: p.SliceLen}
+	if !p.StrictLength {
+		sel.Mask = make([]bool, 0, n)
+	}
+	if weighted {
+		sel.Weights = make([]float32, 0, n)
+	}
+	return sel
+}
+
+func drawSlices(ix storage.Index, p Params, rng *rand.Rand) (*Selection, error) {
+	L := p.SliceLen
+	sel := newSliceSelection(p, false)
+	for k := 0; k < p.NumSlices; k++ {
+		var t *storage.Trajectory
+		if p.StrictLength {
+			t = ix.PickAtLeast(L, rng)
+			if t == nil {
+				return nil, fmt.Errorf("%w: no live trajectory has %d rows (strict_length)", ErrNotReady, L)
+			}
+		} else {
+			t = ix.Trajectory(rng.IntN(ix.NumTrajectories()))
+		}
+		l := min(L, t.Len())
+		start := rng.IntN(t.Len() - l + 1)
+		appendSlice(sel, t, start, l, L, 0, !p.StrictLength)
+	}
+	return sel, nil
+}
+
+func (s *State) drawSlicesWithoutReplacement(ix storage.Index, p Params, rng *rand.Rand) (*Selection, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.epochFor("slice\x00" + p.Consumer)
+	if e.finished || e.size != int64(ix.NumTrajectories()) {
+		e.number++
+		e.trajIDs = e.trajIDs[:0]
+		for i := 0; i < ix.NumTrajectories(); i++ {
+			e.trajIDs = append(e.trajIDs, ix.Trajectory(i).ID())
+		}
+		e.perm = perm.New(uint64(len(e.trajIDs)), rng.Uint64())
+		e.cursor = 0
+		e.size = int64(ix.NumTrajectories())
+		e.finished = false
+	}
+	L := p.SliceLen
+	sel := newSliceSelection(p, false)
+	sel.HasEpoch, sel.Epoch = true, e.number
+	for sel.NumSlices < p.NumSlices && e.cursor < e.perm.N() {
+		t := ix.ByID(e.trajIDs[e.perm.At(e.cursor)])
+		e.cursor++
+		if t == nil || (p.StrictLength && t.Len() < L) {
+			continue
+		}
+		l := min(L, t.Len())
+		appendSlice(sel, t, rng.IntN(t.Len()-l+1), l, L, 0, !p.StrictLength)
+	}
+	left := e.perm.N() - e.cursor
+	if left == 0 || (p.DropLast && left < uint64(p.NumSlices)) {
+		e.finished = true
+		sel.EpochEnd = true
+	}
+	if sel.NumSlices == 0 {
+		return nil, fmt.Errorf("%w: no trajectory left in epoch %d with %d rows", ErrNotReady, e.number, L)
+	}
+	if p.DropLast && sel.NumSlices < p.NumSlices {
+		return nil, fmt.Errorf("%w: epoch %d ended with a short batch (drop_last)", ErrNotReady, e.number)
+	}
+	return sel, nil
+}
+
+func drawPrioritizedSlices(ix storage.Index, p Params, rng *rand.Rand) (*Selection, error) {
+	total := ix.PriorityTotal()
+	if !(total > 0) {
+		return nil, fmt.Errorf("%w: total priority is 0", ErrNotReady)
+	}
+	qmin := ix.PriorityMinQ()
+	L := p.SliceLen
+	sel := newSliceSelection(p, true)
+	// validStart gives the slice that would start at seq, if any.
+	validStart := func(seq int64) (*storage.Trajectory, int, int, bool) {
+		m, ok := ix.Row(seq)
+		if !ok {
+			return nil, 0, 0, false
+		}
+		t, pos := ix.Position(m)
+		if t == nil {
+			return nil, 0, 0, false
+		}
+		l := min(L, t.Len()-pos)
+		if p.StrictLength && l < L {
+			return nil, 0, 0, false
+		}
+		return t, pos, l, true
+	}
+	for tries := rejectionBudget(p.NumSlices); sel.NumSlices < p.NumSlices && tries > 0; tries-- {
+		seq := ix.PriorityFind(rng.Float64() * total)
+		if t, pos, l, ok := validStart(seq); ok {
+			appendSlice(sel, t, pos, l, L, weight(ix.PriorityQ(seq), qmin, p.Beta), !p.StrictLength)
+		}
+	}
+	if sel.NumSlices == p.NumSlices {
+		return sel, nil
+	}
+	// Few rows can start a slice: list them with their priorities once.
+	lo, hi := ix.Window()
+	var starts []int64
+	var cum []float64
+	sum := 0.0
+	for seq := lo; seq < hi; seq++ {
+		if _, _, _, ok := validStart(seq); ok {
+			sum += ix.PriorityQ(seq)
+			starts = append(starts, seq)
+			cum = append(cum, sum)
+		}
+	}
+	if !(sum > 0) {
+		return nil, fmt.Errorf("%w: no live row can start a slice of %d rows", ErrNotReady, L)
+	}
+	for sel.NumSlices < p.NumSlices {
+		seq := starts[searchCum(cum, rng.Float64()*sum)]
+		t, pos, l, _ := validStart(seq)
+		appendSlice(sel, t, pos, l, L, weight(ix.PriorityQ(seq), qmin, p.Beta), !p.StrictLength)
+	}
+	return sel, nil
+}
