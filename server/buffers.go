@@ -1,0 +1,198 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+
+	"github.com/rbdb/rbd"
+	"github.com/rbdb/rbd/codec"
+	"github.com/rbdb/rbd/storage"
+)
+
+func (s *Server) buffer(r *http.Request) (*rbd.Buffer, error) {
+	name := r.PathValue("name")
+	if err := storage.ValidateBufferName(name); err != nil {
+		return nil, err
+	}
+	return s.db.Buffer(name)
+}
+
+func readBody(r *http.Request) ([]byte, error) {
+	n := r.ContentLength
+	if n < 0 || n > 64<<20 {
+		n = 0
+	}
+	buf := make([]byte, 0, n)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		m, err := r.Body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+m]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read body: %w", err)
+		}
+	}
+}
+
+// mediaType returns the request's content type without parameters.
+func mediaType(r *http.Request) string {
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil {
+		return strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Type")))
+	}
+	return mt
+}
+
+// isJSONBody reports whether a control body should be parsed as JSON: it
+// is, unless it says it is something else we know (curl -d sends
+// application/x-www-form-urlencoded).
+func isJSONBody(r *http.Request) error {
+	switch mediaType(r) {
+	case "", "application/json", "application/x-www-form-urlencoded", "text/plain":
+		return nil
+	}
+	return &apiError{status: http.StatusUnsupportedMediaType, msg: fmt.Sprintf("Content-Type %q: this endpoint takes JSON", mediaType(r))}
+}
+
+func wantsJSON(r *http.Request) bool {
+	for _, part := range strings.Split(r.Header.Get("Accept"), ",") {
+		mt, _, _ := mime.ParseMediaType(strings.TrimSpace(part))
+		if mt == "application/json" {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) listBuffers(w http.ResponseWriter, _ *http.Request) error {
+	infos := []storage.Info{}
+	for _, b := range s.db.Buffers() {
+		if info, err := b.Info(); err == nil {
+			infos = append(infos, info)
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"buffers": infos})
+	return nil
+}
+
+func (s *Server) createBuffer(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	if err := storage.ValidateBufferName(name); err != nil {
+		return err
+	}
+	if err := isJSONBody(r); err != nil {
+		return err
+	}
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	spec, err := storage.ParseSpec(body)
+	if err != nil {
+		return err
+	}
+	b, created, err := s.db.CreateBuffer(name, spec)
+	if err != nil {
+		return err
+	}
+	info, err := b.Info()
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, info)
+	return nil
+}
+
+func (s *Server) getBuffer(w http.ResponseWriter, r *http.Request) error {
+	b, err := s.buffer(r)
+	if err != nil {
+		return err
+	}
+	info, err := b.Info()
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, info)
+	return nil
+}
+
+func (s *Server) deleteBuffer(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	if err := storage.ValidateBufferName(name); err != nil {
+		return err
+	}
+	if err := s.db.DeleteBuffer(name); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) closeStream(w http.ResponseWriter, r *http.Request) error {
+	b, err := s.buffer(r)
+	if err != nil {
+		return err
+	}
+	n, err := b.CloseStream(r.PathValue("stream"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]int{"closed": n})
+	return nil
+}
+
+func (s *Server) priorities(w http.ResponseWriter, r *http.Request) error {
+	b, err := s.buffer(r)
+	if err != nil {
+		return err
+	}
+	if err := isJSONBody(r); err != nil {
+		return err
+	}
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(body, &raw); err != nil {
+		return badRequest("body: not a JSON object: " + err.Error())
+	}
+	for k := range raw {
+		if k != "seq" && k != "priority" {
+			return badRequest(fmt.Sprintf("%s: unknown key (want seq and priority)", k))
+		}
+	}
+	if raw["seq"] == nil || raw["priority"] == nil {
+		return badRequest("seq and priority are required")
+	}
+	seqB, n, err := codec.DecodeJSONTensor(raw["seq"], "int64", nil)
+	if err != nil {
+		return badRequest("seq: " + err.Error())
+	}
+	prioB, m, err := codec.DecodeJSONTensor(raw["priority"], "float64", nil)
+	if err != nil {
+		return badRequest("priority: " + err.Error())
+	}
+	if n != m {
+		return badRequest(fmt.Sprintf("priority: %d values for %d seqs", m, n))
+	}
+	seqs, prios := int64s(seqB), float64s(prioB)
+	updated, stale, err := b.UpdatePriorities(seqs, prios)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]int{"updated": updated, "stale": stale})
+	return nil
+}

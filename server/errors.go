@@ -1,0 +1,74 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/rbdb/rbd"
+	"github.com/rbdb/rbd/codec"
+	"github.com/rbdb/rbd/storage"
+)
+
+// apiError is an error with its HTTP status and optional machine code.
+type apiError struct {
+	status int
+	code   string // e.g. "not_ready", "shutting_down"
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func badRequest(msg string) error { return &apiError{status: http.StatusBadRequest, msg: msg} }
+
+// statusOf maps errors from the layers below to HTTP statuses.
+func statusOf(err error) (int, string) {
+	var ae *apiError
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &ae):
+		return ae.status, ae.code
+	case errors.As(err, &mbe):
+		return http.StatusRequestEntityTooLarge, ""
+	case errors.Is(err, storage.ErrNotFound), errors.Is(err, storage.ErrClosed):
+		return http.StatusNotFound, ""
+	case errors.Is(err, storage.ErrSpecConflict):
+		return http.StatusConflict, ""
+	case errors.Is(err, rbd.ErrNotReady):
+		return http.StatusServiceUnavailable, "not_ready"
+	case errors.Is(err, rbd.ErrContention):
+		return http.StatusServiceUnavailable, "contention"
+	case errors.Is(err, storage.ErrInvalidName), errors.Is(err, storage.ErrInvalidSpec),
+		errors.Is(err, storage.ErrInvalidBatch), errors.Is(err, rbd.ErrBadRequest),
+		errors.Is(err, codec.ErrSafetensors), errors.Is(err, storage.ErrNoPriority):
+		return http.StatusBadRequest, ""
+	}
+	return http.StatusInternalServerError, ""
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+	Code  string `json:"code,omitempty"`
+}
+
+func writeError(w http.ResponseWriter, err error) int {
+	status, code := statusOf(err)
+	if status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", strconv.Itoa(1))
+	}
+	writeJSON(w, status, errorBody{Error: err.Error(), Code: code})
+	return status
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b, _ = json.Marshal(errorBody{Error: "encode answer: " + err.Error()})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}

@@ -1,0 +1,180 @@
+package server
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+
+	"github.com/rbdb/rbd"
+	"github.com/rbdb/rbd/codec"
+	"github.com/rbdb/rbd/storage"
+)
+
+func (s *Server) extend(w http.ResponseWriter, r *http.Request) error {
+	b, err := s.buffer(r)
+	if err != nil {
+		return err
+	}
+	// The whole body is read and validated before anything is written, so
+	// a client that disconnects mid-body leaves the store unchanged.
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	var batch *storage.Batch
+	switch mt := mediaType(r); mt {
+	case "application/octet-stream", "application/vnd.safetensors":
+		batch, err = safetensorsBatch(b, body)
+	default:
+		if err := isJSONBody(r); err != nil {
+			return &apiError{status: http.StatusUnsupportedMediaType,
+				msg: fmt.Sprintf("Content-Type %q: extend takes application/octet-stream (safetensors) or application/json", mt)}
+		}
+		batch, err = jsonBatch(b, body)
+	}
+	if err != nil {
+		return err
+	}
+	res, err := b.Extend(r.URL.Query().Get("stream"), batch)
+	if err != nil {
+		return err
+	}
+	s.metrics.written.WithLabelValues(b.Name()).Add(float64(res.Rows))
+	writeJSON(w, http.StatusOK, res)
+	return nil
+}
+
+// column looks up an extend tensor's column: a spec field, or a final
+// observation next.<k> of a compact buffer.
+func column(b *rbd.Buffer, name string) (storage.Column, error) {
+	c, ok := b.Column(name)
+	if !ok {
+		return c, badRequest(fmt.Sprintf("field %q: not a field of buffer %q", name, b.Name()))
+	}
+	return c, nil
+}
+
+func safetensorsBatch(b *rbd.Buffer, body []byte) (*storage.Batch, error) {
+	tensors, _, err := codec.DecodeSafetensors(body)
+	if err != nil {
+		return nil, err
+	}
+	batch := &storage.Batch{Fields: map[string][]byte{}, Rows: -1}
+	rows := map[string]int{}
+	for _, t := range tensors {
+		if len(t.Shape) == 0 {
+			return nil, badRequest(fmt.Sprintf("field %q: shape [] has no row dimension", t.Name))
+		}
+		if t.Name == "env" {
+			env, err := envOf(t.DType, t.Shape, t.Data)
+			if err != nil {
+				return nil, err
+			}
+			batch.Env = env
+			rows["env"] = t.Shape[0]
+			continue
+		}
+		c, err := column(b, t.Name)
+		if err != nil {
+			return nil, err
+		}
+		if t.DType != c.DType.String() {
+			return nil, badRequest(fmt.Sprintf("field %q: dtype %s, want %s", t.Name, t.DType, c.DType))
+		}
+		if !slices.Equal(t.Shape[1:], c.Shape) {
+			return nil, badRequest(fmt.Sprintf("field %q: shape %v, want [N %v]", t.Name, t.Shape, c.Shape))
+		}
+		batch.Fields[t.Name] = t.Data
+		rows[t.Name] = t.Shape[0]
+	}
+	return batch, setRows(b, batch, rows)
+}
+
+// setRows takes N from next.done and checks every other field against it
+// (final observations of compact buffers may have N or one row per done
+// row; storage checks which).
+func setRows(b *rbd.Buffer, batch *storage.Batch, rows map[string]int) error {
+	n, ok := rows["next.done"]
+	if !ok {
+		return badRequest(`field "next.done": missing`)
+	}
+	batch.Rows = n
+	for name, r := range rows {
+		if c, _ := b.Column(name); c.Tail {
+			continue
+		}
+		if r != n {
+			return badRequest(fmt.Sprintf("field %q: %d rows, but next.done has %d", name, r, n))
+		}
+	}
+	return nil
+}
+
+func envOf(dtype string, shape []int, data []byte) ([]int64, error) {
+	if len(shape) != 1 {
+		return nil, badRequest(fmt.Sprintf("field \"env\": shape %v, want [N]", shape))
+	}
+	switch dtype {
+	case "int64":
+		return int64s(data), nil
+	case "int32":
+		out := make([]int64, len(data)/4)
+		for i := range out {
+			out[i] = int64(int32(binary.LittleEndian.Uint32(data[4*i:])))
+		}
+		return out, nil
+	}
+	return nil, badRequest(fmt.Sprintf("field \"env\": dtype %s, want int32 or int64", dtype))
+}
+
+func jsonBatch(b *rbd.Buffer, body []byte) (*storage.Batch, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(body, &raw); err != nil {
+		return nil, badRequest("body: not a JSON object of fields: " + err.Error())
+	}
+	batch := &storage.Batch{Fields: map[string][]byte{}}
+	rows := map[string]int{}
+	for name, v := range raw {
+		if name == "env" {
+			data, n, err := codec.DecodeJSONTensor(v, "int64", nil)
+			if err != nil {
+				return nil, badRequest(fmt.Sprintf("field \"env\": %v", err))
+			}
+			batch.Env = int64s(data)
+			rows["env"] = n
+			continue
+		}
+		c, err := column(b, name)
+		if err != nil {
+			return nil, err
+		}
+		data, n, err := codec.DecodeJSONTensor(v, c.DType.String(), c.Shape)
+		if err != nil {
+			return nil, badRequest(fmt.Sprintf("field %q (%s %v per row): %v", name, c.DType, c.Shape, err))
+		}
+		batch.Fields[name] = data
+		rows[name] = n
+	}
+	return batch, setRows(b, batch, rows)
+}
+
+func int64s(b []byte) []int64 {
+	out := make([]int64, len(b)/8)
+	for i := range out {
+		out[i] = int64(binary.LittleEndian.Uint64(b[8*i:]))
+	}
+	return out
+}
+
+func float64s(b []byte) []float64 {
+	out := make([]float64, len(b)/8)
+	for i := range out {
+		out[i] = math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:]))
+	}
+	return out
+}
+
+func float32frombits(u uint32) float32 { return math.Float32frombits(u) }

@@ -1,0 +1,82 @@
+package server
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rbdb/rbd"
+)
+
+type metrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	written  *prometheus.CounterVec
+	sampled  *prometheus.CounterVec
+}
+
+func newMetrics(reg *prometheus.Registry, db *rbd.DB) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rbd_http_requests_total", Help: "HTTP requests by endpoint and status code.",
+		}, []string{"endpoint", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rbd_http_request_duration_seconds", Help: "HTTP request latency by endpoint.",
+			Buckets: prometheus.ExponentialBuckets(50e-6, 2.5, 14),
+		}, []string{"endpoint"}),
+		written: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rbd_store_rows_written_total", Help: "Rows written through the API, by buffer.",
+		}, []string{"buffer"}),
+		sampled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rbd_sampler_rows_sampled_total", Help: "Rows returned by sample requests, by buffer.",
+		}, []string{"buffer"}),
+	}
+	reg.MustRegister(m.requests, m.duration, m.written, m.sampled, &bufferCollector{db: db})
+	return m
+}
+
+func (m *metrics) observe(endpoint string, code int, d time.Duration) {
+	m.requests.WithLabelValues(endpoint, strconv.Itoa(code)).Inc()
+	m.duration.WithLabelValues(endpoint).Observe(d.Seconds())
+}
+
+// bufferCollector reports each buffer's state at scrape time, so the
+// gauges can never drift from the store.
+type bufferCollector struct{ db *rbd.DB }
+
+var (
+	descLive    = prometheus.NewDesc("rbd_buffer_live_rows", "Live rows in the buffer.", []string{"buffer"}, nil)
+	descWrites  = prometheus.NewDesc("rbd_buffer_write_count", "Rows ever written to the buffer (the next seq).", []string{"buffer"}, nil)
+	descTraj    = prometheus.NewDesc("rbd_buffer_trajectories", "Live trajectories.", []string{"buffer"}, nil)
+	descOpen    = prometheus.NewDesc("rbd_buffer_open_trajectories", "Trajectories a stream may still extend.", []string{"buffer"}, nil)
+	descBytes   = prometheus.NewDesc("rbd_buffer_bytes", "Bytes per field: logical (plain layout) and stored.", []string{"buffer", "field", "kind"}, nil)
+	descDurable = prometheus.NewDesc("rbd_buffer_durable_seq", "Durable watermark: rows below it are on stable storage.", []string{"buffer"}, nil)
+)
+
+func (c *bufferCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descLive, descWrites, descTraj, descOpen, descBytes, descDurable} {
+		ch <- d
+	}
+}
+
+func (c *bufferCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, b := range c.db.Buffers() {
+		info, err := b.Info()
+		if err != nil {
+			continue // deleted meanwhile
+		}
+		g := func(d *prometheus.Desc, v float64, labels ...string) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+		}
+		g(descLive, float64(info.Size), info.Name)
+		g(descWrites, float64(info.WriteCount), info.Name)
+		g(descTraj, float64(info.Trajectories), info.Name)
+		g(descOpen, float64(info.OpenTrajectories), info.Name)
+		g(descDurable, float64(info.Durable), info.Name)
+		for f, fb := range info.Bytes {
+			g(descBytes, float64(fb.Logical), info.Name, f, "logical")
+			g(descBytes, float64(fb.Stored), info.Name, f, "stored")
+		}
+	}
+}

@@ -1,0 +1,232 @@
+package server
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/rbdb/rbd"
+	"github.com/rbdb/rbd/codec"
+	"github.com/rbdb/rbd/storage"
+)
+
+func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
+	b, err := s.buffer(r)
+	if err != nil {
+		return err
+	}
+	if err := isJSONBody(r); err != nil {
+		return err
+	}
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	req, err := rbd.ParseSampleRequest(body)
+	if err != nil {
+		return err
+	}
+	batch, err := b.Sample(r.Context(), req, &rbd.SampleOptions{MaxResponseBytes: s.opts.MaxResponse, MaxTimeout: s.opts.MaxWait})
+	if err != nil {
+		return err
+	}
+	rows := 0
+	if t, ok := batch.Tensor("seq"); ok {
+		for i := 0; i < len(t.Data); i += 8 {
+			if int64(binary.LittleEndian.Uint64(t.Data[i:])) >= 0 {
+				rows++
+			}
+		}
+	}
+	s.metrics.sampled.WithLabelValues(b.Name()).Add(float64(rows))
+	tensors := make([]codec.Tensor, len(batch.Tensors))
+	for i, t := range batch.Tensors {
+		tensors[i] = codec.Tensor{Name: t.Name, DType: t.DType.String(), Shape: t.Shape, Data: t.Data}
+	}
+	extra := map[string]any{}
+	for k, v := range batch.Metadata {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			extra[k] = n
+		} else if bv, err := strconv.ParseBool(v); err == nil {
+			extra[k] = bv
+		} else {
+			extra[k] = v
+		}
+	}
+	return writeTensors(w, r, tensors, batch.Metadata, extra)
+}
+
+// writeTensors answers with safetensors (the default) or, when the client
+// accepts application/json, a JSON object of nested arrays. The batch was
+// gathered once into its own memory, so writers overwriting the rows
+// meanwhile cannot tear what is sent.
+func writeTensors(w http.ResponseWriter, r *http.Request, tensors []codec.Tensor, meta map[string]string, extra map[string]any) error {
+	if wantsJSON(r) {
+		out := []byte{'{'}
+		for i, t := range tensors {
+			if i > 0 {
+				out = append(out, ',')
+			}
+			out = strconv.AppendQuote(out, t.Name)
+			out = append(out, ':')
+			var err error
+			if out, err = codec.AppendJSONTensor(out, &t); err != nil {
+				return err
+			}
+		}
+		for k, v := range extra {
+			out = append(out, ',')
+			out = strconv.AppendQuote(out, k)
+			out = append(out, ':')
+			out = append(out, fmt.Sprint(v)...)
+		}
+		out = append(out, '}', '\n')
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(out)))
+		_, err := w.Write(out)
+		return ignoreWriteErr(err)
+	}
+	hdr, total, err := codec.SafetensorsHeader(tensors, meta)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(total, 10))
+	if _, err := w.Write(hdr); err != nil {
+		return ignoreWriteErr(err)
+	}
+	for _, t := range tensors {
+		if _, err := w.Write(t.Data); err != nil {
+			return ignoreWriteErr(err)
+		}
+	}
+	return nil
+}
+
+// ignoreWriteErr drops errors from writing an answer: the status is sent,
+// the client went away, nothing can be told to it.
+func ignoreWriteErr(error) error { return nil }
+
+// Limits of one rows answer.
+const (
+	maxRowsPerAnswer  = 65536
+	maxRowsAnswerByte = 64 << 20
+)
+
+func (s *Server) rows(w http.ResponseWriter, r *http.Request) error {
+	b, err := s.buffer(r)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	from, err := intParam(q.Get("from_seq"), 0, "from_seq")
+	if err != nil {
+		return err
+	}
+	count, err := intParam(q.Get("count"), 100, "count")
+	if err != nil {
+		return err
+	}
+	if count < 1 {
+		return badRequest("count: must be at least 1")
+	}
+	spec := b.Spec()
+	rowBytes := 0
+	var cols []storage.Column
+	for _, f := range spec.Fields {
+		c, _ := b.Column(f.Name)
+		cols = append(cols, c)
+		rowBytes += c.RowBytes
+	}
+	limit := min(count, maxRowsPerAnswer, int64(max(1, maxRowsAnswerByte/max(rowBytes, 1))))
+	seqs := b.LiveSeqs(from, int(limit))
+	dst := make([][]byte, len(cols))
+	for i, c := range cols {
+		dst[i] = make([]byte, len(seqs)*c.RowBytes)
+	}
+	meta := make([]storage.RowMeta, len(seqs))
+	missing, err := b.Gather(seqs, cols, dst, meta)
+	if err != nil {
+		return err
+	}
+	keep := make([]bool, len(seqs))
+	for i := range keep {
+		keep[i] = true
+	}
+	for _, i := range missing {
+		keep[i] = false // overwritten between listing and copying
+	}
+	n := len(seqs) - len(missing)
+	var tensors []codec.Tensor
+	for i, c := range cols {
+		data := make([]byte, 0, n*c.RowBytes)
+		for j := range seqs {
+			if keep[j] {
+				data = append(data, dst[i][j*c.RowBytes:(j+1)*c.RowBytes]...)
+			}
+		}
+		tensors = append(tensors, codec.Tensor{Name: c.Name, DType: c.DType.String(), Shape: append([]int{n}, c.Shape...), Data: data})
+	}
+	for _, m := range []struct {
+		name string
+		get  func(storage.RowMeta) int64
+	}{
+		{"seq", func(m storage.RowMeta) int64 { return m.Seq }},
+		{"traj_id", func(m storage.RowMeta) int64 { return m.TrajID }},
+		{"step", func(m storage.RowMeta) int64 { return m.Step }},
+		{"prev_seq", func(m storage.RowMeta) int64 { return m.PrevSeq }},
+		{"next_seq", func(m storage.RowMeta) int64 { return m.NextSeq }},
+	} {
+		data := make([]byte, 0, 8*n)
+		for j := range seqs {
+			if keep[j] {
+				data = binary.LittleEndian.AppendUint64(data, uint64(m.get(meta[j])))
+			}
+		}
+		tensors = append(tensors, codec.Tensor{Name: m.name, DType: "int64", Shape: []int{n}, Data: data})
+	}
+	return writeTensors(w, r, tensors, nil, nil)
+}
+
+func intParam(v string, def int64, name string) (int64, error) {
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, badRequest(fmt.Sprintf("%s: %q is not an integer", name, v))
+	}
+	return n, nil
+}
+
+func (s *Server) setWeights(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	if s.opts.Weights == nil {
+		return &apiError{status: http.StatusNotFound, msg: fmt.Sprintf("no collector %q runs in this server (start it with --demo)", name)}
+	}
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	tensors, _, err := codec.DecodeSafetensors(body)
+	if err != nil {
+		return err
+	}
+	vals, shapes := map[string][]float32{}, map[string][]int{}
+	for _, t := range tensors {
+		if t.DType != "float32" {
+			return badRequest(fmt.Sprintf("tensor %q: dtype %s, want float32", t.Name, t.DType))
+		}
+		v := make([]float32, len(t.Data)/4)
+		for i := range v {
+			v[i] = float32frombits(binary.LittleEndian.Uint32(t.Data[4*i:]))
+		}
+		vals[t.Name], shapes[t.Name] = v, t.Shape
+	}
+	if err := s.opts.Weights.SetWeights(name, vals, shapes); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"collector": name, "updated": true})
+	return nil
+}

@@ -1,0 +1,199 @@
+package server
+
+import (
+	"crypto/subtle"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/rbdb/rbd"
+)
+
+// Options configures a Server. The zero value gives the defaults.
+type Options struct {
+	// Token, when set, is required as "Authorization: Bearer <token>" on
+	// every endpoint but GET /v1/health.
+	Token string
+	// MaxBody caps request bodies (413 above it). Zero means 64 MiB.
+	MaxBody int64
+	// MaxResponse caps sample and rows answers (a 400 for requests that
+	// would exceed it). Zero means 1 GiB.
+	MaxResponse int64
+	// MaxWait caps a sample request's timeout_ms; keep it below the HTTP
+	// server's write timeout. Zero means 30s.
+	MaxWait time.Duration
+	// Logger receives one line per request and operational events. Nil
+	// discards them.
+	Logger *slog.Logger
+	// Registry receives the server's metrics and serves /metrics. Nil
+	// means a fresh registry (never the global one).
+	Registry *prometheus.Registry
+	// Weights, when set, serves PUT /v1/collectors/{name}/weights: it
+	// replaces the named collector's policy weights from the decoded
+	// tensors.
+	Weights WeightSetter
+}
+
+// WeightSetter replaces policy weights of collectors run by the server.
+type WeightSetter interface {
+	// SetWeights returns storage.ErrNotFound-like errors (wrapped
+	// ErrUnknownCollector) for unknown names and a *WeightsError for
+	// tensors of the wrong name, dtype or shape.
+	SetWeights(collector string, tensors map[string][]float32, shapes map[string][]int) error
+}
+
+func (o *Options) withDefaults() Options {
+	var c Options
+	if o != nil {
+		c = *o
+	}
+	if c.MaxBody <= 0 {
+		c.MaxBody = 64 << 20
+	}
+	if c.MaxResponse <= 0 {
+		c.MaxResponse = 1 << 30
+	}
+	if c.MaxWait <= 0 {
+		c.MaxWait = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Registry == nil {
+		c.Registry = prometheus.NewRegistry()
+	}
+	return c
+}
+
+// Server serves one DB over HTTP.
+type Server struct {
+	db       *rbd.DB
+	opts     Options
+	log      *slog.Logger
+	mux      *http.ServeMux
+	metrics  *metrics
+	shutting atomic.Bool
+}
+
+// New returns a server for db.
+func New(db *rbd.DB, opts *Options) *Server {
+	o := opts.withDefaults()
+	s := &Server{db: db, opts: o, log: o.Logger, mux: http.NewServeMux()}
+	s.metrics = newMetrics(o.Registry, db)
+	s.route("GET /v1/health", "health", s.health)
+	s.mux.Handle("GET /metrics", s.wrap("metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{Registry: o.Registry})))
+	s.route("GET /v1/buffers", "list", s.listBuffers)
+	s.route("PUT /v1/buffers/{name}", "create", s.createBuffer)
+	s.route("GET /v1/buffers/{name}", "info", s.getBuffer)
+	s.route("DELETE /v1/buffers/{name}", "delete", s.deleteBuffer)
+	s.route("POST /v1/buffers/{name}/extend", "extend", s.extend)
+	s.route("POST /v1/buffers/{name}/sample", "sample", s.sample)
+	s.route("POST /v1/buffers/{name}/priorities", "priorities", s.priorities)
+	s.route("GET /v1/buffers/{name}/rows", "rows", s.rows)
+	s.route("DELETE /v1/buffers/{name}/streams/{stream}", "close_stream", s.closeStream)
+	s.route("PUT /v1/collectors/{name}/weights", "weights", s.setWeights)
+	s.mux.Handle("/", s.wrap("not_found", handlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return &apiError{status: http.StatusNotFound, msg: "no such endpoint: " + r.Method + " " + r.URL.Path}
+	})))
+	return s
+}
+
+// Handler returns the server's HTTP handler.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// BeginShutdown makes new requests fail with 503 "shutting_down" while
+// requests in flight finish (http.Server.Shutdown waits for those).
+func (s *Server) BeginShutdown() { s.shutting.Store(true) }
+
+// handlerFunc is an HTTP handler that returns its error instead of writing
+// it, so every failure takes the same {"error": ...} path.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+func (s *Server) route(pattern, name string, h handlerFunc) {
+	s.mux.Handle(pattern, s.wrap(name, h))
+}
+
+// statusWriter records the status a handler wrote.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	bytes  int64
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.bytes += int64(n)
+	return n, err
+}
+
+// Unwrap lets http.ResponseController reach the real writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// wrap adds, around every endpoint: the shutdown gate, authentication, the
+// body limit, panic containment, request logs and metrics.
+func (s *Server) wrap(name string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		w := &statusWriter{ResponseWriter: rw}
+		defer func() {
+			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler {
+					panic(p)
+				}
+				s.log.Error("handler panic", "endpoint", name, "panic", p)
+				if w.status == 0 {
+					writeError(w, errors.New("internal error"))
+				}
+			}
+			if w.status == 0 {
+				w.status = http.StatusOK
+			}
+			s.metrics.observe(name, w.status, time.Since(start))
+			s.log.Info("request", "method", r.Method, "path", r.URL.Path, "status", w.status,
+				"bytes", w.bytes, "duration_ms", float64(time.Since(start).Microseconds())/1000)
+		}()
+		if s.shutting.Load() && name != "health" {
+			writeError(w, &apiError{status: http.StatusServiceUnavailable, code: "shutting_down", msg: "server is shutting down"})
+			return
+		}
+		if s.opts.Token != "" && name != "health" && !s.authorized(r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="rbd"`)
+			writeError(w, &apiError{status: http.StatusUnauthorized, msg: "missing or wrong bearer token (Authorization: Bearer <token>)"})
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxBody)
+		h.ServeHTTP(w, r)
+	})
+}
+
+func (h handlerFunc) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if err := h(w, r); err != nil {
+		writeError(w, err)
+	}
+}
+
+func (s *Server) authorized(r *http.Request) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(s.opts.Token)) == 1
+}
+
+func (s *Server) health(w http.ResponseWriter, _ *http.Request) error {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	return nil
+}
