@@ -1,9 +1,11 @@
 package storage
 
 import (
+	"encoding/binary"
 	"fmt"
 	"hash/crc32"
 	"sort"
+	"time"
 )
 
 // recover rebuilds the in-memory state of a persistent buffer from its
@@ -55,9 +57,15 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		}
 		holes = append(holes, [2]int64{seq, seq + 1})
 	}
+	live := !b.store.snapAt.IsZero()
 	lost := func(seq int64, why string) {
 		if seq >= durable || inOldHole(seq) {
 			addHole(seq)
+			return
+		}
+		if live && b.overwrittenMeanwhile(seq) {
+			// Read next to a running writer: the ring moved on while we
+			// scanned. Not damage, and no longer in the window.
 			return
 		}
 		b.damage = append(b.damage, fmt.Sprintf("seq %d (below durable watermark %d): %s", seq, durable, why))
@@ -178,6 +186,23 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		}
 	}
 	return maxTraj, nil
+}
+
+// overwrittenMeanwhile reports whether seq's slot now holds (or is being
+// given) a newer row, waiting briefly for a write in progress to finish.
+func (b *Buffer) overwrittenMeanwhile(seq int64) bool {
+	slot := seq % b.capacity
+	for i := 0; i < 20; i++ {
+		rb := b.rec(slot)
+		if r, ok := decodeRecord(rb); ok && r.Seq > seq {
+			return true
+		}
+		if int64(binary.LittleEndian.Uint64(rb[recSeq:])) != -1 {
+			break // not being written: what we saw stays
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return false
 }
 
 // dataCRC recomputes the data checksum of the row in slot.

@@ -6,14 +6,14 @@ import (
 )
 
 // snapshot captures everything a reader can observe of a buffer.
-type snapshot struct {
+type bufSnapshot struct {
 	info  Info
 	seqs  []int64
 	metas []RowMeta
 	bytes [][]byte
 }
 
-func takeSnapshot(t *testing.T, b *Buffer) snapshot {
+func takeSnapshot(t *testing.T, b *Buffer) bufSnapshot {
 	t.Helper()
 	info, err := b.Info()
 	if err != nil {
@@ -40,7 +40,7 @@ func takeSnapshot(t *testing.T, b *Buffer) snapshot {
 	}
 	info.Durable = 0 // syncs on close move it
 	info.Bytes = nil // disk blocks may change as files are synced
-	return snapshot{info, seqs, m, dst}
+	return bufSnapshot{info, seqs, m, dst}
 }
 
 func TestReopenAfterCloseIsIdentical(t *testing.T) {

@@ -60,7 +60,8 @@ type Store struct {
 	log      *slog.Logger
 	cat      *catalog
 	readOnly bool
-	crash    *crasher // nil unless RBD_CRASH_AT is set
+	crash    *crasher  // nil unless RBD_CRASH_AT is set
+	snapAt   time.Time // set when opened read-only from a running store's snapshot
 
 	mu      sync.Mutex // guards buffers and closed
 	buffers map[string]*Buffer
@@ -90,26 +91,39 @@ func Open(dir string, opts *Options) (_ *Store, retErr error) {
 	} else if _, err := os.Stat(filepath.Join(dir, "catalog.db")); err != nil {
 		return nil, fmt.Errorf("open %s: %w", dir, err)
 	}
-	cat, err := openCatalog(filepath.Join(dir, "catalog.db"), o.ReadOnly, o.LockTimeout)
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", dir, err)
+	var entries []catalogEntry
+	var next int64
+	if o.ReadOnly {
+		cat, es, at, err := readOnlyEntries(dir, o.LockTimeout)
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", dir, err)
+		}
+		s.cat, entries, s.snapAt = cat, es, at
+	} else {
+		cat, err := openCatalog(filepath.Join(dir, "catalog.db"), false, o.LockTimeout)
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", dir, err)
+		}
+		s.cat = cat
+		if entries, err = cat.entries(); err != nil {
+			return nil, errors.Join(fmt.Errorf("open %s: %w", dir, err), cat.close())
+		}
 	}
-	s.cat = cat
 	defer func() {
 		if retErr != nil {
 			for _, b := range s.buffers {
 				retErr = errors.Join(retErr, b.unmap())
 			}
-			retErr = errors.Join(retErr, cat.close())
+			if s.cat != nil {
+				retErr = errors.Join(retErr, s.cat.close())
+			}
 		}
 	}()
-	next, err := cat.trajNext()
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", dir, err)
-	}
-	entries, err := cat.entries()
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", dir, err)
+	if s.cat != nil {
+		var err error
+		if next, err = s.cat.trajNext(); err != nil {
+			return nil, fmt.Errorf("open %s: %w", dir, err)
+		}
 	}
 	for _, e := range entries {
 		b, maxTraj, err := s.openBuffer(e)
@@ -121,6 +135,7 @@ func Open(dir string, opts *Options) (_ *Store, retErr error) {
 	}
 	s.traj.next, s.traj.reserved = next, next
 	if !o.ReadOnly {
+		s.publishSnapshot()
 		s.stop, s.done = make(chan struct{}), make(chan struct{})
 		go s.checkpointLoop()
 	}
@@ -185,6 +200,14 @@ func (s *Store) CreateBuffer(name string, spec Spec) (b *Buffer, created bool, e
 	if s.readOnly {
 		return nil, false, fmt.Errorf("create buffer %q: %w", name, ErrReadOnly)
 	}
+	b, created, err = s.createLocked(name, spec)
+	if created {
+		s.publishSnapshot()
+	}
+	return b, created, err
+}
+
+func (s *Store) createLocked(name string, spec Spec) (b *Buffer, created bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -272,6 +295,7 @@ func (s *Store) DeleteBuffer(name string) error {
 		return fmt.Errorf("delete buffer %q: %w", name, err)
 	}
 	s.log.Info("buffer deleted", "buffer", name)
+	s.publishSnapshot()
 	return nil
 }
 
@@ -322,6 +346,7 @@ func (s *Store) checkpointLoop() {
 					s.log.Error("checkpoint failed", "buffer", b.name, "err", err)
 				}
 			}
+			s.publishSnapshot()
 		}
 	}
 }
@@ -348,6 +373,11 @@ func (s *Store) Close() error {
 	for _, b := range bufs {
 		errs = append(errs, b.close())
 	}
-	errs = append(errs, s.cat.close())
+	if !s.readOnly {
+		s.publishSnapshot()
+	}
+	if s.cat != nil {
+		errs = append(errs, s.cat.close())
+	}
 	return errors.Join(errs...)
 }

@@ -25,7 +25,7 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newQuickstartCommand())
+	root.AddCommand(newQuickstartCommand(), newServeCommand())
 	return root
 }
 

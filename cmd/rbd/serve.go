@@ -1,0 +1,181 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/rbdb/rbd"
+	"github.com/rbdb/rbd/collector"
+	"github.com/rbdb/rbd/server"
+	"github.com/rbdb/rbd/storage"
+)
+
+type serveOptions struct {
+	addr        string
+	data        string
+	token       string
+	insecure    bool
+	demo        bool
+	demoRate    float64
+	maxBody     int64
+	maxResponse int64
+	checkpoint  time.Duration
+}
+
+func newServeCommand() *cobra.Command {
+	o := &serveOptions{}
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve a data dir over HTTP (actors extend, learners sample)",
+		Long: `serve opens the data dir and serves the HTTP API v1 (docs/http-api.md).
+
+It listens on 127.0.0.1:7450 by default. With a token (--token or RBD_TOKEN)
+every endpoint but /v1/health needs "Authorization: Bearer <token>"; a
+non-loopback address without a token is refused unless --insecure.
+
+--demo creates (or reuses) a buffer "demo" of CartPole-v1 steps fed by a
+built-in collector: 8 envs, an epsilon-greedy linear Q policy starting from
+zero weights, at most --demo-rate steps/s. Replace the policy's weights with
+PUT /v1/collectors/demo/weights (safetensors w float32 [4,2], b float32 [2]).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.token == "" {
+				o.token = os.Getenv("RBD_TOKEN")
+			}
+			return runServe(cmd.Context(), cmd.ErrOrStderr(), o, nil)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.addr, "addr", "127.0.0.1:7450", "listen address")
+	f.StringVar(&o.data, "data", "./rbd-data", "data dir")
+	f.StringVar(&o.token, "token", "", "bearer token required on every endpoint but health (default $RBD_TOKEN)")
+	f.BoolVar(&o.insecure, "insecure", false, "allow a non-loopback address without a token")
+	f.BoolVar(&o.demo, "demo", false, "run a built-in CartPole collector feeding buffer \"demo\"")
+	f.Float64Var(&o.demoRate, "demo-rate", 5000, "demo collector steps per second at most")
+	f.Int64Var(&o.maxBody, "max-body", 64<<20, "largest request body in bytes (413 above)")
+	f.Int64Var(&o.maxResponse, "max-response", 1<<30, "largest sample answer in bytes (400 above)")
+	f.DurationVar(&o.checkpoint, "checkpoint-interval", time.Second, "how often flush-mode buffers are synced")
+	return cmd
+}
+
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// demoWeights routes weight updates to the demo collector's policy.
+type demoWeights struct{ policy *collector.LinearQ }
+
+func (d demoWeights) SetWeights(name string, vals map[string][]float32, shapes map[string][]int) error {
+	if name != "demo" {
+		return fmt.Errorf("collector %q: %w", name, storage.ErrNotFound)
+	}
+	for k := range vals {
+		if k != "w" && k != "b" {
+			return fmt.Errorf("tensor %q: %w", k, errBadWeights)
+		}
+	}
+	if vals["w"] == nil || vals["b"] == nil {
+		return fmt.Errorf("tensors w and b are required: %w", errBadWeights)
+	}
+	if err := d.policy.SetWeights(vals["w"], vals["b"], shapes["w"], shapes["b"]); err != nil {
+		return fmt.Errorf("%v: %w", err, errBadWeights)
+	}
+	return nil
+}
+
+var errBadWeights = fmt.Errorf("bad weights: %w", storage.ErrInvalidBatch)
+
+// runServe serves until ctx ends. ready, if set, receives the listening
+// address (tests use --addr 127.0.0.1:0).
+func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func(addr string)) error {
+	if !isLoopback(o.addr) && o.token == "" && !o.insecure {
+		return fmt.Errorf("refusing to listen on non-loopback %s without a token: set --token or RBD_TOKEN (or --insecure)", o.addr)
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, nil))
+	db, err := rbd.Open(o.data, &rbd.Options{Logger: log, CheckpointInterval: o.checkpoint})
+	if err != nil {
+		return err
+	}
+	opts := &server.Options{Token: o.token, MaxBody: o.maxBody, MaxResponse: o.maxResponse, Logger: log}
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	collectorDone := make(chan error, 1)
+	if o.demo {
+		buf, _, err := db.CreateBuffer("demo", collector.CartPoleSpec(100_000, true, true))
+		if err != nil {
+			return errors.Join(fmt.Errorf("demo buffer: %w", err), db.Close())
+		}
+		policy := collector.NewLinearQ(4, 2, 0.1)
+		opts.Weights = demoWeights{policy}
+		go func() {
+			_, err := collector.RunCartPole(runCtx, collector.BufferWriter{Buffer: buf.Buffer}, collector.Config{
+				NumEnvs: 8, FramesPerBatch: 256, MaxRate: o.demoRate, CompactObs: true, Stream: "demo-collector",
+				Seed: uint64(time.Now().UnixNano()), Policy: policy,
+			})
+			collectorDone <- err
+		}()
+	} else {
+		collectorDone <- nil
+	}
+	srv := server.New(db, opts)
+	ln, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		stopRun()
+		return errors.Join(fmt.Errorf("listen %s: %w", o.addr, err), <-collectorDone, db.Close())
+	}
+	hs := &http.Server{
+		Handler:           srv.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       2 * time.Minute,
+		WriteTimeout:      2 * time.Minute,
+		IdleTimeout:       2 * time.Minute,
+	}
+	log.Info("serving", "addr", "http://"+ln.Addr().String(), "data", o.data, "demo", o.demo, "auth", o.token != "")
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- hs.Serve(ln) }()
+	var firstErr error
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		firstErr = err
+	case err := <-collectorDone:
+		if err != nil {
+			firstErr = fmt.Errorf("demo collector stopped: %w", err)
+		} else {
+			collectorDone <- nil
+		}
+	}
+	log.Info("shutting down")
+	srv.BeginShutdown()
+	stopRun()
+	shCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = errors.Join(firstErr, hs.Shutdown(shCtx), <-collectorDone, db.Close())
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	if err == nil {
+		log.Info("stopped cleanly")
+	}
+	return err
+}

@@ -1,0 +1,110 @@
+package storage
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// A running store holds bbolt's exclusive lock on catalog.db, so read-only
+// tools (dump, verify) cannot open the catalog meanwhile — and a raw copy of
+// a live bbolt file can be torn. Instead the store publishes what they need
+// in catalog.snapshot.json (written to a temporary file and renamed, so it
+// is always whole) at open, on every buffer change and at every checkpoint.
+// A read-only Open that cannot get the lock in time reads it instead and
+// says how old it is.
+
+const snapshotFile = "catalog.snapshot.json"
+
+type snapshot struct {
+	WrittenAt time.Time        `json:"written_at"`
+	Format    uint32           `json:"format"`
+	PID       int              `json:"pid"`
+	Buffers   []snapshotBuffer `json:"buffers"`
+}
+
+type snapshotBuffer struct {
+	Name  string          `json:"name"`
+	Spec  json.RawMessage `json:"spec"`
+	State bufferState     `json:"state"`
+}
+
+// publishSnapshot writes the catalog snapshot. Failures are logged, not
+// returned: the snapshot only serves read-only tools.
+func (s *Store) publishSnapshot() {
+	if s.readOnly {
+		return
+	}
+	snap := snapshot{WrittenAt: time.Now().UTC(), Format: FormatVersion, PID: os.Getpid()}
+	for _, b := range s.Buffers() {
+		spec, err := b.spec.MarshalJSON()
+		if err != nil {
+			continue
+		}
+		snap.Buffers = append(snap.Buffers, snapshotBuffer{Name: b.name, Spec: spec, State: b.state(false)})
+	}
+	data, err := json.MarshalIndent(snap, "", "  ")
+	if err == nil {
+		tmp := filepath.Join(s.dir, snapshotFile+".tmp")
+		if err = os.WriteFile(tmp, data, 0o644); err == nil {
+			err = os.Rename(tmp, filepath.Join(s.dir, snapshotFile))
+		}
+	}
+	if err != nil {
+		s.log.Warn("publish catalog snapshot", "err", err)
+	}
+}
+
+// loadSnapshot reads the snapshot a running store published.
+func loadSnapshot(dir string) ([]catalogEntry, time.Time, error) {
+	data, err := os.ReadFile(filepath.Join(dir, snapshotFile))
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("read catalog snapshot: %w", err)
+	}
+	var snap snapshot
+	if err := json.Unmarshal(data, &snap); err != nil {
+		return nil, time.Time{}, corruptf(filepath.Join(dir, snapshotFile), -1, "%v", err)
+	}
+	if snap.Format != FormatVersion {
+		return nil, time.Time{}, fmt.Errorf("catalog snapshot has format version %d, this build reads %d: %w", snap.Format, FormatVersion, ErrVersionMismatch)
+	}
+	var out []catalogEntry
+	for _, sb := range snap.Buffers {
+		e := catalogEntry{name: sb.Name, state: sb.State}
+		if err := e.spec.UnmarshalJSON(sb.Spec); err != nil {
+			return nil, time.Time{}, corruptf(filepath.Join(dir, snapshotFile), -1, "buffer %q spec: %v", sb.Name, err)
+		}
+		e.spec = e.spec.WithDefaults()
+		out = append(out, e)
+	}
+	return out, snap.WrittenAt, nil
+}
+
+// SnapshotTime reports whether the store was opened from the snapshot of a
+// running store (because its catalog was locked), and when that snapshot
+// was written.
+func (s *Store) SnapshotTime() (time.Time, bool) { return s.snapAt, !s.snapAt.IsZero() }
+
+// readOnlyEntries opens the catalog read-only or, when another process
+// holds it, falls back to its published snapshot.
+func readOnlyEntries(dir string, timeout time.Duration) (*catalog, []catalogEntry, time.Time, error) {
+	cat, err := openCatalog(filepath.Join(dir, "catalog.db"), true, timeout)
+	if err == nil {
+		entries, err := cat.entries()
+		if err != nil {
+			return nil, nil, time.Time{}, errors.Join(err, cat.close())
+		}
+		return cat, entries, time.Time{}, nil
+	}
+	if !errors.Is(err, ErrLocked) {
+		return nil, nil, time.Time{}, err
+	}
+	entries, at, serr := loadSnapshot(dir)
+	if serr != nil {
+		return nil, nil, time.Time{}, fmt.Errorf("%w; and no usable snapshot: %w", err, serr)
+	}
+	return nil, entries, at, nil
+}
