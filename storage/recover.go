@@ -90,7 +90,12 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		}
 		if r.PrevSeq >= lo {
 			p, ok := ok2[r.PrevSeq]
-			if !ok {
+			switch {
+			case !ok && live && b.overwrittenMeanwhile(r.PrevSeq):
+				// The ring moved past the predecessor while we scanned:
+				// this row is now the oldest live row of its trajectory.
+				p = accepted{r.TrajID, r.Step - 1}
+			case !ok:
 				lost(seq, fmt.Sprintf("previous row %d of trajectory %d is missing", r.PrevSeq, r.TrajID))
 				continue
 			}
