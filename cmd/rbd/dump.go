@@ -332,4 +332,3 @@ func bucketLo(k string) int {
 	n, _ := strconv.Atoi(lo)
 	return n
 }
-
