@@ -29,6 +29,7 @@ type serveOptions struct {
 	maxBody     int64
 	maxResponse int64
 	checkpoint  time.Duration
+	addrFile    string
 }
 
 func newServeCommand() *cobra.Command {
@@ -64,6 +65,7 @@ PUT /v1/collectors/demo/weights (safetensors w float32 [4,2], b float32 [2]).`,
 	f.Int64Var(&o.maxBody, "max-body", 64<<20, "largest request body in bytes (413 above)")
 	f.Int64Var(&o.maxResponse, "max-response", 1<<30, "largest sample answer in bytes (400 above)")
 	f.DurationVar(&o.checkpoint, "checkpoint-interval", time.Second, "how often flush-mode buffers are synced")
+	f.StringVar(&o.addrFile, "addr-file", "", "write the listening address (host:port) to this file once serving (useful with --addr 127.0.0.1:0)")
 	return cmd
 }
 
@@ -150,6 +152,12 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 	log.Info("serving", "addr", "http://"+ln.Addr().String(), "data", o.data, "demo", o.demo, "auth", o.token != "")
 	if ready != nil {
 		ready(ln.Addr().String())
+	}
+	if o.addrFile != "" {
+		tmp := o.addrFile + ".tmp"
+		if err := os.WriteFile(tmp, []byte(ln.Addr().String()+"\n"), 0o644); err == nil {
+			err = os.Rename(tmp, o.addrFile)
+		}
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
