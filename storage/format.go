@@ -190,7 +190,7 @@ const (
 
 // Record byte offsets (little endian):
 //
-//	0  int64  seq       write sequence number; -1 while the slot is being written
+//	0  int64  seq       write sequence number; -(seq+2) while the slot is being written as seq
 //	8  int64  traj_id
 //	16 int64  step      index of the row within its trajectory
 //	24 int64  prev_seq  seq of the previous row of the trajectory, -1 at its start
@@ -232,6 +232,18 @@ func putRecordBody(b []byte, r *record) {
 	le.PutUint32(b[recFlags:], r.Flags)
 	clear(b[44:56])
 	le.PutUint32(b[recDataCRC:], r.DataCRC)
+}
+
+// writingMarker is stored in a record's seq field while the slot is being
+// written as seq: negative, so never a valid seq, and still naming it.
+func writingMarker(seq int64) int64 { return -(seq + 2) }
+
+// markedSeq returns the seq a being-written marker names, or -1.
+func markedSeq(raw int64) int64 {
+	if raw <= -2 {
+		return -raw - 2
+	}
+	return -1
 }
 
 // recordCRC is the checksum of a record as it will be once seq is stored.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"sort"
-	"time"
 )
 
 // recover rebuilds the in-memory state of a persistent buffer from its
@@ -30,6 +29,11 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 	for slot := int64(0); slot < capacity; slot++ {
 		r, ok := decodeRecord(b.rec(slot))
 		if !ok {
+			// A write cut short still moved the ring: its seq counts,
+			// and the rows it was overwriting are gone.
+			if m := markedSeq(r.Seq); m >= 0 && m%capacity == slot {
+				maxSeq = max(maxSeq, m)
+			}
 			continue
 		}
 		if r.Seq%capacity != slot {
@@ -196,18 +200,11 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 // overwrittenMeanwhile reports whether seq's slot now holds (or is being
 // given) a newer row, waiting briefly for a write in progress to finish.
 func (b *Buffer) overwrittenMeanwhile(seq int64) bool {
-	slot := seq % b.capacity
-	for i := 0; i < 20; i++ {
-		rb := b.rec(slot)
-		if r, ok := decodeRecord(rb); ok && r.Seq > seq {
-			return true
-		}
-		if int64(binary.LittleEndian.Uint64(rb[recSeq:])) != -1 {
-			break // not being written: what we saw stays
-		}
-		time.Sleep(5 * time.Millisecond)
+	rb := b.rec(seq % b.capacity)
+	if r, ok := decodeRecord(rb); ok && r.Seq > seq {
+		return true
 	}
-	return false
+	return markedSeq(int64(binary.LittleEndian.Uint64(rb[recSeq:]))) > seq
 }
 
 // dataCRC recomputes the data checksum of the row in slot.

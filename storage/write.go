@@ -354,12 +354,15 @@ func (p *plan) envAt(r int) int64 {
 
 // writeRow copies row r of the plan into slot. The on-disk record is
 // invalidated first and completed last, so a crash at any point leaves the
-// slot either with its old row intact-but-invalid or with the new row whole.
+// slot either marked as being written or with the new row whole.
 func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 	rb := b.rec(slot)
 	le := binary.LittleEndian
 	b.stamps[slot].Store(-1)
-	le.PutUint64(rb[recSeq:], ^uint64(0)) // seq -1: being written
+	// Mark the slot as being written with this seq: after a crash here,
+	// recovery knows the ring had moved this far, so the row this slot
+	// held is gone (overwritten), not lost from the middle of the window.
+	le.PutUint64(rb[recSeq:], uint64(writingMarker(rec.Seq)))
 	var crc uint32
 	for i, c := range b.cols {
 		src := p.src[i][r*c.rowBytes : (r+1)*c.rowBytes]
