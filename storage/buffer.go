@@ -67,9 +67,10 @@ type Buffer struct {
 	closed atomic.Bool
 
 	// wmu serialises writers: seq allocation, row copies and stream state.
-	wmu     sync.Mutex
-	streams map[string]map[int64]*streamPos // guarded by wmu
-	seqRes  int64                           // memory kind: reserved seq high-water, guarded by wmu
+	wmu        sync.Mutex
+	streams    map[string]map[int64]*streamPos // guarded by wmu
+	seqRes     int64                           // memory kind: reserved seq high-water, guarded by wmu
+	recScratch [recordSize]byte                // a record being built, guarded by wmu
 
 	// imu guards the trajectory index. Writers hold it only to evict and to
 	// publish rows, never while copying bytes.

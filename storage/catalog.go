@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -62,10 +63,20 @@ type catalog struct {
 }
 
 func openCatalog(path string, readOnly bool, timeout time.Duration) (*catalog, error) {
+	st, statErr := os.Stat(path)
+	existed := statErr == nil
+	if existed && st.Size() == 0 {
+		// bbolt would silently make a new empty catalog over it, and the
+		// buffers' files would be forgotten.
+		return nil, corruptf(path, 0, "catalog is empty (truncated?)")
+	}
 	db, err := bolt.Open(path, 0o644, &bolt.Options{Timeout: timeout, ReadOnly: readOnly})
 	if err != nil {
-		if errors.Is(err, bolterrors.ErrTimeout) {
+		switch {
+		case errors.Is(err, bolterrors.ErrTimeout):
 			return nil, fmt.Errorf("open catalog %s: waited %v: %w", path, timeout, ErrLocked)
+		case errors.Is(err, bolterrors.ErrInvalid), errors.Is(err, bolterrors.ErrChecksum), errors.Is(err, bolterrors.ErrVersionMismatch):
+			return nil, &CorruptionError{Path: path, Offset: -1, Err: err}
 		}
 		return nil, fmt.Errorf("open catalog %s: %w", path, err)
 	}
@@ -74,6 +85,10 @@ func openCatalog(path string, readOnly bool, timeout time.Duration) (*catalog, e
 		err = db.View(func(tx *bolt.Tx) error { return checkFormat(tx, path) })
 	} else {
 		err = db.Update(func(tx *bolt.Tx) error {
+			if existed && tx.Bucket(bucketRBD) == nil {
+				// A bbolt file of some other program: never adopt it.
+				return corruptf(path, -1, "not an rbd catalog (no rbd bucket)")
+			}
 			b, err := tx.CreateBucketIfNotExists(bucketRBD)
 			if err != nil {
 				return err

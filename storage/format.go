@@ -246,12 +246,11 @@ func markedSeq(raw int64) int64 {
 	return -1
 }
 
-// recordCRC is the checksum of a record as it will be once seq is stored.
-func recordCRC(b []byte, seq int64) uint32 {
-	var s [8]byte
-	binary.LittleEndian.PutUint64(s[:], uint64(seq))
-	c := crc32.Update(0, castagnoli, s[:])
-	return crc32.Update(c, castagnoli, b[8:recCRC])
+// encodeRecord writes the complete record r (seq included) into b.
+func encodeRecord(b []byte, r *record) {
+	binary.LittleEndian.PutUint64(b[recSeq:], uint64(r.Seq))
+	putRecordBody(b, r)
+	binary.LittleEndian.PutUint32(b[recCRC:], crc32.Checksum(b[:recCRC], castagnoli))
 }
 
 // decodeRecord returns the record and whether its checksum holds and its
@@ -269,4 +268,13 @@ func decodeRecord(b []byte) (record, bool) {
 	}
 	ok := r.Seq >= 0 && le.Uint32(b[recCRC:]) == crc32.Checksum(b[:recCRC], castagnoli)
 	return r, ok
+}
+
+// recordCRC is the checksum a record in b will have once seq is stored in
+// it (for checks of records built in place).
+func recordCRC(b []byte, seq int64) uint32 {
+	var s [8]byte
+	binary.LittleEndian.PutUint64(s[:], uint64(seq))
+	c := crc32.Update(0, castagnoli, s[:])
+	return crc32.Update(c, castagnoli, b[8:recCRC])
 }

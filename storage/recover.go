@@ -22,8 +22,10 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 	capacity := b.capacity
 	durable, ok := readWatermark(b.hdr)
 	if !ok {
-		b.log.Warn("durable watermark block is torn; treating every row as unacknowledged")
-		durable = 0
+		// The last checkpoint's write count is a safe lower bound: a
+		// checkpoint syncs the rows before it commits the count.
+		durable = st.WriteCount
+		b.damage = append(b.damage, fmt.Sprintf("durable watermark block of %s is torn; using the last checkpoint's write count %d", metaFile(b.dir), durable))
 	}
 	maxSeq := int64(-1)
 	for slot := int64(0); slot < capacity; slot++ {

@@ -68,6 +68,9 @@ func (b *Buffer) syncFiles(goal int64) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
+	if cur, ok := readWatermark(b.hdr); ok && cur == goal {
+		return nil // nothing new: leave the header untouched
+	}
 	putWatermark(b.hdr, goal)
 	return b.meta.SyncRange(0, headerSize)
 }

@@ -382,8 +382,11 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 	}
 	b.store.crash.at("after-data")
 	rec.DataCRC = crc
-	putRecordBody(rb, rec)
-	le.PutUint32(rb[recCRC:], recordCRC(rb, rec.Seq))
+	// Build the record aside (b.recScratch, guarded by wmu), then publish
+	// it with seq stored last, so the marker stays until the row is whole.
+	sc := b.recScratch[:]
+	encodeRecord(sc, rec)
+	copy(rb[recSeq+8:], sc[recSeq+8:])
 	le.PutUint64(rb[recSeq:], uint64(rec.Seq))
 	b.stamps[slot].Store(rec.Seq)
 	b.store.crash.at("after-meta")
