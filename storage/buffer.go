@@ -69,7 +69,7 @@ type Buffer struct {
 	// wmu serialises writers: seq allocation, row copies and stream state.
 	wmu        sync.Mutex
 	streams    map[string]map[int64]*streamPos // guarded by wmu
-	seqRes     int64                           // memory kind: reserved seq high-water, guarded by wmu
+	seqRes     int64                           // seqs below this may have been handed out; written with wmu and catMu held
 	recScratch [recordSize]byte                // a record being built, guarded by wmu
 
 	// imu guards the trajectory index. Writers hold it only to evict and to
@@ -88,6 +88,9 @@ type Buffer struct {
 	// guarded by imu.
 	prio *priorities
 
+	// catMu serialises catalog commits of the buffer's state (taken after
+	// wmu when both are held).
+	catMu sync.Mutex
 	// stateMu guards the catalog-side state below.
 	stateMu   sync.Mutex
 	holes     [][2]int64
@@ -124,6 +127,13 @@ func bufferDir(root, name string) string { return filepath.Join(root, "buffers",
 
 func metaFile(dir string) string { return filepath.Join(dir, "rows.meta") }
 
+// File names inside a buffer dir (docs/format.md).
+func colFileName(field string) string { return "f." + field + ".col" }
+func tailFileName(key string) string  { return "tail." + key + ".col" }
+
+func colFile(dir, field string) string { return filepath.Join(dir, colFileName(field)) }
+func tailFile(dir, key string) string  { return filepath.Join(dir, tailFileName(key)) }
+
 // newBuffer builds the in-memory shell of a buffer; its columns are mapped
 // by createFiles or openFiles.
 func newBuffer(s *Store, name string, spec Spec, uid uint64) *Buffer {
@@ -146,7 +156,7 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) *Buffer {
 	}
 	for i, f := range spec.Fields {
 		b.colOf[f.Name] = i
-		b.cols = append(b.cols, &column{name: f.Name, file: "f." + f.Name + ".col", role: roleField, field: f, rowBytes: f.RowBytes()})
+		b.cols = append(b.cols, &column{name: f.Name, file: colFileName(f.Name), role: roleField, field: f, rowBytes: f.RowBytes()})
 		switch f.Name {
 		case "next.done":
 			b.doneCol = i
@@ -161,7 +171,7 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) *Buffer {
 			f, _ := spec.Field(k)
 			tf := Field{Name: "next." + k, DType: f.DType, Shape: f.Shape}
 			b.tailOf[tf.Name] = i
-			b.tails = append(b.tails, &column{name: tf.Name, file: "tail." + k + ".col", role: roleTail, field: tf, rowBytes: f.RowBytes()})
+			b.tails = append(b.tails, &column{name: tf.Name, file: tailFileName(k), role: roleTail, field: tf, rowBytes: f.RowBytes()})
 		}
 	}
 	if spec.Priority != nil {

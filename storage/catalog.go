@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -62,7 +63,22 @@ type catalog struct {
 	path string
 }
 
-func openCatalog(path string, readOnly bool, timeout time.Duration) (*catalog, error) {
+// guardCorrupt turns a panic or memory fault raised by bbolt while it reads
+// a damaged file into a corruption error: bbolt trusts its pages, and a
+// flipped bit in one can make it index out of range or touch unmapped
+// memory. Use as: defer guardCorrupt(path, &err)().
+func guardCorrupt(path string, err *error) func() {
+	old := debug.SetPanicOnFault(true)
+	return func() {
+		debug.SetPanicOnFault(old)
+		if p := recover(); p != nil {
+			*err = corruptf(path, -1, "catalog unreadable: %v", p)
+		}
+	}
+}
+
+func openCatalog(path string, readOnly bool, timeout time.Duration) (c *catalog, err error) {
+	defer guardCorrupt(path, &err)()
 	st, statErr := os.Stat(path)
 	existed := statErr == nil
 	if existed && st.Size() == 0 {
@@ -80,7 +96,7 @@ func openCatalog(path string, readOnly bool, timeout time.Duration) (*catalog, e
 		}
 		return nil, fmt.Errorf("open catalog %s: %w", path, err)
 	}
-	c := &catalog{db: db, path: path}
+	c = &catalog{db: db, path: path}
 	if readOnly {
 		err = db.View(func(tx *bolt.Tx) error { return checkFormat(tx, path) })
 	} else {
@@ -151,9 +167,9 @@ type catalogEntry struct {
 	streams map[string]map[int64]streamPos
 }
 
-func (c *catalog) entries() ([]catalogEntry, error) {
-	var out []catalogEntry
-	err := c.db.View(func(tx *bolt.Tx) error {
+func (c *catalog) entries() (out []catalogEntry, err error) {
+	defer guardCorrupt(c.path, &err)()
+	err = c.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketBuffers).ForEachBucket(func(k []byte) error {
 			e, err := readEntry(tx.Bucket(bucketBuffers).Bucket(k), string(k), c.path)
 			if err != nil {

@@ -86,15 +86,37 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 		return nil, err
 	}
 	defer b.leave()
+	// Three passes instead of one per row: check every stamp, copy column
+	// by column (one tight loop per field width), then re-check every
+	// stamp. A row whose stamp changed in between was overwritten while we
+	// copied it and is reported missing.
 	wc := b.writeCount.Load()
 	lo := wc - b.capacity
+	slots := make([]int64, len(seqs))
 	for j, seq := range seqs {
-		var rec record
-		ok := seq >= 0 && seq < wc && seq >= lo
-		if ok {
-			ok = b.copyRow(seq, cols, dst, j, &rec)
+		slots[j] = -1
+		if seq >= 0 && seq < wc && seq >= lo {
+			if slot := seq % b.capacity; b.stamps[slot].Load() == seq {
+				slots[j] = slot
+			}
 		}
-		if !ok {
+	}
+	var recs []record
+	if meta != nil || hasTail(cols) {
+		recs = make([]record, len(seqs))
+		for j, slot := range slots {
+			if slot >= 0 {
+				readRecord(b.rec(slot), &recs[j])
+			}
+		}
+	}
+	for i, c := range cols {
+		gatherColumn(dst[i], c, slots, recs)
+	}
+	for j, slot := range slots {
+		// CompareAndSwap, not Load: it is a full barrier, so the copies
+		// above cannot be reordered after this check on weakly ordered CPUs.
+		if slot < 0 || !b.stamps[slot].CompareAndSwap(seqs[j], seqs[j]) {
 			missing = append(missing, j)
 			for i, c := range cols {
 				clear(dst[i][j*c.RowBytes : (j+1)*c.RowBytes])
@@ -105,7 +127,8 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 			continue
 		}
 		if meta != nil {
-			meta[j] = metaOf(&rec)
+			recs[j].Seq = seqs[j]
+			meta[j] = metaOf(&recs[j])
 		}
 	}
 	if meta != nil {
@@ -120,31 +143,53 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 	return missing, nil
 }
 
-func (b *Buffer) copyRow(seq int64, cols []Column, dst [][]byte, j int, rec *record) bool {
-	slot := seq % b.capacity
-	stamp := &b.stamps[slot]
-	if stamp.Load() != seq {
-		return false
+func hasTail(cols []Column) bool {
+	for _, c := range cols {
+		if c.Tail {
+			return true
+		}
 	}
-	rb := b.rec(slot)
+	return false
+}
+
+func readRecord(rb []byte, rec *record) {
 	le := binary.LittleEndian
-	rec.Seq = seq
 	rec.TrajID = int64(le.Uint64(rb[recTraj:]))
 	rec.Step = int64(le.Uint64(rb[recStep:]))
 	rec.PrevSeq = int64(le.Uint64(rb[recPrev:]))
 	rec.Env = int64(le.Uint64(rb[recEnv:]))
 	rec.Flags = le.Uint32(rb[recFlags:])
-	for i, c := range cols {
-		d := dst[i][j*c.RowBytes : (j+1)*c.RowBytes]
-		if c.Tail && rec.Flags&flagHasTail == 0 {
-			clear(d)
+}
+
+// gatherColumn copies the rows at slots (-1 = skip) of one column into dst.
+// Small fixed widths get their own loops: a memmove call per 4-byte value
+// costs more than the copy.
+func gatherColumn(dst []byte, c Column, slots []int64, recs []record) {
+	data, rb := c.c.data, c.RowBytes
+	le := binary.LittleEndian
+	for j, slot := range slots {
+		if slot < 0 {
+			continue // zeroed with the other missing rows
+		}
+		if c.Tail && recs[j].Flags&flagHasTail == 0 {
+			clear(dst[j*rb : (j+1)*rb])
 			continue
 		}
-		copy(d, c.c.row(slot))
+		switch rb {
+		case 1:
+			dst[j] = data[slot]
+		case 4:
+			le.PutUint32(dst[4*j:], le.Uint32(data[4*slot:]))
+		case 8:
+			le.PutUint64(dst[8*j:], le.Uint64(data[8*slot:]))
+		case 16:
+			le.PutUint64(dst[16*j:], le.Uint64(data[16*slot:]))
+			le.PutUint64(dst[16*j+8:], le.Uint64(data[16*slot+8:]))
+		default:
+			off := slot * int64(rb)
+			copy(dst[j*rb:(j+1)*rb], data[off:off+int64(rb)])
+		}
 	}
-	// CompareAndSwap, not Load: it is a full barrier, so the copies above
-	// cannot be reordered after this check on weakly ordered CPUs.
-	return stamp.CompareAndSwap(seq, seq)
 }
 
 func metaOf(r *record) RowMeta {

@@ -44,6 +44,28 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		maxSeq = max(maxSeq, r.Seq)
 	}
 	wc := max(st.WriteCount, maxSeq+1)
+	switch {
+	case st.Clean:
+	case b.spec.Durability != DurabilityFsync:
+		// After a crash, seqs up to the reservation may have been handed
+		// out — and acknowledged, then lost with unsynced pages on a power
+		// loss. Resuming past them keeps seqs unique; the oldest rows
+		// (at most capacity/16) leave the window early in exchange.
+		wc = max(wc, st.SeqReserved)
+	default:
+		// fsync: every acknowledged row is on disk, so the window stays
+		// where the rows are. Only rows at its bottom that an unfinished
+		// (unacknowledged) write with a reserved seq may have been
+		// overwriting when power was lost are let go, as that write would
+		// have.
+		for s := max(0, wc-capacity); s < wc && s+capacity < st.SeqReserved; s++ {
+			if r, ok := decodeRecord(b.rec(s % capacity)); ok && r.Seq == s {
+				break
+			}
+			wc = s + capacity + 1
+		}
+	}
+	b.seqRes = max(st.SeqReserved, wc)
 	lo := max(0, wc-capacity)
 	durable = min(durable, wc)
 	inOldHole := func(seq int64) bool {
@@ -189,13 +211,9 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 	if !st.Clean {
 		b.log.Warn("buffer was not closed cleanly; recovered", "write_count", wc, "live_rows", b.ix.rows, "holes", len(holes))
 	}
-	if !b.store.readOnly {
-		// Clean stays false until the next clean close, so a crash before
-		// then is detected; the saved streams are consumed.
-		if err := b.store.cat.putState(b.name, b.state(false), nil, true); err != nil {
-			return -1, err
-		}
-	}
+	// The catalog learns of the recovery (Clean false, saved streams
+	// consumed, holes) only once the whole store opened: see
+	// Store.commitRecovery. A refused Open leaves it as it was.
 	return maxTraj, nil
 }
 

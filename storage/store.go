@@ -135,6 +135,9 @@ func Open(dir string, opts *Options) (_ *Store, retErr error) {
 	}
 	s.traj.next, s.traj.reserved = next, next
 	if !o.ReadOnly {
+		if err := s.commitRecovery(); err != nil {
+			return nil, fmt.Errorf("open %s: %w", dir, err)
+		}
 		s.publishSnapshot()
 		s.stop, s.done = make(chan struct{}), make(chan struct{})
 		go s.checkpointLoop()
@@ -170,6 +173,18 @@ func (s *Store) openBuffer(e catalogEntry) (*Buffer, int64, error) {
 		return nil, 0, errors.Join(err, b.unmap())
 	}
 	return b, maxTraj, nil
+}
+
+// commitRecovery records in the catalog that every buffer is open: Clean
+// stays false until the next clean close, so a crash before then is
+// detected, and the saved streams are consumed.
+func (s *Store) commitRecovery() error {
+	for _, b := range s.buffers {
+		if err := b.commitState(false, nil, true); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Dir returns the data dir.

@@ -96,17 +96,42 @@ func (b *Buffer) state(clean bool) bufferState {
 	}
 }
 
-// reserveSeqs commits a new seq reservation for a memory buffer. Called
-// with wmu held.
+// seqBlock is how many seqs one catalog commit reserves. For persistent
+// buffers it is also the most a crash can move the ring forward on reopen
+// (the unused part of the reservation becomes holes, and as many of the
+// oldest rows leave the window): a sixteenth of the ring trades that loss
+// against one catalog commit per capacity/16 rows.
+func (b *Buffer) seqBlock() int64 {
+	if !b.persistent {
+		return max(b.capacity, 1<<16)
+	}
+	return max(b.capacity/16, 1)
+}
+
+// reserveSeqs commits a new seq reservation. Called with wmu held.
 func (b *Buffer) reserveSeqs(end int64) error {
-	res := end + max(b.capacity, 1<<16)
-	st := b.state(false)
-	st.SeqReserved = res
-	if err := b.store.cat.putState(b.name, st, nil, false); err != nil {
+	b.catMu.Lock()
+	defer b.catMu.Unlock()
+	old := b.seqRes
+	b.seqRes = end + b.seqBlock()
+	if err := b.store.cat.putState(b.name, b.state(false), nil, false); err != nil {
+		b.seqRes = old
 		return fmt.Errorf("reserve seqs: %w", err)
 	}
-	b.seqRes = res
 	return nil
+}
+
+// commitState writes the buffer's state to the catalog. catMu makes the
+// snapshot and the commit one step, so a slow checkpoint can never write
+// back an older seq reservation over a newer one.
+func (b *Buffer) commitState(clean bool, streams map[string]map[int64]streamPos, setStreams bool) error {
+	b.catMu.Lock()
+	defer b.catMu.Unlock()
+	st := b.state(clean)
+	if clean {
+		st.SeqReserved = max(st.SeqReserved, st.WriteCount)
+	}
+	return b.store.cat.putState(b.name, st, streams, setStreams)
 }
 
 // checkpoint makes the buffer's rows durable and commits its counters.
@@ -123,7 +148,7 @@ func (b *Buffer) checkpoint() error {
 	}
 	b.pruneHoles()
 	b.store.crash.at("before-commit")
-	if err := b.store.cat.putState(b.name, b.state(false), nil, false); err != nil {
+	if err := b.commitState(false, nil, false); err != nil {
 		return fmt.Errorf("checkpoint %q: %w", b.name, err)
 	}
 	return nil
@@ -171,9 +196,7 @@ func (b *Buffer) close() error {
 		}
 		b.wmu.Unlock()
 	}
-	st := b.state(clean)
-	st.SeqReserved = max(st.SeqReserved, st.WriteCount)
-	errs = append(errs, b.store.cat.putState(b.name, st, streams, true), b.unmap())
+	errs = append(errs, b.commitState(clean, streams, true), b.unmap())
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("close buffer %q: %w", b.name, err)
 	}

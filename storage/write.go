@@ -225,9 +225,11 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	n := int64(p.n)
 	first := b.writeCount.Load()
 	end := first + n
-	if !b.persistent && end > b.seqRes {
-		// Memory buffers lose their rows on restart; reserving seqs in the
-		// catalog before handing them out keeps them unique across restarts.
+	if end > b.seqRes {
+		// Seqs are reserved in the catalog before they are handed out, so
+		// they stay unique across restarts whatever was lost: memory
+		// buffers lose every row, and a power loss can take persistent
+		// rows that were acknowledged but not yet synced.
 		if err := b.reserveSeqs(end); err != nil {
 			return ExtendResult{}, err
 		}
