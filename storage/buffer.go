@@ -69,7 +69,7 @@ type Buffer struct {
 	// wmu serialises writers: seq allocation, row copies and stream state.
 	wmu        sync.Mutex
 	streams    map[string]map[int64]*streamPos // guarded by wmu
-	seqRes     int64                           // seqs below this may have been handed out; written with wmu and catMu held
+	seqRes     atomic.Int64                    // seqs below this may have been handed out; written with wmu and catMu held
 	recScratch [recordSize]byte                // a record being built, guarded by wmu
 
 	// imu guards the trajectory index. Writers hold it only to evict and to

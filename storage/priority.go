@@ -37,7 +37,13 @@ func (p *priorities) set(slot int64, raw float64) {
 func (p *priorities) setTrees(slot int64, raw float64) {
 	q := p.q(raw)
 	p.sum.Set(int(slot), q)
-	p.min.Set(int(slot), q)
+	if q > 0 {
+		p.min.Set(int(slot), q)
+	} else {
+		// A row with q = 0 (priority 0 and eps 0) is never drawn; keeping
+		// it out of the minimum keeps weights (q_i / q_min)^-beta finite.
+		p.min.Clear(int(slot))
+	}
 }
 
 func (p *priorities) clear(slot int64) {
@@ -117,7 +123,8 @@ func (v Index) PriorityQ(seq int64) float64 {
 	return v.b.prio.sum.Get(int(seq % v.b.capacity))
 }
 
-// PriorityMinQ returns the smallest q over live rows (+Inf when empty).
+// PriorityMinQ returns the smallest positive q over live rows (+Inf when
+// there is none).
 func (v Index) PriorityMinQ() float64 {
 	if v.b.prio == nil {
 		return math.Inf(1)

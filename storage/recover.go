@@ -33,7 +33,9 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		if !ok {
 			// A write cut short still moved the ring: its seq counts,
 			// and the rows it was overwriting are gone.
-			if m := markedSeq(r.Seq); m >= 0 && m%capacity == slot {
+			// The marker has no checksum of its own: trust it only for a
+			// seq the writer could have had (below the reservation).
+			if m := markedSeq(r.Seq); m >= 0 && m%capacity == slot && m < st.SeqReserved {
 				maxSeq = max(maxSeq, m)
 			}
 			continue
@@ -65,7 +67,7 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 			wc = s + capacity + 1
 		}
 	}
-	b.seqRes = max(st.SeqReserved, wc)
+	b.seqRes.Store(max(st.SeqReserved, wc))
 	lo := max(0, wc-capacity)
 	durable = min(durable, wc)
 	inOldHole := func(seq int64) bool {

@@ -161,7 +161,7 @@ func (s *Store) openBuffer(e catalogEntry) (*Buffer, int64, error) {
 		// The rows are gone; seqs continue past every one ever reserved.
 		wc := max(e.state.WriteCount, e.state.SeqReserved)
 		b.writeCount.Store(wc)
-		b.seqRes = wc
+		b.seqRes.Store(wc)
 		b.sync.durable = wc
 		return b, -1, nil
 	}

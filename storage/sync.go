@@ -88,7 +88,7 @@ func (b *Buffer) state(clean bool) bufferState {
 	return bufferState{
 		UID:         b.uid,
 		WriteCount:  b.writeCount.Load(),
-		SeqReserved: b.seqRes,
+		SeqReserved: b.seqRes.Load(),
 		Clean:       clean,
 		MaxPriority: maxPrio,
 		Holes:       append([][2]int64(nil), b.holes...),
@@ -99,23 +99,25 @@ func (b *Buffer) state(clean bool) bufferState {
 // seqBlock is how many seqs one catalog commit reserves. For persistent
 // buffers it is also the most a crash can move the ring forward on reopen
 // (the unused part of the reservation becomes holes, and as many of the
-// oldest rows leave the window): a sixteenth of the ring trades that loss
-// against one catalog commit per capacity/16 rows.
+// oldest rows leave the window, for flush and none buffers): a sixteenth of
+// the ring trades that loss against one catalog commit per block.
 func (b *Buffer) seqBlock() int64 {
 	if !b.persistent {
 		return max(b.capacity, 1<<16)
 	}
-	return max(b.capacity/16, 1)
+	// Small rings would commit too often at capacity/16; they reserve up
+	// to half the ring (at most 4096) at a time instead.
+	return max(b.capacity/16, min(b.capacity/2, 4096), 1)
 }
 
 // reserveSeqs commits a new seq reservation. Called with wmu held.
 func (b *Buffer) reserveSeqs(end int64) error {
 	b.catMu.Lock()
 	defer b.catMu.Unlock()
-	old := b.seqRes
-	b.seqRes = end + b.seqBlock()
+	old := b.seqRes.Load()
+	b.seqRes.Store(end + b.seqBlock())
 	if err := b.store.cat.putState(b.name, b.state(false), nil, false); err != nil {
-		b.seqRes = old
+		b.seqRes.Store(old)
 		return fmt.Errorf("reserve seqs: %w", err)
 	}
 	return nil

@@ -225,7 +225,7 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	n := int64(p.n)
 	first := b.writeCount.Load()
 	end := first + n
-	if end > b.seqRes {
+	if end > b.seqRes.Load() {
 		// Seqs are reserved in the catalog before they are handed out, so
 		// they stay unique across restarts whatever was lost: memory
 		// buffers lose every row, and a power loss can take persistent
@@ -360,7 +360,9 @@ func (p *plan) envAt(r int) int64 {
 func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 	rb := b.rec(slot)
 	le := binary.LittleEndian
-	b.stamps[slot].Store(-1)
+	// Swap, not Store: a full barrier, so on weakly ordered CPUs the row's
+	// plain stores below cannot become visible before the stamp is void.
+	b.stamps[slot].Swap(-1)
 	// Mark the slot as being written with this seq: after a crash here,
 	// recovery knows the ring had moved this far, so the row this slot
 	// held is gone (overwritten), not lost from the middle of the window.
