@@ -97,6 +97,12 @@ func openCatalog(path string, readOnly bool, timeout time.Duration) (c *catalog,
 		return nil, fmt.Errorf("open catalog %s: %w", path, err)
 	}
 	c = &catalog{db: db, path: path}
+	done := false
+	defer func() {
+		if !done {
+			db.Close() // a panic on a damaged page: release the file lock
+		}
+	}()
 	if readOnly {
 		err = db.View(func(tx *bolt.Tx) error { return checkFormat(tx, path) })
 	} else {
@@ -120,6 +126,7 @@ func openCatalog(path string, readOnly bool, timeout time.Duration) (c *catalog,
 			return checkFormat(tx, path)
 		})
 	}
+	done = true
 	if err != nil {
 		return nil, errors.Join(err, db.Close())
 	}

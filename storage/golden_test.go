@@ -1,0 +1,409 @@
+package storage
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"maps"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// testdata/v1/datadir is a data dir written by a format-version-1 build
+// (testdata/gen_golden.go; never regenerate it). Every future build must
+// still open it and read exactly the rows below, or refuse it deliberately
+// with ErrVersionMismatch once v1 support is dropped: a release that
+// silently misreads it, or calls it corrupt, breaks every user's data dir.
+// A new format version adds testdata/v2 next to it; v1 stays.
+
+var updateFormat = flag.Bool("update-format", false, "rewrite storage/testdata/v1/encoding.golden")
+
+const goldenDir = "testdata/v1/datadir"
+
+// goldenRow is one live row of the golden buffer; its field values follow
+// from seq (see gen_golden.go): observation [seq, -seq], action 100+seq,
+// next.reward seq/4, final observation [1000+seq, -(1000+seq)].
+type goldenRow struct {
+	seq, traj, step, prev, next, env int64 // traj relative to the trajectory of seq 4
+	term, trunc                      bool
+}
+
+// The rows of the golden buffer after 12 writes to a ring of 8.
+var goldenRows = []goldenRow{
+	{seq: 4, traj: 0, step: 2, prev: 2, next: -1, env: 0, term: true},
+	{seq: 5, traj: 1, step: 2, prev: 3, next: 7, env: 1},
+	{seq: 6, traj: 2, step: 0, prev: -1, next: 8, env: 0},
+	{seq: 7, traj: 1, step: 3, prev: 5, next: -1, env: 1, trunc: true},
+	{seq: 8, traj: 2, step: 1, prev: 6, next: 10, env: 0},
+	{seq: 9, traj: 3, step: 0, prev: -1, next: 11, env: 1},
+	{seq: 10, traj: 2, step: 2, prev: 8, next: -1, env: 0, term: true},
+	{seq: 11, traj: 3, step: 1, prev: 9, next: -1, env: 1}, // open: stream "gen" continues it
+}
+
+// goldenCopy copies the golden data dir to a temp dir: Open writes.
+func goldenCopy(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	files := readTree(t, goldenDir)
+	if len(files) == 0 {
+		t.Fatalf("%s is empty: run go run ./storage/testdata/gen_golden.go from the repository root", goldenDir)
+	}
+	writeTree(t, dir, files)
+	return dir
+}
+
+func TestGoldenV1Layout(t *testing.T) {
+	got := slices.Sorted(maps.Keys(readTree(t, goldenDir)))
+	want := []string{
+		"buffers/golden/f.action.col",
+		"buffers/golden/f.next.done.col",
+		"buffers/golden/f.next.reward.col",
+		"buffers/golden/f.next.terminated.col",
+		"buffers/golden/f.next.truncated.col",
+		"buffers/golden/f.observation.col",
+		"buffers/golden/priority.col",
+		"buffers/golden/rows.meta",
+		"buffers/golden/tail.observation.col",
+		"catalog.db",
+		"catalog.snapshot.json", // for read-only tools while a store runs; not needed to open
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("files of %s:\n%q\nwant\n%q", goldenDir, got, want)
+	}
+
+	cat := catalogContents(t, filepath.Join(goldenCopy(t), "catalog.db"))
+	keys := slices.Sorted(maps.Keys(cat))
+	wantKeys := []string{"buffers/golden/spec", "buffers/golden/state", "buffers/golden/streams/gen", "rbd/format", "rbd/traj_next"}
+	if !slices.Equal(keys, wantKeys) {
+		t.Fatalf("catalog keys %q, want %q", keys, wantKeys)
+	}
+	if v := cat["rbd/format"]; v != "\x01\x00\x00\x00" {
+		t.Errorf("rbd/format = %q, want uint32 LE 1", v)
+	}
+	if v := cat["rbd/traj_next"]; len(v) != 8 || binary.LittleEndian.Uint64([]byte(v)) < 4 {
+		t.Errorf("rbd/traj_next = %q, want a uint64 LE >= 4", v)
+	}
+	const spec = `{"capacity":8,"storage":"memmap","fields":{"observation":{"dtype":"float32","shape":[2]},"action":{"dtype":"int64","shape":[]},` +
+		`"next.reward":{"dtype":"float32","shape":[]},"next.done":{"dtype":"bool","shape":[]},"next.terminated":{"dtype":"bool","shape":[]},` +
+		`"next.truncated":{"dtype":"bool","shape":[]}},"compact_obs":true,"obs_keys":["observation"],"priority":{"alpha":0.6,"eps":0.000001},` +
+		`"durability":"flush"}`
+	if v := cat["buffers/golden/spec"]; v != spec {
+		t.Errorf("spec JSON\n%s\nwant\n%s", v, spec)
+	}
+	var st bufferState
+	if err := json.Unmarshal([]byte(cat["buffers/golden/state"]), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.WriteCount != 12 || !st.Clean || st.UID == 0 || st.CreatedAt.IsZero() || st.MaxPriority != 4 || st.SeqReserved < 12 {
+		t.Errorf("state %+v: want write_count 12, clean, a uid, a creation time, max_priority 4", st)
+	}
+	var streams map[int64]streamPos
+	if err := json.Unmarshal([]byte(cat["buffers/golden/streams/gen"]), &streams); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := streams[1]; len(streams) != 1 || !ok || p.Step != 1 || p.LastSeq != 11 {
+		t.Errorf("stream gen = %+v, want env 1 at step 1 after seq 11", streams)
+	}
+}
+
+func TestGoldenV1Contents(t *testing.T) {
+	dir := goldenCopy(t)
+	rep, err := Verify(dir, nil)
+	if err != nil || !rep.OK() {
+		t.Fatalf("verify v1: %v %+v", err, rep)
+	}
+	if br := rep.Buffers; len(br) != 1 || br[0].Name != "golden" || br[0].WriteCount != 12 || br[0].LiveRows != 8 || br[0].Durable != 12 || br[0].Holes != 0 {
+		t.Fatalf("verify v1: %+v", br)
+	}
+
+	s := openStore(t, dir)
+	defer func() {
+		if s != nil {
+			s.Close()
+		}
+	}()
+	bufs := s.Buffers()
+	if len(bufs) != 1 || bufs[0].Name() != "golden" {
+		t.Fatalf("buffers %v, want [golden]", bufs)
+	}
+	b := bufs[0]
+	spec := b.Spec()
+	if spec.Capacity != 8 || spec.Storage != KindMemmap || !spec.CompactObs || len(spec.Fields) != 6 || spec.Durability != DurabilityFlush ||
+		spec.Priority == nil || spec.Priority.Alpha != 0.6 || spec.Priority.Eps != 1e-6 {
+		t.Fatalf("spec %+v", spec)
+	}
+	info, err := b.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Size != 8 || info.WriteCount != 12 || info.Trajectories != 4 || info.OpenTrajectories != 1 || info.Streams != 1 || info.Damaged != 0 {
+		t.Fatalf("info %+v", info)
+	}
+
+	seqs, meta, cols, dst := gatherLive(t, b)
+	if want := []int64{4, 5, 6, 7, 8, 9, 10, 11}; !slices.Equal(seqs, want) {
+		t.Fatalf("live seqs %v, want %v", seqs, want)
+	}
+	col := map[string][]byte{}
+	for i, c := range cols {
+		col[c.Name] = dst[i]
+	}
+	if names := slices.Sorted(maps.Keys(col)); len(names) != 7 || names[2] != "next.observation" {
+		t.Fatalf("columns %q", names)
+	}
+	f32 := func(name string, j, k, n int) float32 {
+		return math.Float32frombits(binary.LittleEndian.Uint32(col[name][(j*n+k)*4:]))
+	}
+	base := meta[0].TrajID
+	for j, w := range goldenRows {
+		m := meta[j]
+		done := w.term || w.trunc
+		wm := RowMeta{Seq: w.seq, TrajID: base + w.traj, Step: w.step, PrevSeq: w.prev, NextSeq: w.next, Env: w.env,
+			Done: done, Terminated: w.term, Truncated: w.trunc, HasTail: done}
+		if m != wm {
+			t.Errorf("seq %d: meta\n got %+v\nwant %+v", w.seq, m, wm)
+		}
+		x := float32(w.seq)
+		if o0, o1 := f32("observation", j, 0, 2), f32("observation", j, 1, 2); o0 != x || o1 != -x {
+			t.Errorf("seq %d: observation [%v %v], want [%v %v]", w.seq, o0, o1, x, -x)
+		}
+		if a := int64(binary.LittleEndian.Uint64(col["action"][8*j:])); a != 100+w.seq {
+			t.Errorf("seq %d: action %d, want %d", w.seq, a, 100+w.seq)
+		}
+		if r := f32("next.reward", j, 0, 1); r != x/4 {
+			t.Errorf("seq %d: next.reward %v, want %v", w.seq, r, x/4)
+		}
+		for name, v := range map[string]bool{"next.done": done, "next.terminated": w.term, "next.truncated": w.trunc} {
+			if got := col[name][j]; got != b2byte(v) {
+				t.Errorf("seq %d: %s = %d, want %v", w.seq, name, got, v)
+			}
+		}
+		tail := [2]float32{}
+		if done {
+			tail = [2]float32{1000 + x, -1000 - x}
+		}
+		if t0, t1 := f32("next.observation", j, 0, 2), f32("next.observation", j, 1, 2); t0 != tail[0] || t1 != tail[1] {
+			t.Errorf("seq %d: final observation [%v %v], want %v", w.seq, t0, t1, tail)
+		}
+	}
+
+	// Priorities: 1 for rows written before any update, then 2.5, 0.5, 4.
+	wantPrio := map[int64]float64{4: 1, 5: 2.5, 6: 1, 7: 1, 8: 0.5, 9: 1, 10: 1, 11: 4}
+	for _, seq := range seqs {
+		if p, ok := b.Priority(seq); !ok || p != wantPrio[seq] {
+			t.Errorf("seq %d: priority %v (ok %v), want %v", seq, p, ok, wantPrio[seq])
+		}
+	}
+	if m := b.MaxPriority(); m != 4 {
+		t.Errorf("max priority %v, want 4", m)
+	}
+
+	// The clean close saved stream "gen": its open trajectory continues.
+	res := mustExtend(t, b, "gen", makeGoldenRow(b.Spec(), 1))
+	if m := metas(t, b, res.FirstSeq)[0]; res.FirstSeq != 12 || m.TrajID != base+3 || m.Step != 2 || m.PrevSeq != 11 {
+		t.Fatalf("extend after reopen: seq %d %+v, want seq 12 continuing trajectory %d at step 2 after seq 11", res.FirstSeq, m, base+3)
+	}
+	if p, _ := b.Priority(12); p != 4 {
+		t.Errorf("a new row got priority %v, want the largest seen, 4", p)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = nil
+	if rep, err := Verify(dir, nil); err != nil || !rep.OK() {
+		t.Fatalf("verify after writing to v1: %v %+v", err, rep)
+	}
+}
+
+func b2byte(v bool) byte {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// makeGoldenRow is one row for the golden buffer's spec, not done.
+func makeGoldenRow(spec Spec, env int64) *Batch {
+	f := map[string][]byte{}
+	for _, fl := range spec.Fields {
+		f[fl.Name] = make([]byte, fl.RowBytes())
+	}
+	return &Batch{Rows: 1, Fields: f, Env: []int64{env}}
+}
+
+// TestGoldenV1Encoding decodes every header and live record of the v1 files
+// and encodes them again: today's encoders must write v1 bytes exactly.
+func TestGoldenV1Encoding(t *testing.T) {
+	files := readTree(t, goldenDir)
+	for _, rel := range slices.Sorted(maps.Keys(files)) {
+		b := files[rel]
+		switch {
+		case strings.HasSuffix(rel, ".col"):
+			h, err := decodeColHeader(rel, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(h.encode(), b[:headerSize]) {
+				t.Errorf("%s: header %+v encodes differently from the v1 bytes", rel, h)
+			}
+			if want := headerSize + 8*int(h.RowBytes); len(b) != want {
+				t.Errorf("%s: %d bytes, want header + 8 rows = %d", rel, len(b), want)
+			}
+		case strings.HasSuffix(rel, "rows.meta"):
+			h, err := decodeMetaHeader(rel, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wm, ok := readWatermark(b)
+			if !ok || wm != 12 {
+				t.Errorf("%s: watermark %d (ok %v), want 12", rel, wm, ok)
+			}
+			enc := h.encode()
+			putWatermark(enc, wm)
+			if !bytes.Equal(enc, b[:headerSize]) {
+				t.Errorf("%s: header %+v encodes differently from the v1 bytes", rel, h)
+			}
+			for slot := range 8 {
+				rb := b[headerSize+slot*recordSize : headerSize+(slot+1)*recordSize]
+				r, ok := decodeRecord(rb)
+				if !ok {
+					t.Errorf("%s: slot %d: record rejected", rel, slot)
+					continue
+				}
+				again := make([]byte, recordSize)
+				encodeRecord(again, &r)
+				if !bytes.Equal(again, rb) {
+					t.Errorf("%s: slot %d: record %+v encodes as\n% x\nv1 bytes\n% x", rel, slot, r, again, rb)
+				}
+			}
+		}
+	}
+}
+
+// TestGoldenFormatEncoding pins the encoders to fixed values, as readable
+// hex dumps in testdata/v1/encoding.golden (refresh with -update-format,
+// then review the diff: any change to a v1 byte is a format break).
+func TestGoldenFormatEncoding(t *testing.T) {
+	const uid = 0x0123456789abcdef
+	col := colHeader{Version: FormatVersion, Role: roleField, UID: uid, Capacity: 8, RowBytes: 8, DType: Float32, Shape: []int{2}, Name: "observation"}
+	tail := colHeader{Version: FormatVersion, Role: roleTail, UID: uid, Capacity: 8, RowBytes: 8, DType: Float32, Shape: []int{2}, Name: "next.observation"}
+	prio := colHeader{Version: FormatVersion, Role: rolePriority, UID: uid, Capacity: 8, RowBytes: 8, DType: Float64, Shape: []int{}, Name: "priority"}
+	meta := metaHeader{Version: FormatVersion, RecordSize: recordSize, UID: uid, Capacity: 8, Name: "golden"}
+	metaBytes := meta.encode()
+	putWatermark(metaBytes, 12)
+	rec := record{Seq: 7, TrajID: 1, Step: 3, PrevSeq: 5, Env: 1, Flags: flagDone | flagTruncated | flagHasTail, DataCRC: 0xdeadbeef}
+	recBytes := make([]byte, recordSize)
+	encodeRecord(recBytes, &rec)
+	first := make([]byte, recordSize)
+	r0 := record{Seq: 0, TrajID: 0, Step: 0, PrevSeq: -1, Env: 0}
+	encodeRecord(first, &r0)
+	// While seq 7 is being written, its slot's seq field holds a marker.
+	marking := slices.Clone(recBytes)
+	binary.LittleEndian.PutUint64(marking[recSeq:], uint64(writingMarker(7)))
+
+	var sb strings.Builder
+	section := func(title string, b []byte) {
+		fmt.Fprintf(&sb, "# %s\n%s\n", title, hexdumpC(b))
+	}
+	section(fmt.Sprintf("column header %+v", col), col.encode())
+	section(fmt.Sprintf("tail column header %+v", tail), tail.encode())
+	section(fmt.Sprintf("priority column header %+v", prio), prio.encode())
+	section(fmt.Sprintf("meta header %+v, watermark 12", meta), metaBytes)
+	section(fmt.Sprintf("record %+v", rec), recBytes)
+	section(fmt.Sprintf("record %+v", r0), first)
+	section("record of seq 7 being written (seq field = -(7+2), record checksum not yet valid)", marking[:16])
+	got := sb.String()
+
+	const path = "testdata/v1/encoding.golden"
+	if *updateFormat {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./storage -run TestGoldenFormatEncoding -update-format)", err)
+	}
+	if got != string(want) {
+		t.Errorf("encodings differ from %s (a format change needs a new version):\n%s", path, lineDiff(string(want), got))
+	}
+
+	// The dump agrees with the named offsets, as docs/format.md states them.
+	le := binary.LittleEndian
+	cb := col.encode()
+	if string(cb[0:8]) != "RBDCOL\x00\x00" || le.Uint32(cb[8:]) != 1 || le.Uint32(cb[12:]) != roleField || le.Uint64(cb[16:]) != uid ||
+		le.Uint64(cb[24:]) != 8 || le.Uint64(cb[32:]) != 8 || cb[40] != byte(Float32) || cb[41] != 1 || le.Uint16(cb[42:]) != 11 ||
+		le.Uint32(cb[44:]) != 2 || string(cb[76:87]) != "observation" || len(cb) != 4096 {
+		t.Errorf("column header fields are not where docs/format.md says")
+	}
+	if string(metaBytes[0:8]) != "RBDMETA\x00" || le.Uint32(metaBytes[12:]) != 64 || le.Uint64(metaBytes[24:]) != 8 ||
+		le.Uint16(metaBytes[32:]) != 6 || string(metaBytes[34:40]) != "golden" || le.Uint64(metaBytes[256:]) != 12 {
+		t.Errorf("meta header fields are not where docs/format.md says")
+	}
+}
+
+// hexdumpC formats b like hexdump -C: 16 bytes a line, a run of lines equal
+// to the one before shown as "*", and the length on the last line.
+func hexdumpC(b []byte) string {
+	var sb strings.Builder
+	var prev []byte
+	star := false
+	for off := 0; off < len(b); off += 16 {
+		line := b[off:min(off+16, len(b))]
+		if prev != nil && bytes.Equal(line, prev) {
+			if !star {
+				sb.WriteString("*\n")
+				star = true
+			}
+			continue
+		}
+		star = false
+		prev = line
+		fmt.Fprintf(&sb, "%08x ", off)
+		for i := range 16 {
+			if i == 8 {
+				sb.WriteByte(' ')
+			}
+			if i < len(line) {
+				fmt.Fprintf(&sb, " %02x", line[i])
+			} else {
+				sb.WriteString("   ")
+			}
+		}
+		sb.WriteString("  |")
+		for _, c := range line {
+			if c < 0x20 || c > 0x7e {
+				c = '.'
+			}
+			sb.WriteByte(c)
+		}
+		sb.WriteString("|\n")
+	}
+	fmt.Fprintf(&sb, "%08x\n", len(b))
+	return sb.String()
+}
+
+// lineDiff lists the lines that differ, numbered, for a golden failure.
+func lineDiff(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	var sb strings.Builder
+	for i := range max(len(w), len(g)) {
+		var a, b string
+		if i < len(w) {
+			a = w[i]
+		}
+		if i < len(g) {
+			b = g[i]
+		}
+		if a != b {
+			fmt.Fprintf(&sb, "line %d:\n- %s\n+ %s\n", i+1, a, b)
+		}
+	}
+	return sb.String()
+}
