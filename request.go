@@ -28,7 +28,7 @@ type SampleRequest struct {
 	Seed *uint64 `json:"seed,omitempty"`
 	// Keys lists the fields to return; nil means every stored field, plus
 	// next.<k> for the obs keys when next-state reconstruction is on.
-	Keys []string `json:"keys,omitempty"`
+	Keys []string `json:"keys"`
 	// NextState turns next-state reconstruction on or off; nil means on
 	// for compact_obs buffers.
 	NextState *bool `json:"next_state,omitempty"`
@@ -57,6 +57,9 @@ type SampleRequest struct {
 	// (0: answer at once).
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
 }
+
+var sampleRequestKeys = []string{"batch_size", "sampler", "seed", "keys", "next_state", "n_step", "num_slices",
+	"slice_len", "strict_length", "beta", "consumer", "include_incomplete", "drop_last", "fill", "timeout_ms"}
 
 // NStep asks for n-step returns with discount Gamma.
 type NStep struct {
@@ -88,8 +91,18 @@ func reqErr(field, format string, args ...any) error {
 // 2^64), given as a JSON number.
 func ParseSampleRequest(data []byte) (*SampleRequest, error) {
 	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(data, &raw); err != nil {
+	if err := json.Unmarshal(data, &raw); err != nil || raw == nil {
+		if err == nil {
+			err = errors.New("null")
+		}
 		return nil, reqErr("body", "not a JSON object: %v", err)
+	}
+	// encoding/json matches keys case-insensitively; the contract's keys
+	// are exact.
+	for k := range raw {
+		if !slices.Contains(sampleRequestKeys, k) {
+			return nil, reqErr(k, "unknown key (want one of %s)", strings.Join(sampleRequestKeys, ", "))
+		}
 	}
 	var seed *uint64
 	if v, ok := raw["seed"]; ok {
@@ -100,6 +113,17 @@ func ParseSampleRequest(data []byte) (*SampleRequest, error) {
 				return nil, err
 			}
 			seed = &s
+		}
+	}
+	if v, ok := raw["n_step"]; ok && string(v) != "null" {
+		var ns map[string]json.RawMessage
+		if err := json.Unmarshal(v, &ns); err != nil {
+			return nil, reqErr("n_step", "must be an object {\"n\": int, \"gamma\": number}")
+		}
+		for k := range ns {
+			if k != "n" && k != "gamma" {
+				return nil, reqErr("n_step."+k, "unknown key (want n and gamma)")
+			}
 		}
 	}
 	rest, _ := json.Marshal(raw)
@@ -173,8 +197,13 @@ func (b *Buffer) planSample(req *SampleRequest, maxBytes int64) (*plan, error) {
 		}
 	}
 	p.params = sampler.Params{Kind: kind, StrictLength: strict, Beta: beta, DropLast: req.DropLast, Consumer: req.Consumer}
-	if req.BatchSize < 0 || req.NumSlices < 0 || req.SliceLen < 0 {
-		return nil, reqErr("batch_size", "batch_size, num_slices and slice_len must not be negative")
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"batch_size", req.BatchSize}, {"num_slices", req.NumSlices}, {"slice_len", req.SliceLen}} {
+		if f.v < 0 {
+			return nil, reqErr(f.name, "must not be negative")
+		}
 	}
 	if p.slices {
 		if err := sliceShape(req, &p.params); err != nil {

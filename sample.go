@@ -96,12 +96,16 @@ func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOpt
 	for attempt := 0; ; attempt++ {
 		changed := b.Changed()
 		var d *drawn
+		var drawErr error
 		err := b.ReadIndex(func(ix storage.Index) {
 			var sel *sampler.Selection
-			if sel, err = b.state.Draw(ix, p.params, rng); err == nil {
+			if sel, drawErr = b.state.Draw(ix, p.params, rng); drawErr == nil {
 				d = p.resolve(ix, sel)
 			}
 		})
+		if err == nil {
+			err = drawErr
+		}
 		if errors.Is(err, ErrNotReady) {
 			wait := time.Until(deadline)
 			if wait <= 0 {

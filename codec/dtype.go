@@ -43,15 +43,19 @@ func (t *Tensor) Elems() int {
 }
 
 func checkShape(name string, shape []int, size, nbytes int) error {
+	const maxBytes = 1 << 62
 	n := 1
 	for _, d := range shape {
 		if d < 0 {
 			return fmt.Errorf("tensor %q: negative dimension in shape %v", name, shape)
 		}
-		if d != 0 && n > (1<<62)/d {
+		if d != 0 && n > maxBytes/d {
 			return fmt.Errorf("tensor %q: shape %v is too large", name, shape)
 		}
 		n *= d
+	}
+	if n > maxBytes/size {
+		return fmt.Errorf("tensor %q: shape %v is too large", name, shape)
 	}
 	if n*size != nbytes {
 		return fmt.Errorf("tensor %q: shape %v of %d-byte elements needs %d bytes, has %d", name, shape, size, n*size, nbytes)

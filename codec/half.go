@@ -75,3 +75,55 @@ func Float32ToBFloat16(f float32) uint16 {
 
 // BFloat16ToFloat32 is exact.
 func BFloat16ToFloat32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+// Float64ToFloat16 rounds a float64 straight to float16 (round to nearest
+// even). Going through float32 would round twice and, near ties, differ
+// from numpy.
+func Float64ToFloat16(f float64) uint16 { return roundFloat64(f, 5, 10) }
+
+// Float64ToBFloat16 rounds a float64 straight to bfloat16.
+func Float64ToBFloat16(f float64) uint16 { return roundFloat64(f, 8, 7) }
+
+// roundFloat64 rounds f to a binary float with ebits exponent and mbits
+// mantissa bits (at most 16 bits in all), round to nearest even.
+func roundFloat64(f float64, ebits, mbits uint) uint16 {
+	b := math.Float64bits(f)
+	sign := uint16(b>>63) << (ebits + mbits)
+	exp := int((b >> 52) & 0x7ff)
+	man := b & (1<<52 - 1)
+	maxExp := uint64(1)<<ebits - 1
+	if exp == 0x7ff {
+		if man != 0 {
+			return sign | uint16(maxExp<<mbits) | 1<<(mbits-1) // quiet NaN
+		}
+		return sign | uint16(maxExp<<mbits)
+	}
+	if exp == 0 {
+		return sign // float64 subnormals are far below any 16-bit float
+	}
+	bias := 1<<(ebits-1) - 1
+	e := exp - 1023 + bias
+	if e >= int(maxExp) {
+		return sign | uint16(maxExp<<mbits)
+	}
+	var shift uint
+	var m uint64
+	if e >= 1 {
+		shift = 52 - mbits
+		m = uint64(e)<<52 | man // exponent rides above the mantissa; a carry rounds into it
+	} else {
+		s := 53 - int(mbits) - e
+		if s > 53 {
+			return sign // below half the smallest subnormal
+		}
+		shift = uint(s)
+		m = man | 1<<52
+	}
+	r := m >> shift
+	rem := m & (1<<shift - 1)
+	half := uint64(1) << (shift - 1)
+	if rem > half || (rem == half && r&1 == 1) {
+		r++ // may carry into the exponent, up to infinity: correct
+	}
+	return sign | uint16(r)
+}

@@ -95,6 +95,9 @@ func DecodeJSONTensor(raw json.RawMessage, dtype string, inner []int) ([]byte, i
 	if err := dec.Decode(&v); err != nil {
 		return nil, 0, fmt.Errorf("not JSON: %v", err)
 	}
+	if rest := bytes.TrimSpace(raw[dec.InputOffset():]); len(rest) > 0 {
+		return nil, 0, fmt.Errorf("data after the array")
+	}
 	top, ok := v.([]any)
 	if !ok {
 		return nil, 0, fmt.Errorf("want an array of rows, got %s", jsonKind(v))
@@ -207,9 +210,9 @@ func encodeValue(v any, dtype string) ([]byte, error) {
 	b := make([]byte, dtypeSize[dtype])
 	switch dtype {
 	case "float16":
-		le.PutUint16(b, Float32ToFloat16(float32(f)))
+		le.PutUint16(b, Float64ToFloat16(f))
 	case "bfloat16":
-		le.PutUint16(b, Float32ToBFloat16(float32(f)))
+		le.PutUint16(b, Float64ToBFloat16(f))
 	case "float32":
 		le.PutUint32(b, math.Float32bits(float32(f)))
 	case "float64":

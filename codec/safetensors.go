@@ -43,7 +43,12 @@ func SafetensorsHeader(tensors []Tensor, meta map[string]string) ([]byte, int64,
 		first = false
 	}
 	var off int64
+	seen := make(map[string]bool, len(tensors))
 	for _, t := range tensors {
+		if t.Name == "__metadata__" || seen[t.Name] {
+			return nil, 0, fmt.Errorf("tensor %q: name is reserved or used twice", t.Name)
+		}
+		seen[t.Name] = true
 		st, ok := dtypeToST[t.DType]
 		if !ok {
 			return nil, 0, fmt.Errorf("tensor %q: unknown dtype %q", t.Name, t.DType)
@@ -135,7 +140,7 @@ func DecodeSafetensors(b []byte) ([]Tensor, map[string]string, error) {
 	if err := dec.Decode(&raw); err != nil {
 		return nil, nil, stErr("header: %v", err)
 	}
-	if dec.More() {
+	if dec.InputOffset() != int64(len(hdr)) {
 		return nil, nil, stErr("header: data after the JSON object")
 	}
 	data := b[8+n:]
@@ -147,16 +152,16 @@ func DecodeSafetensors(b []byte) ([]Tensor, map[string]string, error) {
 	var ts []located
 	for name, v := range raw {
 		if name == "__metadata__" {
-			if err := json.Unmarshal(v, &meta); err != nil {
-				return nil, nil, stErr("__metadata__ must map strings to strings: %v", err)
+			m, err := decodeMetadata(v)
+			if err != nil {
+				return nil, nil, err
 			}
+			meta = m
 			continue
 		}
-		var e stEntry
-		d := json.NewDecoder(bytes.NewReader(v))
-		d.DisallowUnknownFields()
-		if err := d.Decode(&e); err != nil {
-			return nil, nil, stErr("tensor %q: %v", name, err)
+		e, err := decodeEntry(name, v)
+		if err != nil {
+			return nil, nil, err
 		}
 		dt, ok := stToDType[e.DType]
 		if !ok {
@@ -197,4 +202,48 @@ func DecodeSafetensors(b []byte) ([]Tensor, map[string]string, error) {
 		return nil, nil, stErr("tensors cover %d of the %d data bytes", pos, len(data))
 	}
 	return out, meta, nil
+}
+
+// decodeEntry parses one tensor entry with exact keys (encoding/json alone
+// would match keys case-insensitively and accept missing or short
+// offsets).
+func decodeEntry(name string, v json.RawMessage) (stEntry, error) {
+	var e stEntry
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(v, &fields); err != nil || fields == nil {
+		return e, stErr("tensor %q: entry must be an object", name)
+	}
+	for k := range fields {
+		if k != "dtype" && k != "shape" && k != "data_offsets" {
+			return e, stErr("tensor %q: unknown key %q", name, k)
+		}
+	}
+	if err := json.Unmarshal(fields["dtype"], &e.DType); err != nil || fields["dtype"] == nil {
+		return e, stErr("tensor %q: dtype must be a string", name)
+	}
+	if err := json.Unmarshal(fields["shape"], &e.Shape); err != nil || fields["shape"] == nil || e.Shape == nil {
+		return e, stErr("tensor %q: missing shape (a list of integers)", name)
+	}
+	var offs []int64
+	if err := json.Unmarshal(fields["data_offsets"], &offs); err != nil || len(offs) != 2 {
+		return e, stErr("tensor %q: data_offsets must be [begin, end]", name)
+	}
+	e.DataOffsets = [2]int64{offs[0], offs[1]}
+	return e, nil
+}
+
+func decodeMetadata(v json.RawMessage) (map[string]string, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(v, &raw); err != nil || raw == nil {
+		return nil, stErr("__metadata__ must map strings to strings")
+	}
+	m := make(map[string]string, len(raw))
+	for k, x := range raw {
+		var s string
+		if len(x) == 0 || x[0] != '"' || json.Unmarshal(x, &s) != nil {
+			return nil, stErr("__metadata__[%q] must be a string", k)
+		}
+		m[k] = s
+	}
+	return m, nil
 }

@@ -267,6 +267,16 @@ func (s *State) drawWithoutReplacement(ix storage.Index, p Params, rng *rand.Ran
 			sel.Seqs = append(sel.Seqs, seq)
 		}
 	}
+	// Skip what cannot be returned ahead, so the batch that takes the
+	// epoch's last eligible row is the one flagged epoch_end (each entry
+	// is skipped once per epoch: O(n) per epoch in all).
+	for e.cursor < e.perm.N() {
+		seq := ix.SlotSeq(int64(e.perm.At(e.cursor)))
+		if m, ok := ix.Row(seq); seq >= 0 && ok && eligible(ix, p, m) {
+			break
+		}
+		e.cursor++
+	}
 	left := e.perm.N() - e.cursor
 	if left == 0 || (p.DropLast && left < uint64(p.BatchSize)) {
 		e.finished = true
@@ -363,6 +373,12 @@ func (s *State) drawSlicesWithoutReplacement(ix storage.Index, p Params, rng *ra
 		}
 		l := min(L, t.Len())
 		appendSlice(sel, t, rng.IntN(t.Len()-l+1), l, L, 0, !p.StrictLength)
+	}
+	for e.cursor < e.perm.N() {
+		if t := ix.ByID(e.trajIDs[e.perm.At(e.cursor)]); t != nil && (!p.StrictLength || t.Len() >= L) {
+			break
+		}
+		e.cursor++
 	}
 	left := e.perm.N() - e.cursor
 	if left == 0 || (p.DropLast && left < uint64(p.NumSlices)) {

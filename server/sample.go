@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -79,7 +80,11 @@ func writeTensors(w http.ResponseWriter, r *http.Request, tensors []codec.Tensor
 			out = append(out, ',')
 			out = strconv.AppendQuote(out, k)
 			out = append(out, ':')
-			out = append(out, fmt.Sprint(v)...)
+			js, err := json.Marshal(v)
+			if err != nil {
+				return err
+			}
+			out = append(out, js...)
 		}
 		out = append(out, '}', '\n')
 		w.Header().Set("Content-Type", "application/json")

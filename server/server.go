@@ -42,9 +42,9 @@ type Options struct {
 
 // WeightSetter replaces policy weights of collectors run by the server.
 type WeightSetter interface {
-	// SetWeights returns storage.ErrNotFound-like errors (wrapped
-	// ErrUnknownCollector) for unknown names and a *WeightsError for
-	// tensors of the wrong name, dtype or shape.
+	// SetWeights returns an error wrapping storage.ErrNotFound for an
+	// unknown collector (404) and one wrapping storage.ErrInvalidBatch
+	// for tensors of the wrong name, dtype or shape (400).
 	SetWeights(collector string, tensors map[string][]float32, shapes map[string][]int) error
 }
 

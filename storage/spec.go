@@ -439,7 +439,9 @@ func (v *specValidator) validate(s Spec) {
 		switch {
 		case seenKeys[k]:
 			v.add(path, "duplicate obs key %q", k)
-		case !declared[k]:
+		case !declared[k] && (s.CompactObs || k != specDefaultObsKey):
+			// The default ["observation"] only binds compact buffers: a
+			// plain buffer needs no observation field at all.
 			v.add(path, "no field named %q", k)
 		}
 		seenKeys[k] = true

@@ -1,0 +1,566 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rbdb/rbd/codec"
+)
+
+// Options configures a Client. The zero value (or nil) gives the defaults.
+type Options struct {
+	// Token, when set, is sent as "Authorization: Bearer <token>" on every
+	// request.
+	Token string
+	// HTTPClient sends the requests. Nil means a client of its own whose
+	// transport is a clone of http.DefaultTransport keeping up to 64 idle
+	// connections per host. Deadlines come from the contexts passed to
+	// each call; a Timeout set here applies as well.
+	HTTPClient *http.Client
+	// UserAgent is sent as User-Agent. Empty means "rbd-go-client/1".
+	UserAgent string
+	// MaxResponseBytes caps a tensor answer (Sample, Rows) the client
+	// accepts. Zero means 1 GiB + 64 MiB, above the server's default
+	// --max-response.
+	MaxResponseBytes int64
+}
+
+const (
+	defaultUserAgent   = "rbd-go-client/1"
+	defaultMaxResponse = 1<<30 + 64<<20
+	// maxErrorBody caps how much of an error answer is kept as Message.
+	maxErrorBody = 64 << 10
+	// maxJSONAnswer caps a JSON answer (a buffer list is the largest).
+	maxJSONAnswer = 64 << 20
+	// maxDrain is how much of an unread answer is discarded to keep the
+	// connection; beyond it the connection is closed instead.
+	maxDrain = 256 << 10
+)
+
+// Client talks to one rbd server. It is safe for concurrent use.
+type Client struct {
+	base        *url.URL
+	hc          *http.Client
+	token       string
+	userAgent   string
+	maxResponse int64
+}
+
+// New returns a client for the server at baseURL, e.g.
+// "http://127.0.0.1:7450" (a path prefix is kept, for a server behind a
+// proxy). opts may be nil.
+func New(baseURL string, opts *Options) (*Client, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	u, err := url.Parse(baseURL)
+	var errs []error
+	switch {
+	case err != nil:
+		errs = append(errs, fmt.Errorf("base URL: %w", err))
+	case u.Scheme != "http" && u.Scheme != "https":
+		errs = append(errs, fmt.Errorf("base URL %q: scheme must be http or https", baseURL))
+	case u.Host == "":
+		errs = append(errs, fmt.Errorf("base URL %q: no host", baseURL))
+	case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
+		errs = append(errs, fmt.Errorf("base URL %q: must not hold a query, fragment or user info", baseURL))
+	}
+	if strings.ContainsAny(o.Token, "\r\n") {
+		errs = append(errs, errors.New("token: must not contain line breaks"))
+	}
+	if o.MaxResponseBytes < 0 {
+		errs = append(errs, fmt.Errorf("max response bytes: %d is negative", o.MaxResponseBytes))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("new client: %w", err)
+	}
+	u.Path = strings.TrimRight(u.Path, "/")
+	u.RawPath = ""
+	c := &Client{base: u, hc: o.HTTPClient, token: o.Token, userAgent: o.UserAgent, maxResponse: o.MaxResponseBytes}
+	if c.hc == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = 64
+		c.hc = &http.Client{Transport: tr}
+	}
+	if c.userAgent == "" {
+		c.userAgent = defaultUserAgent
+	}
+	if c.maxResponse == 0 {
+		c.maxResponse = defaultMaxResponse
+	}
+	return c, nil
+}
+
+// body is a request body made of byte slices sent in order, without
+// joining them; it can be replayed (GetBody) for redirects and retries.
+type body struct {
+	contentType string
+	parts       [][]byte
+}
+
+func (b *body) reader() io.Reader {
+	rs := make([]io.Reader, len(b.parts))
+	for i, p := range b.parts {
+		rs[i] = bytes.NewReader(p)
+	}
+	return io.MultiReader(rs...)
+}
+
+func (b *body) size() int64 {
+	var n int64
+	for _, p := range b.parts {
+		n += int64(len(p))
+	}
+	return n
+}
+
+func jsonBody(v any) (*body, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("encode request: %w", err)
+	}
+	return &body{contentType: "application/json", parts: [][]byte{b}}, nil
+}
+
+// safetensorsBody encodes tensors as safetensors, their Data sent in place.
+func safetensorsBody(tensors []codec.Tensor) (*body, error) {
+	hdr, _, err := codec.SafetensorsHeader(tensors, nil)
+	if err != nil {
+		return nil, fmt.Errorf("encode tensors: %w", err)
+	}
+	parts := make([][]byte, 0, 1+len(tensors))
+	parts = append(parts, hdr)
+	for _, t := range tensors {
+		parts = append(parts, t.Data)
+	}
+	return &body{contentType: "application/octet-stream", parts: parts}, nil
+}
+
+// segment checks one path segment (a buffer, stream or collector name).
+// "." and ".." cannot travel as a segment: URL cleaning would change the
+// path, so they are refused here.
+func segment(what, s string) (string, error) {
+	if s == "" || s == "." || s == ".." {
+		return "", fmt.Errorf("%s name %q cannot be used in a URL path", what, s)
+	}
+	return url.PathEscape(s), nil
+}
+
+// send performs one request and returns the response of a 2xx answer,
+// whose body the caller must finish with readJSON, readTensors or
+// discard. Any other status is read, closed and returned as *APIError.
+func (c *Client) send(ctx context.Context, method, escapedPath string, query url.Values, b *body, accept string) (*http.Response, error) {
+	u := *c.base
+	u.RawPath = c.base.EscapedPath() + escapedPath
+	p, err := url.PathUnescape(u.RawPath)
+	if err != nil {
+		return nil, fmt.Errorf("request path: %w", err)
+	}
+	u.Path = p
+	if query != nil {
+		u.RawQuery = query.Encode()
+	}
+	var rd io.Reader
+	if b != nil {
+		rd = b.reader()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
+	if err != nil {
+		return nil, err
+	}
+	if b != nil {
+		req.ContentLength = b.size()
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(b.reader()), nil }
+		if req.ContentLength == 0 {
+			req.Body = http.NoBody
+		}
+		req.Header.Set("Content-Type", b.contentType)
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	req.Header.Set("User-Agent", c.userAgent)
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		return resp, nil
+	}
+	return nil, apiErrorOf(resp)
+}
+
+// apiErrorOf reads a non-2xx answer into an *APIError and closes it.
+func apiErrorOf(resp *http.Response) error {
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	discard(resp)
+	e := &APIError{Status: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+	var eb struct {
+		Error string `json:"error"`
+		Code  string `json:"code"`
+	}
+	if json.Unmarshal(raw, &eb) == nil && eb.Error != "" {
+		e.Message, e.Code = eb.Error, eb.Code
+	} else {
+		e.Message = strings.TrimSpace(string(raw))
+		if e.Message == "" {
+			e.Message = http.StatusText(resp.StatusCode)
+		}
+	}
+	return e
+}
+
+// discard reads what is left of an answer (up to maxDrain, so the
+// connection can be reused) and closes it.
+func discard(resp *http.Response) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
+	_ = resp.Body.Close()
+}
+
+// readJSON decodes a JSON answer into out and closes it.
+func readJSON(resp *http.Response, out any) error {
+	defer discard(resp)
+	if out == nil {
+		return nil
+	}
+	dec := json.NewDecoder(io.LimitReader(resp.Body, maxJSONAnswer))
+	if err := dec.Decode(out); err != nil {
+		return fmt.Errorf("decode answer: %w", err)
+	}
+	return nil
+}
+
+// readTensors reads a safetensors answer into one buffer and decodes it in
+// place.
+func (c *Client) readTensors(resp *http.Response) (*Batch, error) {
+	defer discard(resp)
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "application/octet-stream" && mt != "application/vnd.safetensors" {
+		return nil, fmt.Errorf("decode answer: content type %q, want application/octet-stream", resp.Header.Get("Content-Type"))
+	}
+	var buf []byte
+	if n := resp.ContentLength; n >= 0 {
+		if n > c.maxResponse {
+			return nil, fmt.Errorf("decode answer: %d bytes exceeds the %d allowed (Options.MaxResponseBytes)", n, c.maxResponse)
+		}
+		buf = make([]byte, n)
+		if _, err := io.ReadFull(resp.Body, buf); err != nil {
+			return nil, fmt.Errorf("read answer: %w", err)
+		}
+	} else {
+		var err error
+		buf, err = io.ReadAll(io.LimitReader(resp.Body, c.maxResponse+1))
+		if err != nil {
+			return nil, fmt.Errorf("read answer: %w", err)
+		}
+		if int64(len(buf)) > c.maxResponse {
+			return nil, fmt.Errorf("decode answer: more than the %d bytes allowed (Options.MaxResponseBytes)", c.maxResponse)
+		}
+	}
+	tensors, meta, err := codec.DecodeSafetensors(buf)
+	if err != nil {
+		return nil, fmt.Errorf("decode answer: %w", err)
+	}
+	return &Batch{Tensors: tensors, Metadata: meta}, nil
+}
+
+// acceptTensors is the Accept header of tensor answers.
+const acceptTensors = "application/octet-stream"
+
+// bufferPath returns the escaped path of a buffer plus rest.
+func bufferPath(name, rest string) (string, error) {
+	seg, err := segment("buffer", name)
+	if err != nil {
+		return "", err
+	}
+	return "/v1/buffers/" + seg + rest, nil
+}
+
+// Health checks that the server is up (GET /v1/health; no token needed).
+func (c *Client) Health(ctx context.Context) error {
+	resp, err := c.send(ctx, http.MethodGet, "/v1/health", nil, nil, "application/json")
+	if err != nil {
+		return fmt.Errorf("health: %w", err)
+	}
+	var ans struct {
+		Status string `json:"status"`
+	}
+	if err := readJSON(resp, &ans); err != nil {
+		return fmt.Errorf("health: %w", err)
+	}
+	if ans.Status != "ok" {
+		return fmt.Errorf("health: server status %q", ans.Status)
+	}
+	return nil
+}
+
+// Metrics returns the server's Prometheus text (GET /metrics).
+func (c *Client) Metrics(ctx context.Context) ([]byte, error) {
+	resp, err := c.send(ctx, http.MethodGet, "/metrics", nil, nil, "text/plain")
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	defer discard(resp)
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxJSONAnswer))
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	return b, nil
+}
+
+// Buffers lists every buffer (GET /v1/buffers).
+func (c *Client) Buffers(ctx context.Context) ([]Info, error) {
+	resp, err := c.send(ctx, http.MethodGet, "/v1/buffers", nil, nil, "application/json")
+	if err != nil {
+		return nil, fmt.Errorf("list buffers: %w", err)
+	}
+	var ans struct {
+		Buffers []Info `json:"buffers"`
+	}
+	if err := readJSON(resp, &ans); err != nil {
+		return nil, fmt.Errorf("list buffers: %w", err)
+	}
+	return ans.Buffers, nil
+}
+
+// CreateBuffer creates a buffer (PUT /v1/buffers/{name}). created is false
+// when a buffer with an identical spec already exists; a different spec is
+// ErrConflict.
+func (c *Client) CreateBuffer(ctx context.Context, name string, spec *Spec) (info Info, created bool, err error) {
+	if spec == nil {
+		return Info{}, false, fmt.Errorf("create buffer %s: nil spec", name)
+	}
+	raw, err := json.Marshal(spec)
+	if err != nil {
+		return Info{}, false, fmt.Errorf("create buffer %s: %w", name, err)
+	}
+	return c.CreateBufferJSON(ctx, name, raw)
+}
+
+// CreateBufferJSON is CreateBuffer with the spec as JSON, sent as given
+// (e.g. read from a file).
+func (c *Client) CreateBufferJSON(ctx context.Context, name string, spec json.RawMessage) (info Info, created bool, err error) {
+	path, err := bufferPath(name, "")
+	if err != nil {
+		return Info{}, false, fmt.Errorf("create buffer: %w", err)
+	}
+	resp, err := c.send(ctx, http.MethodPut, path, nil, &body{contentType: "application/json", parts: [][]byte{spec}}, "application/json")
+	if err != nil {
+		return Info{}, false, fmt.Errorf("create buffer %s: %w", name, err)
+	}
+	created = resp.StatusCode == http.StatusCreated
+	if err := readJSON(resp, &info); err != nil {
+		return Info{}, false, fmt.Errorf("create buffer %s: %w", name, err)
+	}
+	return info, created, nil
+}
+
+// Info returns a buffer's state (GET /v1/buffers/{name}).
+func (c *Client) Info(ctx context.Context, name string) (Info, error) {
+	path, err := bufferPath(name, "")
+	if err != nil {
+		return Info{}, fmt.Errorf("info: %w", err)
+	}
+	resp, err := c.send(ctx, http.MethodGet, path, nil, nil, "application/json")
+	if err != nil {
+		return Info{}, fmt.Errorf("info %s: %w", name, err)
+	}
+	var info Info
+	if err := readJSON(resp, &info); err != nil {
+		return Info{}, fmt.Errorf("info %s: %w", name, err)
+	}
+	return info, nil
+}
+
+// DeleteBuffer deletes a buffer and its rows (DELETE /v1/buffers/{name}).
+func (c *Client) DeleteBuffer(ctx context.Context, name string) error {
+	path, err := bufferPath(name, "")
+	if err != nil {
+		return fmt.Errorf("delete buffer: %w", err)
+	}
+	resp, err := c.send(ctx, http.MethodDelete, path, nil, nil, "application/json")
+	if err != nil {
+		return fmt.Errorf("delete buffer %s: %w", name, err)
+	}
+	discard(resp)
+	return nil
+}
+
+// Extend appends rows to a buffer (POST /v1/buffers/{name}/extend), sent as
+// safetensors: every field of the spec as [N, shape...], optionally a
+// tensor named "env" (int32 or int64 [N]) giving each row's env, and for
+// compact_obs buffers the final observations next.<k> of done rows. stream
+// names the writer whose open trajectories continue across requests; ""
+// makes the request its own stream.
+func (c *Client) Extend(ctx context.Context, name, stream string, tensors []codec.Tensor) (ExtendResult, error) {
+	path, err := bufferPath(name, "/extend")
+	if err != nil {
+		return ExtendResult{}, fmt.Errorf("extend: %w", err)
+	}
+	b, err := safetensorsBody(tensors)
+	if err != nil {
+		return ExtendResult{}, fmt.Errorf("extend %s: %w", name, err)
+	}
+	var q url.Values
+	if stream != "" {
+		q = url.Values{"stream": {stream}}
+	}
+	resp, err := c.send(ctx, http.MethodPost, path, q, b, "application/json")
+	if err != nil {
+		return ExtendResult{}, fmt.Errorf("extend %s: %w", name, err)
+	}
+	var res ExtendResult
+	if err := readJSON(resp, &res); err != nil {
+		return ExtendResult{}, fmt.Errorf("extend %s: %w", name, err)
+	}
+	return res, nil
+}
+
+// Sample draws a batch (POST /v1/buffers/{name}/sample). The answer always
+// holds seq, traj_id and step besides the requested keys; see
+// SampleRequest. A request the current data cannot satisfy yet is
+// ErrNotReady (see RetryAfter and SampleRequest.TimeoutMS).
+func (c *Client) Sample(ctx context.Context, name string, req *SampleRequest) (*Batch, error) {
+	path, err := bufferPath(name, "/sample")
+	if err != nil {
+		return nil, fmt.Errorf("sample: %w", err)
+	}
+	if req == nil {
+		req = &SampleRequest{}
+	}
+	b, err := jsonBody(req)
+	if err != nil {
+		return nil, fmt.Errorf("sample %s: %w", name, err)
+	}
+	resp, err := c.send(ctx, http.MethodPost, path, nil, b, acceptTensors)
+	if err != nil {
+		return nil, fmt.Errorf("sample %s: %w", name, err)
+	}
+	batch, err := c.readTensors(resp)
+	if err != nil {
+		return nil, fmt.Errorf("sample %s: %w", name, err)
+	}
+	return batch, nil
+}
+
+// UpdatePriorities sets the priorities of rows by seq (POST
+// /v1/buffers/{name}/priorities). Rows no longer live are counted as stale
+// and left alone.
+func (c *Client) UpdatePriorities(ctx context.Context, name string, seq []int64, prio []float64) (updated, stale int, err error) {
+	path, err := bufferPath(name, "/priorities")
+	if err != nil {
+		return 0, 0, fmt.Errorf("update priorities: %w", err)
+	}
+	if len(seq) != len(prio) {
+		return 0, 0, fmt.Errorf("update priorities %s: %d priorities for %d seqs", name, len(prio), len(seq))
+	}
+	// codec's JSON arrays carry NaN and infinities as strings, so the
+	// server (not encoding/json) names a bad priority.
+	out := []byte(`{"seq":`)
+	st := NewTensor("seq", nil, seq)
+	pt := NewTensor("priority", nil, prio)
+	if out, err = codec.AppendJSONTensor(out, &st); err != nil {
+		return 0, 0, fmt.Errorf("update priorities %s: %w", name, err)
+	}
+	out = append(out, `,"priority":`...)
+	if out, err = codec.AppendJSONTensor(out, &pt); err != nil {
+		return 0, 0, fmt.Errorf("update priorities %s: %w", name, err)
+	}
+	out = append(out, '}')
+	resp, err := c.send(ctx, http.MethodPost, path, nil, &body{contentType: "application/json", parts: [][]byte{out}}, "application/json")
+	if err != nil {
+		return 0, 0, fmt.Errorf("update priorities %s: %w", name, err)
+	}
+	var ans struct {
+		Updated int `json:"updated"`
+		Stale   int `json:"stale"`
+	}
+	if err := readJSON(resp, &ans); err != nil {
+		return 0, 0, fmt.Errorf("update priorities %s: %w", name, err)
+	}
+	return ans.Updated, ans.Stale, nil
+}
+
+// Rows reads live rows from fromSeq on, in seq order (GET
+// /v1/buffers/{name}/rows): every stored field as [n, shape...] plus int64
+// seq, traj_id, step, prev_seq and next_seq (-1 = none). The answer may
+// hold fewer than count rows; continue from the last seq + 1. count <= 0
+// means the server's default (100).
+func (c *Client) Rows(ctx context.Context, name string, fromSeq int64, count int) (*Batch, error) {
+	path, err := bufferPath(name, "/rows")
+	if err != nil {
+		return nil, fmt.Errorf("rows: %w", err)
+	}
+	q := url.Values{"from_seq": {strconv.FormatInt(fromSeq, 10)}}
+	if count > 0 {
+		q.Set("count", strconv.Itoa(count))
+	}
+	resp, err := c.send(ctx, http.MethodGet, path, q, nil, acceptTensors)
+	if err != nil {
+		return nil, fmt.Errorf("rows %s: %w", name, err)
+	}
+	batch, err := c.readTensors(resp)
+	if err != nil {
+		return nil, fmt.Errorf("rows %s: %w", name, err)
+	}
+	return batch, nil
+}
+
+// CloseStream closes the open trajectories of a stream (DELETE
+// /v1/buffers/{name}/streams/{stream}) and returns how many it closed. The
+// next extend on that stream starts new trajectories.
+func (c *Client) CloseStream(ctx context.Context, name, stream string) (int, error) {
+	seg, err := segment("stream", stream)
+	if err != nil {
+		return 0, fmt.Errorf("close stream: %w", err)
+	}
+	path, err := bufferPath(name, "/streams/"+seg)
+	if err != nil {
+		return 0, fmt.Errorf("close stream: %w", err)
+	}
+	resp, err := c.send(ctx, http.MethodDelete, path, nil, nil, "application/json")
+	if err != nil {
+		return 0, fmt.Errorf("close stream %s/%s: %w", name, stream, err)
+	}
+	var ans struct {
+		Closed int `json:"closed"`
+	}
+	if err := readJSON(resp, &ans); err != nil {
+		return 0, fmt.Errorf("close stream %s/%s: %w", name, stream, err)
+	}
+	return ans.Closed, nil
+}
+
+// SetWeights replaces the policy weights of a collector the server runs
+// (PUT /v1/collectors/{collector}/weights), e.g. for "demo": float32 "w"
+// [4, 2] and "b" [2]. Unknown collectors are ErrNotFound, tensors of the
+// wrong name or shape ErrBadRequest.
+func (c *Client) SetWeights(ctx context.Context, collector string, tensors []codec.Tensor) error {
+	seg, err := segment("collector", collector)
+	if err != nil {
+		return fmt.Errorf("set weights: %w", err)
+	}
+	b, err := safetensorsBody(tensors)
+	if err != nil {
+		return fmt.Errorf("set weights %s: %w", collector, err)
+	}
+	resp, err := c.send(ctx, http.MethodPut, "/v1/collectors/"+seg+"/weights", nil, b, "application/json")
+	if err != nil {
+		return fmt.Errorf("set weights %s: %w", collector, err)
+	}
+	discard(resp)
+	return nil
+}
