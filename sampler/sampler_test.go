@@ -1,0 +1,406 @@
+package sampler
+
+// Selection-level tests: State.Draw against a real storage index, without
+// gathering any bytes, so they can afford long slices and many draws. They
+// cover paths the end-to-end tests in the root package reach rarely: the
+// length index beyond its exact buckets, and the exact fallbacks the
+// rejection samplers use when few rows qualify.
+
+import (
+	"encoding/binary"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strconv"
+	"testing"
+
+	"gonum.org/v1/gonum/stat"
+	"gonum.org/v1/gonum/stat/distuv"
+
+	"github.com/rbdb/rbd/storage"
+)
+
+func newTestBuffer(t *testing.T, capacity int64, prio bool) *storage.Buffer {
+	t.Helper()
+	s, err := storage.Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	spec := storage.Spec{Capacity: capacity, Storage: storage.KindMemory, Fields: []storage.Field{
+		{Name: "observation", DType: storage.Float32},
+		{Name: "next.done", DType: storage.Bool},
+	}}
+	if prio {
+		spec.Priority = &storage.PriorityOptions{Alpha: 0.6, Eps: 1e-6}
+	}
+	b, _, err := s.CreateBuffer("b", spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// writeEpisodes writes one episode per length, the envs interleaved row by
+// row (episode i on env i), each ending with done unless open[i].
+func writeEpisodes(t *testing.T, b *storage.Buffer, lens []int, open []bool) {
+	t.Helper()
+	type row struct {
+		env  int64
+		done bool
+	}
+	var rows []row
+	pos := make([]int, len(lens))
+	for {
+		progressed := false
+		for i, n := range lens {
+			if pos[i] < n {
+				pos[i]++
+				rows = append(rows, row{int64(i), pos[i] == n && (open == nil || !open[i])})
+				progressed = true
+			}
+		}
+		if !progressed {
+			break
+		}
+	}
+	for len(rows) > 0 {
+		k := min(len(rows), 4096)
+		obs, done, env := make([]byte, 4*k), make([]byte, k), make([]int64, k)
+		for i, r := range rows[:k] {
+			binary.LittleEndian.PutUint32(obs[4*i:], math.Float32bits(float32(i)))
+			if r.done {
+				done[i] = 1
+			}
+			env[i] = r.env
+		}
+		if _, err := b.Extend("s", &storage.Batch{Rows: k, Fields: map[string][]byte{"observation": obs, "next.done": done}, Env: env}); err != nil {
+			t.Fatal(err)
+		}
+		rows = rows[k:]
+	}
+}
+
+func draw(t *testing.T, b *storage.Buffer, st *State, p Params, rng *rand.Rand) (*Selection, error) {
+	t.Helper()
+	var sel *Selection
+	var err error
+	if e := b.ReadIndex(func(ix storage.Index) { sel, err = st.Draw(ix, p, rng) }); e != nil {
+		t.Fatal(e)
+	}
+	return sel, err
+}
+
+func chi2(t *testing.T, what string, obs, exp []float64) {
+	t.Helper()
+	x2 := stat.ChiSquare(obs, exp)
+	df := len(obs) - 1
+	p := distuv.ChiSquared{K: float64(df)}.Survival(x2)
+	t.Logf("%s: chi2=%.1f df=%d p=%.3g", what, x2, df, p)
+	if p < 1e-4 {
+		t.Errorf("%s: rejected: chi2=%.1f df=%d p=%.2g", what, x2, df, p)
+	}
+}
+
+// ksUniform is a one-sample KS test against U(0,1).
+func ksUniform(t *testing.T, what string, xs []float64) {
+	t.Helper()
+	xs = slices.Clone(xs)
+	sort.Float64s(xs)
+	n := float64(len(xs))
+	d := 0.0
+	for i, x := range xs {
+		d = max(d, float64(i+1)/n-x, x-float64(i)/n)
+	}
+	en := math.Sqrt(n)
+	lambda := (en + 0.12 + 0.11/en) * d
+	p := 0.0
+	for k := 1; k <= 100; k++ {
+		term := 2 * math.Exp(-2*float64(k*k)*lambda*lambda)
+		if k%2 == 0 {
+			term = -term
+		}
+		p += term
+	}
+	p = min(max(p, 0), 1)
+	t.Logf("%s: KS D=%.4g n=%d p=%.3g", what, d, len(xs), p)
+	if p < 1e-4 {
+		t.Errorf("%s: KS rejected: D=%.4g p=%.2g", what, d, p)
+	}
+}
+
+// Slices longer than the exact length buckets (4095 rows and more share the
+// last bucket): trajectories stay equiprobable among those long enough and
+// starts uniform, right at the bucket boundary.
+func TestSliceLongerThanLengthBuckets(t *testing.T) {
+	b := newTestBuffer(t, 40000, false)
+	lens := []int{4093, 4094, 4095, 4096, 4100, 5000, 7, 3000}
+	writeEpisodes(t, b, lens, []bool{false, false, false, false, false, true, false, false})
+	for _, L := range []int{4094, 4095, 4097} {
+		var want []int // episodes long enough
+		for i, n := range lens {
+			if n >= L {
+				want = append(want, i)
+			}
+		}
+		st := NewState()
+		rng := rand.New(rand.NewPCG(uint64(L), 1))
+		count := make([]float64, len(lens))
+		var us []float64
+		jit := rand.New(rand.NewPCG(9, uint64(L)))
+		const draws, S = 10, 50
+		for d := 0; d < draws; d++ {
+			sel, err := draw(t, b, st, Params{Kind: Slice, NumSlices: S, SliceLen: L, StrictLength: true}, rng)
+			if err != nil {
+				t.Fatalf("L=%d: %v", L, err)
+			}
+			err = b.ReadIndex(func(ix storage.Index) {
+				for k := 0; k < S; k++ {
+					first, _ := ix.Row(sel.Seqs[k*L])
+					last, _ := ix.Row(sel.Seqs[k*L+L-1])
+					tr, pos := ix.Position(first)
+					if tr == nil || last.TrajID != first.TrajID || last.Step != first.Step+int64(L-1) || !sel.SliceEnd[k*L+L-1] {
+						t.Fatalf("L=%d slice %d: not %d consecutive rows of one trajectory", L, k, L)
+					}
+					ep := int(first.Env)
+					count[ep]++
+					if m := tr.Len() - L + 1; m > 1 {
+						us = append(us, (float64(pos)+jit.Float64())/float64(m))
+					} else if pos != 0 {
+						t.Fatalf("L=%d: start %d in a trajectory of %d rows", L, pos, tr.Len())
+					}
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		var obs, exp []float64
+		for i := range lens {
+			if !slices.Contains(want, i) {
+				if count[i] > 0 {
+					t.Fatalf("L=%d: %v slices from episode %d of %d rows", L, count[i], i, lens[i])
+				}
+				continue
+			}
+			obs = append(obs, count[i])
+			exp = append(exp, draws*S/float64(len(want)))
+		}
+		chi2(t, "trajectory choice, slice_len "+strconv.Itoa(L), obs, exp)
+		ksUniform(t, "start within trajectory, slice_len "+strconv.Itoa(L), us)
+	}
+	// Longer than every trajectory: not ready, never a wrong slice.
+	if _, err := draw(t, b, NewState(), Params{Kind: Slice, NumSlices: 1, SliceLen: 5001, StrictLength: true}, rand.New(rand.NewPCG(1, 1))); !errors.Is(err, ErrNotReady) {
+		t.Fatalf("slice of 5001: %v, want ErrNotReady", err)
+	}
+}
+
+// When only a few rows are eligible, uniform and prioritized draws exhaust
+// their rejection budget and finish from an exact list: the mixture must
+// still be uniform (or proportional to q) over the eligible rows.
+func TestRejectionFallbackDistributions(t *testing.T) {
+	b := newTestBuffer(t, 2000, true)
+	writeEpisodes(t, b, []int{600, 700, 700}, nil)
+	rng := rand.New(rand.NewPCG(4, 4))
+	var seqs []int64
+	var prios []float64
+	prio := map[int64]float64{}
+	for s := int64(0); s < 2000; s++ {
+		p := 0.1 + 3*rng.Float64()
+		seqs, prios, prio[s] = append(seqs, s), append(prios, p), p
+	}
+	if _, _, err := b.UpdatePriorities(seqs, prios); err != nil {
+		t.Fatal(err)
+	}
+	var elig []int64
+	for s := int64(5); s < 2000; s += 97 {
+		elig = append(elig, s)
+	}
+	pos := map[int64]int{}
+	for i, s := range elig {
+		pos[s] = i
+	}
+	only := func(_ storage.Index, m storage.RowMeta) bool { _, ok := pos[m.Seq]; return ok }
+	q := func(s int64) float64 { return math.Pow(prio[s]+1e-6, 0.6) }
+	qmin := math.Inf(1)
+	for s := range prio {
+		qmin = min(qmin, q(s))
+	}
+	for _, kind := range []string{Uniform, Prioritized} {
+		counts := make([]float64, len(elig))
+		// About 64 tries per row drawn: the budget before the fallback.
+		const draws, B = 20, 200
+		for d := 0; d < draws; d++ {
+			sel, err := draw(t, b, NewState(), Params{Kind: kind, BatchSize: B, Beta: 0.4, Eligible: only}, rng)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(sel.Seqs) != B {
+				t.Fatalf("%s: %d rows, want %d", kind, len(sel.Seqs), B)
+			}
+			for i, s := range sel.Seqs {
+				k, ok := pos[s]
+				if !ok {
+					t.Fatalf("%s: ineligible seq %d", kind, s)
+				}
+				counts[k]++
+				if kind == Prioritized {
+					if want := float32(math.Pow(q(s)/qmin, -0.4)); math.Abs(float64(sel.Weights[i]-want)) > 2e-7*float64(want) {
+						t.Fatalf("seq %d: weight %v, want %v", s, sel.Weights[i], want)
+					}
+				}
+			}
+		}
+		exp := make([]float64, len(elig))
+		sum := 0.0
+		for _, s := range elig {
+			sum += q(s)
+		}
+		for i, s := range elig {
+			if kind == Uniform {
+				exp[i] = draws * B / float64(len(elig))
+			} else {
+				exp[i] = draws * B * q(s) / sum
+			}
+		}
+		chi2(t, kind+" with few eligible rows", counts, exp)
+	}
+}
+
+// prioritized_slice with few valid starts (one trajectory long enough among
+// many short ones) falls back to an exact list of starts: starts stay
+// proportional to q among valid starts.
+func TestPrioritizedSliceFallback(t *testing.T) {
+	b := newTestBuffer(t, 1000, true)
+	lens := []int{30}
+	for i := 0; i < 120; i++ {
+		lens = append(lens, 1+i%6)
+	}
+	writeEpisodes(t, b, lens, nil)
+	const L = 25
+	rng := rand.New(rand.NewPCG(8, 8))
+	var seqs []int64
+	var prios []float64
+	n := b.WriteCount()
+	for s := int64(0); s < n; s++ {
+		seqs, prios = append(seqs, s), append(prios, 0.1+2*rng.Float64())
+	}
+	if _, _, err := b.UpdatePriorities(seqs, prios); err != nil {
+		t.Fatal(err)
+	}
+	counts := map[int64]float64{}
+	var starts []int64
+	var qs []float64
+	err := b.ReadIndex(func(ix storage.Index) {
+		for i := 0; i < ix.NumTrajectories(); i++ {
+			tr := ix.Trajectory(i)
+			for p := 0; p+L <= tr.Len(); p++ {
+				starts = append(starts, tr.Seq(p))
+				qs = append(qs, ix.PriorityQ(tr.Seq(p)))
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(starts) != 6 {
+		t.Fatalf("setup: %d valid starts", len(starts))
+	}
+	const draws, S = 40, 50
+	for d := 0; d < draws; d++ {
+		sel, err := draw(t, b, NewState(), Params{Kind: PrioritizedSlice, NumSlices: S, SliceLen: L, StrictLength: true, Beta: 0.4}, rng)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := 0; k < S; k++ {
+			counts[sel.Seqs[k*L]]++
+		}
+	}
+	sum := 0.0
+	for _, v := range qs {
+		sum += v
+	}
+	var obs, exp []float64
+	total := 0.0
+	for i, s := range starts {
+		obs = append(obs, counts[s])
+		exp = append(exp, draws*S*qs[i]/sum)
+		total += counts[s]
+	}
+	if total != draws*S {
+		t.Fatalf("%v of %d slices start at a valid start", total, draws*S)
+	}
+	chi2(t, "prioritized_slice fallback starts", obs, exp)
+}
+
+// A without-replacement epoch over rows some of which are not eligible must
+// still end with EpochEnd on the batch that returns its last eligible row,
+// and the next draw must open a new epoch: never ErrNotReady while eligible
+// rows exist.
+func TestWithoutReplacementIneligibleTail(t *testing.T) {
+	b := newTestBuffer(t, 100, false)
+	writeEpisodes(t, b, []int{20}, nil)
+	bad := map[int64]bool{3: true, 8: true, 11: true, 15: true, 19: true}
+	elig := func(_ storage.Index, m storage.RowMeta) bool { return !bad[m.Seq] }
+	const B = 15 // exactly the eligible rows
+	st := NewState()
+	rng := rand.New(rand.NewPCG(1, 2))
+	for ep := int64(0); ep < 20; ep++ {
+		sel, err := draw(t, b, st, Params{Kind: WithoutReplacement, BatchSize: B, Eligible: elig}, rng)
+		if err != nil {
+			t.Fatalf("epoch %d: %v", ep, err)
+		}
+		if sel.Epoch != ep || len(sel.Seqs) != B {
+			t.Fatalf("epoch %d: got epoch %d with %d rows", ep, sel.Epoch, len(sel.Seqs))
+		}
+		if !sel.EpochEnd {
+			t.Fatalf("BUG: epoch %d: the batch holding all %d eligible rows is not flagged EpochEnd "+
+				"(the permutation still has ineligible entries after it); the next draw answers %v "+
+				"(sampler/sampler.go drawWithoutReplacement: the cursor is not advanced past ineligible entries before deciding the epoch's end)",
+				ep, B, func() error {
+					_, err := draw(t, b, st, Params{Kind: WithoutReplacement, BatchSize: B, Eligible: elig}, rng)
+					return err
+				}())
+		}
+	}
+}
+
+// The same for slice epochs: trajectories shorter than a strict slice sit
+// in the permutation; the batch that returns the last long one must end the
+// epoch.
+func TestSliceWithoutReplacementShortTail(t *testing.T) {
+	b := newTestBuffer(t, 500, false)
+	writeEpisodes(t, b, []int{10, 10, 10, 2, 2, 2, 2, 2, 2}, nil)
+	st := NewState()
+	rng := rand.New(rand.NewPCG(3, 3))
+	for ep := int64(0); ep < 20; ep++ {
+		sel, err := draw(t, b, st, Params{Kind: SliceWithoutReplacement, NumSlices: 3, SliceLen: 5, StrictLength: true}, rng)
+		if err != nil {
+			t.Fatalf("epoch %d: %v", ep, err)
+		}
+		if sel.Epoch != ep || sel.NumSlices != 3 {
+			t.Fatalf("epoch %d: got epoch %d with %d slices", ep, sel.Epoch, sel.NumSlices)
+		}
+		if !sel.EpochEnd {
+			t.Fatalf("BUG: epoch %d: the batch holding all 3 long trajectories is not flagged EpochEnd; "+
+				"the next draw answers %v (sampler/sampler.go drawSlicesWithoutReplacement)", ep,
+				func() error {
+					_, err := draw(t, b, st, Params{Kind: SliceWithoutReplacement, NumSlices: 3, SliceLen: 5, StrictLength: true}, rng)
+					return err
+				}())
+		}
+	}
+}
+
+// Draw on an empty buffer is ErrNotReady for every kind.
+func TestDrawEmpty(t *testing.T) {
+	b := newTestBuffer(t, 10, true)
+	for _, kind := range Kinds {
+		p := Params{Kind: kind, BatchSize: 2, NumSlices: 1, SliceLen: 2, StrictLength: true}
+		if _, err := draw(t, b, NewState(), p, rand.New(rand.NewPCG(1, 1))); !errors.Is(err, ErrNotReady) {
+			t.Errorf("%s on an empty buffer: %v, want ErrNotReady", kind, err)
+		}
+	}
+}
