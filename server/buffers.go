@@ -62,6 +62,15 @@ func isJSONBody(r *http.Request) error {
 	return &apiError{status: http.StatusUnsupportedMediaType, msg: fmt.Sprintf("Content-Type %q: this endpoint takes JSON", mediaType(r))}
 }
 
+// readJSONBody reads a control body, refusing content types that are not
+// JSON (415).
+func readJSONBody(r *http.Request) ([]byte, error) {
+	if err := isJSONBody(r); err != nil {
+		return nil, err
+	}
+	return readBody(r)
+}
+
 func wantsJSON(r *http.Request) bool {
 	for _, part := range strings.Split(r.Header.Get("Accept"), ",") {
 		mt, _, _ := mime.ParseMediaType(strings.TrimSpace(part))
@@ -88,10 +97,7 @@ func (s *Server) createBuffer(w http.ResponseWriter, r *http.Request) error {
 	if err := storage.ValidateBufferName(name); err != nil {
 		return err
 	}
-	if err := isJSONBody(r); err != nil {
-		return err
-	}
-	body, err := readBody(r)
+	body, err := readJSONBody(r)
 	if err != nil {
 		return err
 	}
@@ -158,10 +164,7 @@ func (s *Server) priorities(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := isJSONBody(r); err != nil {
-		return err
-	}
-	body, err := readBody(r)
+	body, err := readJSONBody(r)
 	if err != nil {
 		return err
 	}

@@ -17,10 +17,7 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := isJSONBody(r); err != nil {
-		return err
-	}
-	body, err := readBody(r)
+	body, err := readJSONBody(r)
 	if err != nil {
 		return err
 	}
