@@ -26,6 +26,7 @@ type DB struct {
 type Buffer struct {
 	*storage.Buffer
 	state *sampler.State
+	pool  bytePool // result memory of released batches
 }
 
 // Open opens (creating if needed) the data dir at dir and recovers its

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"time"
 
@@ -39,6 +38,22 @@ type Batch struct {
 	// Metadata carries epoch and epoch_end for without-replacement
 	// samplers.
 	Metadata map[string]string
+
+	pool *bytePool
+	bufs [][]byte
+}
+
+// Release hands the batch's memory back for reuse by later samples. The
+// batch must not be used afterwards; calling it is optional (unreleased
+// batches are garbage collected).
+func (b *Batch) Release() {
+	if b.pool == nil {
+		return
+	}
+	for _, buf := range b.bufs {
+		b.pool.put(buf)
+	}
+	b.bufs, b.pool, b.Tensors = nil, nil, nil
 }
 
 // Tensor returns the named tensor.
@@ -179,16 +194,28 @@ func (b *Buffer) gatherAt(seqs []int64, cols []storage.Column, dst [][]byte) (bo
 	return true, nil
 }
 
-func (b *Buffer) assemble(p *plan, d *drawn) (*Batch, bool, error) {
+func (b *Buffer) assemble(p *plan, d *drawn) (_ *Batch, ok bool, _ error) {
 	sel := d.sel
 	n := len(sel.Seqs)
+	out := &Batch{pool: &b.pool}
+	// Every tensor comes from the buffer's pool (no zeroing: each byte is
+	// written below); on a failed attempt they go straight back.
+	alloc := func(size int) []byte {
+		buf := b.pool.get(size)
+		out.bufs = append(out.bufs, buf)
+		return buf
+	}
+	defer func() {
+		if !ok {
+			out.Release()
+		}
+	}()
 	shape := func(row []int) []int {
 		if p.slices {
 			return append([]int{sel.NumSlices, sel.SliceLen}, row...)
 		}
 		return append([]int{n}, row...)
 	}
-	out := &Batch{}
 	isNStepNext := func(name string) bool {
 		switch name {
 		case "next.reward", "next.done", "next.terminated", "next.truncated":
@@ -226,7 +253,7 @@ func (b *Buffer) assemble(p *plan, d *drawn) (*Batch, bool, error) {
 		}
 		dst := make([][]byte, len(group.cols))
 		for i, c := range group.cols {
-			dst[i] = make([]byte, n*c.RowBytes)
+			dst[i] = alloc(n * c.RowBytes)
 		}
 		ok, err := b.gatherAt(group.seqs, group.cols, dst)
 		if err != nil || !ok {
@@ -241,29 +268,45 @@ func (b *Buffer) assemble(p *plan, d *drawn) (*Batch, bool, error) {
 	valid := make([]bool, n)
 	recon := map[string][]byte{}
 	if len(p.recon) > 0 {
-		rowSeqs, tailSeqs := make([]int64, n), make([]int64, n)
+		// Next observations come from the next row's observation, or from
+		// the tail store for the (few) done rows: gather those compactly
+		// and place them.
+		rowSeqs := make([]int64, n)
+		var tailSeqs []int64
+		var tailPos []int
 		for i, s := range d.next {
-			rowSeqs[i], tailSeqs[i] = s.Row, s.Tail
+			rowSeqs[i] = s.Row
 			valid[i] = s.Known()
+			if s.Tail >= 0 {
+				tailSeqs = append(tailSeqs, s.Tail)
+				tailPos = append(tailPos, i)
+			}
 		}
 		for _, k := range p.recon {
 			obs, _ := b.Column(k)
 			tail, _ := b.Column("next." + k)
-			a, t := make([]byte, n*obs.RowBytes), make([]byte, n*obs.RowBytes)
+			rb := obs.RowBytes
+			a := alloc(n * rb)
 			ok, err := b.gatherAt(rowSeqs, []storage.Column{obs}, [][]byte{a})
 			if err != nil || !ok {
 				return nil, ok, err
 			}
-			if ok, err = b.gatherAt(tailSeqs, []storage.Column{tail}, [][]byte{t}); err != nil || !ok {
-				return nil, ok, err
+			if len(tailSeqs) > 0 {
+				t := b.pool.get(len(tailSeqs) * rb)
+				ok, err = b.gatherAt(tailSeqs, []storage.Column{tail}, [][]byte{t})
+				for j, i := range tailPos {
+					copy(a[i*rb:(i+1)*rb], t[j*rb:(j+1)*rb])
+				}
+				b.pool.put(t)
+				if err != nil || !ok {
+					return nil, ok, err
+				}
 			}
-			rb := obs.RowBytes
-			for i, s := range d.next {
-				switch {
-				case s.Tail >= 0:
-					copy(a[i*rb:(i+1)*rb], t[i*rb:(i+1)*rb])
-				case !s.Known() && p.fillNaN:
-					fillNaN(a[i*rb:(i+1)*rb], obs.DType)
+			if p.fillNaN {
+				for i, s := range d.next {
+					if !s.Known() {
+						fillNaN(a[i*rb:(i+1)*rb], obs.DType)
+					}
 				}
 			}
 			recon[k] = a
@@ -282,20 +325,20 @@ func (b *Buffer) assemble(p *plan, d *drawn) (*Batch, bool, error) {
 				flat = append(flat, m.Seq)
 			}
 		}
-		rewards := make([]byte, len(flat)*rc.RowBytes)
+		rewards := alloc(len(flat) * rc.RowBytes)
 		ok, err := b.gatherAt(flat, []storage.Column{rc}, [][]byte{rewards})
 		if err != nil || !ok {
 			return nil, ok, err
 		}
 		orig := stored["next.reward"]
 		if orig == nil {
-			orig = make([]byte, n*rc.RowBytes)
+			orig = alloc(n * rc.RowBytes)
 			if ok, err := b.gatherAt(sel.Seqs, []storage.Column{rc}, [][]byte{orig}); err != nil || !ok {
 				return nil, ok, err
 			}
 		}
-		origReward = slices.Clone(orig)
-		nstepReward = slices.Clone(orig)
+		origReward = append(alloc(len(orig))[:0], orig...)
+		nstepReward = append(alloc(len(orig))[:0], orig...)
 		steps, gammas = make([]int64, n), make([]float32, n)
 		j := 0
 		rs := make([]float64, 0, p.nstep.N)
@@ -315,11 +358,9 @@ func (b *Buffer) assemble(p *plan, d *drawn) (*Batch, bool, error) {
 			// last step, so r + gamma^k (1 - terminated) V(next) is right
 			// when the episode ends inside the window.
 			last := w[len(w)-1]
-			for name, v := range map[string]bool{"next.done": last.Done, "next.terminated": last.Terminated, "next.truncated": last.Truncated} {
-				if col := stored[name]; col != nil {
-					col[i] = b2u(v)
-				}
-			}
+			setFlag(stored["next.done"], i, last.Done)
+			setFlag(stored["next.terminated"], i, last.Terminated)
+			setFlag(stored["next.truncated"], i, last.Truncated)
 		}
 		if stored["next.reward"] != nil {
 			stored["next.reward"] = nstepReward
@@ -335,7 +376,7 @@ func (b *Buffer) assemble(p *plan, d *drawn) (*Batch, bool, error) {
 		c, _ := b.Column(k)
 		out.Tensors = append(out.Tensors, Tensor{Name: k, DType: c.DType, Shape: shape(c.Shape), Data: stored[k]})
 	}
-	seqB, trajB, stepB := make([]byte, 8*n), make([]byte, 8*n), make([]byte, 8*n)
+	seqB, trajB, stepB := alloc(8*n), alloc(8*n), alloc(8*n)
 	for i, m := range d.metas {
 		binary.LittleEndian.PutUint64(seqB[8*i:], uint64(m.Seq))
 		binary.LittleEndian.PutUint64(trajB[8*i:], uint64(m.TrajID))
@@ -346,26 +387,26 @@ func (b *Buffer) assemble(p *plan, d *drawn) (*Batch, bool, error) {
 		Tensor{Name: "traj_id", DType: storage.Int64, Shape: shape(nil), Data: trajB},
 		Tensor{Name: "step", DType: storage.Int64, Shape: shape(nil), Data: stepB})
 	if sel.Weights != nil {
-		w := make([]byte, 4*n)
+		w := alloc(4 * n)
 		for i, v := range sel.Weights {
 			binary.LittleEndian.PutUint32(w[4*i:], math.Float32bits(v))
 		}
 		out.Tensors = append(out.Tensors, Tensor{Name: "weight", DType: storage.Float32, Shape: shape(nil), Data: w})
 	}
 	if p.slices {
-		out.Tensors = append(out.Tensors, Tensor{Name: "slice_end", DType: storage.Bool, Shape: shape(nil), Data: boolBytes(sel.SliceEnd)})
+		out.Tensors = append(out.Tensors, Tensor{Name: "slice_end", DType: storage.Bool, Shape: shape(nil), Data: boolBytes(alloc(n), sel.SliceEnd)})
 		if sel.Mask != nil {
-			out.Tensors = append(out.Tensors, Tensor{Name: "mask", DType: storage.Bool, Shape: shape(nil), Data: boolBytes(sel.Mask)})
+			out.Tensors = append(out.Tensors, Tensor{Name: "mask", DType: storage.Bool, Shape: shape(nil), Data: boolBytes(alloc(n), sel.Mask)})
 		}
 	}
 	if p.slices || p.req.IncludeIncomplete {
 		for _, k := range p.recon {
-			out.Tensors = append(out.Tensors, Tensor{Name: "next." + k + "_valid", DType: storage.Bool, Shape: shape(nil), Data: boolBytes(valid)})
+			out.Tensors = append(out.Tensors, Tensor{Name: "next." + k + "_valid", DType: storage.Bool, Shape: shape(nil), Data: boolBytes(alloc(n), valid)})
 		}
 	}
 	if p.nstep != nil {
 		rc, _ := b.Column("next.reward")
-		sb, gb := make([]byte, 8*n), make([]byte, 4*n)
+		sb, gb := alloc(8*n), alloc(4*n)
 		for i := range steps {
 			binary.LittleEndian.PutUint64(sb[8*i:], uint64(steps[i]))
 			binary.LittleEndian.PutUint32(gb[4*i:], math.Float32bits(gammas[i]))
@@ -395,12 +436,17 @@ func cutNext(k string) (string, bool) {
 	return "", false
 }
 
-func boolBytes(v []bool) []byte {
-	out := make([]byte, len(v))
+func boolBytes(dst []byte, v []bool) []byte {
 	for i, x := range v {
-		out[i] = b2u(x)
+		dst[i] = b2u(x)
 	}
-	return out
+	return dst
+}
+
+func setFlag(col []byte, i int, v bool) {
+	if col != nil {
+		col[i] = b2u(v)
+	}
 }
 
 func b2u(v bool) byte {

@@ -195,7 +195,10 @@ func (v Index) Row(seq int64) (RowMeta, bool) {
 	if seq < 0 || seq >= wc || seq < wc-b.capacity || b.stamps[seq%b.capacity].Load() != seq {
 		return RowMeta{Seq: -1, TrajID: -1, Step: -1, PrevSeq: -1, NextSeq: -1}, false
 	}
-	r, _ := decodeRecord(b.rec(seq % b.capacity))
+	// No checksum here: an indexed row's record was checked when it was
+	// written or recovered, and cannot change while the index is held.
+	r := record{Seq: seq}
+	readRecord(b.rec(seq%b.capacity), &r)
 	m := metaOf(&r)
 	m.NextSeq = v.ix.next(r.TrajID, r.Step)
 	return m, true

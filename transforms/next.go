@@ -62,7 +62,8 @@ func NStep(ix storage.Index, m storage.RowMeta, n int, compact bool) (w Window, 
 	if !next.Known() {
 		return Window{}, false
 	}
-	w.Rows = append(w.Rows, m)
+	w.Rows = make([]storage.RowMeta, 1, n)
+	w.Rows[0] = m
 	w.Next = next
 	last := m
 	for len(w.Rows) < n && !last.Done && last.NextSeq >= 0 {

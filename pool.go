@@ -1,0 +1,41 @@
+package rbd
+
+import (
+	"math/bits"
+	"sync"
+)
+
+// bytePool recycles sample result memory by power-of-two size class, so a
+// learner sampling the same shape over and over stops allocating (and
+// zeroing) megabytes per batch.
+type bytePool struct {
+	classes [48]sync.Pool
+}
+
+func sizeClass(n int) int {
+	if n <= 64 {
+		return 6
+	}
+	return bits.Len(uint(n - 1))
+}
+
+// get returns a slice of length n whose contents are arbitrary.
+func (p *bytePool) get(n int) []byte {
+	c := sizeClass(n)
+	if c >= len(p.classes) {
+		return make([]byte, n)
+	}
+	if v := p.classes[c].Get(); v != nil {
+		return (*v.(*[]byte))[:n]
+	}
+	return make([]byte, n, 1<<c)
+}
+
+func (p *bytePool) put(b []byte) {
+	c := sizeClass(cap(b))
+	if cap(b) != 1<<c || c >= len(p.classes) {
+		return // not one of ours
+	}
+	b = b[:cap(b)]
+	p.classes[c].Put(&b)
+}
