@@ -187,7 +187,13 @@ func TestConcurrentReadersNeverSeeTornRows(t *testing.T) {
 				}
 			}(r)
 		}
+		// Run for dur, and on a loaded machine longer (up to 30 s) until
+		// the ring has wrapped enough times to matter.
+		start := time.Now()
 		time.Sleep(dur)
+		for writtenRows.Load() < 8*capacity && time.Since(start) < 30*time.Second {
+			time.Sleep(50 * time.Millisecond)
+		}
 		stop.Store(true)
 		wg.Wait()
 
