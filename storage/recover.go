@@ -48,6 +48,9 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 	wc := max(st.WriteCount, maxSeq+1)
 	switch {
 	case st.Clean:
+	case !b.store.snapAt.IsZero():
+		// Read next to a running server: it has not crashed; its
+		// reservation is ahead of what it wrote.
 	case b.spec.Durability != DurabilityFsync:
 		// After a crash, seqs up to the reservation may have been handed
 		// out — and acknowledged, then lost with unsynced pages on a power

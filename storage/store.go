@@ -158,8 +158,12 @@ func (s *Store) openBuffer(e catalogEntry) (*Buffer, int64, error) {
 		if err := b.mapMemory(); err != nil {
 			return nil, 0, err
 		}
-		// The rows are gone; seqs continue past every one ever reserved.
+		// The rows are gone; seqs continue past every one ever reserved
+		// (read next to a running server, its last checkpoint's count).
 		wc := max(e.state.WriteCount, e.state.SeqReserved)
+		if !s.snapAt.IsZero() {
+			wc = e.state.WriteCount
+		}
 		b.writeCount.Store(wc)
 		b.seqRes.Store(wc)
 		b.sync.durable = wc

@@ -86,7 +86,7 @@ type demoWeights struct{ policy *collector.LinearQ }
 
 func (d demoWeights) SetWeights(name string, vals map[string][]float32, shapes map[string][]int) error {
 	if name != "demo" {
-		return fmt.Errorf("collector %q: %w", name, storage.ErrNotFound)
+		return fmt.Errorf("no collector %q runs in this server (only \"demo\", with --demo): %w", name, storage.ErrNotFound)
 	}
 	for k := range vals {
 		if k != "w" && k != "b" {
@@ -118,8 +118,11 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 	opts := &server.Options{Token: o.token, MaxBody: o.maxBody, MaxResponse: o.maxResponse, Logger: log}
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
-	collectorDone := make(chan error, 1)
+	// collectorDone stays nil without --demo: a nil channel never fires in
+	// the select below, so the server runs until ctx ends.
+	var collectorDone chan error
 	if o.demo {
+		collectorDone = make(chan error, 1)
 		buf, _, err := db.CreateBuffer("demo", collector.CartPoleSpec(100_000, true, true))
 		if err != nil {
 			return errors.Join(fmt.Errorf("demo buffer: %w", err), db.Close())
@@ -133,14 +136,18 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 			})
 			collectorDone <- err
 		}()
-	} else {
-		collectorDone <- nil
+	}
+	waitCollector := func() error {
+		if collectorDone == nil {
+			return nil
+		}
+		return <-collectorDone
 	}
 	srv := server.New(db, opts)
 	ln, err := net.Listen("tcp", o.addr)
 	if err != nil {
 		stopRun()
-		return errors.Join(fmt.Errorf("listen %s: %w", o.addr, err), <-collectorDone, db.Close())
+		return errors.Join(fmt.Errorf("listen %s: %w", o.addr, err), waitCollector(), db.Close())
 	}
 	hs := &http.Server{
 		Handler:           srv.Handler(),
@@ -155,8 +162,12 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 	}
 	if o.addrFile != "" {
 		tmp := o.addrFile + ".tmp"
-		if err := os.WriteFile(tmp, []byte(ln.Addr().String()+"\n"), 0o644); err == nil {
+		err := os.WriteFile(tmp, []byte(ln.Addr().String()+"\n"), 0o644)
+		if err == nil {
 			err = os.Rename(tmp, o.addrFile)
+		}
+		if err != nil {
+			log.Error("write --addr-file", "path", o.addrFile, "err", err)
 		}
 	}
 	serveErr := make(chan error, 1)
@@ -167,18 +178,18 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 	case err := <-serveErr:
 		firstErr = err
 	case err := <-collectorDone:
-		if err != nil {
-			firstErr = fmt.Errorf("demo collector stopped: %w", err)
-		} else {
-			collectorDone <- nil
+		firstErr = fmt.Errorf("demo collector stopped: %w", err)
+		if err == nil {
+			firstErr = errors.New("demo collector stopped")
 		}
+		collectorDone <- nil // for waitCollector below
 	}
 	log.Info("shutting down")
 	srv.BeginShutdown()
 	stopRun()
 	shCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err = errors.Join(firstErr, hs.Shutdown(shCtx), <-collectorDone, db.Close())
+	err = errors.Join(firstErr, hs.Shutdown(shCtx), waitCollector(), db.Close())
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}
