@@ -21,9 +21,12 @@ func (s *Server) buffer(r *http.Request) (*rbd.Buffer, error) {
 	return s.db.Buffer(name)
 }
 
-func readBody(r *http.Request) ([]byte, error) {
-	n := r.ContentLength
-	if n < 0 || n > 64<<20 {
+// readBody reads the whole body. The declared Content-Length sizes the
+// buffer up front, but never beyond limit (the body cap): a client cannot
+// make the server reserve memory it does not send.
+func readBody(r *http.Request, limit int64) ([]byte, error) {
+	n := min(r.ContentLength, limit, 64<<20)
+	if n < 0 {
 		n = 0
 	}
 	buf := make([]byte, 0, n)
@@ -64,11 +67,11 @@ func isJSONBody(r *http.Request) error {
 
 // readJSONBody reads a control body, refusing content types that are not
 // JSON (415).
-func readJSONBody(r *http.Request) ([]byte, error) {
+func (s *Server) readJSONBody(r *http.Request) ([]byte, error) {
 	if err := isJSONBody(r); err != nil {
 		return nil, err
 	}
-	return readBody(r)
+	return readBody(r, s.opts.MaxBody)
 }
 
 func wantsJSON(r *http.Request) bool {
@@ -97,7 +100,7 @@ func (s *Server) createBuffer(w http.ResponseWriter, r *http.Request) error {
 	if err := storage.ValidateBufferName(name); err != nil {
 		return err
 	}
-	body, err := readJSONBody(r)
+	body, err := s.readJSONBody(r)
 	if err != nil {
 		return err
 	}
@@ -164,7 +167,7 @@ func (s *Server) priorities(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	body, err := readJSONBody(r)
+	body, err := s.readJSONBody(r)
 	if err != nil {
 		return err
 	}

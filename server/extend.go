@@ -20,7 +20,7 @@ func (s *Server) extend(w http.ResponseWriter, r *http.Request) error {
 	}
 	// The whole body is read and validated before anything is written, so
 	// a client that disconnects mid-body leaves the store unchanged.
-	body, err := readBody(r)
+	body, err := readBody(r, s.opts.MaxBody)
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	body, err := readJSONBody(r)
+	body, err := s.readJSONBody(r)
 	if err != nil {
 		return err
 	}
@@ -207,7 +207,7 @@ func (s *Server) setWeights(w http.ResponseWriter, r *http.Request) error {
 	if s.opts.Weights == nil {
 		return &apiError{status: http.StatusNotFound, msg: fmt.Sprintf("no collector %q runs in this server (start it with --demo)", name)}
 	}
-	body, err := readBody(r)
+	body, err := readBody(r, s.opts.MaxBody)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,431 @@
+package server_test
+
+// HTTP benchmarks: sample and extend throughput of a real server on
+// loopback, each next to a raw loopback baseline measured in the same run
+// with the same client code and connection count. Every request is plain
+// net/http with keep-alive; each connection reads answers into one reused
+// buffer, so the client costs the same on both sides of a comparison.
+//
+// The whole suite once (CI smoke, a few seconds):
+//
+//	go test ./server -run '^$' -bench 'BenchmarkHTTP' -benchtime 1x -short
+//
+// The measurement (about 2.5 minutes on 2 cores):
+//
+//	go test ./server -run '^$' -bench 'BenchmarkHTTP' -benchtime 2s -count 3 -cpu 2 | tee http.txt
+//	go tool benchstat -col /server http.txt   # benchstat is not pinned in go.mod yet
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/rbdb/rbd"
+	"github.com/rbdb/rbd/codec"
+	"github.com/rbdb/rbd/server"
+	"github.com/rbdb/rbd/storage"
+)
+
+// bnWorkload is a buffer shape the benchmarks sample from.
+type bnWorkload struct {
+	name     string
+	obsShape []int
+	obsDType string
+	capacity int // rows; -short uses shortCap
+	shortCap int
+}
+
+var bnWorkloads = []bnWorkload{
+	// CartPole: float32[4] observations, 47 B per transition with next obs.
+	{name: "cartpole", obsShape: []int{4}, obsDType: "float32", capacity: 100_000, shortCap: 10_000},
+	// Atari: uint8[84,84,4] frames, 28,239 B per row stored; an answer
+	// carries obs and next obs, 56,478 B per transition.
+	{name: "atari", obsShape: []int{84, 84, 4}, obsDType: "uint8", capacity: 8_192, shortCap: 1_024},
+}
+
+const (
+	bnBatch   = 256 // rows per sample answer and per extend request
+	bnEnvs    = 8   // envs interleaved in one extend batch
+	bnEpisode = 200 // steps per episode
+)
+
+// bnSpec is a compact_obs spec: the answer's next.observation is rebuilt
+// from the following row.
+func bnSpec(w bnWorkload, capacity int, storageKind string) string {
+	shape := bnJSONShape(w.obsShape)
+	return fmt.Sprintf(`{"capacity": %d, "storage": %q,
+	 "fields": {"observation": {"dtype": %q, "shape": %s},
+	            "action": {"dtype": "int64", "shape": []},
+	            "next.reward": {"dtype": "float32", "shape": []},
+	            "next.done": {"dtype": "bool", "shape": []},
+	            "next.terminated": {"dtype": "bool", "shape": []},
+	            "next.truncated": {"dtype": "bool", "shape": []}},
+	 "compact_obs": true, "obs_keys": ["observation"]}`, capacity, storageKind, w.obsDType, shape)
+}
+
+func bnJSONShape(s []int) string {
+	b := []byte{'['}
+	for i, d := range s {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(d), 10)
+	}
+	return string(append(b, ']'))
+}
+
+// bnBatchTensors returns batch k of a stream: bnBatch rows, bnEnvs envs
+// interleaved, each env at step k*bnBatch/bnEnvs + i, done every
+// bnEpisode steps with its final observation sent (one per done row).
+func bnBatchTensors(w bnWorkload, k int) []codec.Tensor {
+	elems := 1
+	for _, d := range w.obsShape {
+		elems *= d
+	}
+	size := codec.DTypeSize(w.obsDType)
+	obs := make([]byte, bnBatch*elems*size)
+	action := make([]byte, 8*bnBatch)
+	reward := make([]byte, 4*bnBatch)
+	done := make([]byte, bnBatch)
+	env := make([]byte, 8*bnBatch)
+	var final []byte
+	perEnv := bnBatch / bnEnvs
+	for r := 0; r < bnBatch; r++ {
+		e, i := r%bnEnvs, r/bnEnvs
+		step := k*perEnv + i
+		row := obs[r*elems*size : (r+1)*elems*size]
+		bnFillObs(w, row, int64(step*bnEnvs+e))
+		binary.LittleEndian.PutUint64(action[8*r:], uint64(step%2))
+		binary.LittleEndian.PutUint32(reward[4*r:], math.Float32bits(1))
+		binary.LittleEndian.PutUint64(env[8*r:], uint64(e))
+		if step%bnEpisode == bnEpisode-1 {
+			done[r] = 1
+			f := make([]byte, elems*size)
+			bnFillObs(w, f, -int64(step*bnEnvs+e))
+			final = append(final, f...)
+		}
+	}
+	ts := []codec.Tensor{
+		{Name: "observation", DType: w.obsDType, Shape: append([]int{bnBatch}, w.obsShape...), Data: obs},
+		{Name: "action", DType: "int64", Shape: []int{bnBatch}, Data: action},
+		{Name: "next.reward", DType: "float32", Shape: []int{bnBatch}, Data: reward},
+		{Name: "next.done", DType: "bool", Shape: []int{bnBatch}, Data: done},
+		{Name: "next.terminated", DType: "bool", Shape: []int{bnBatch}, Data: done},
+		{Name: "next.truncated", DType: "bool", Shape: []int{bnBatch}, Data: make([]byte, bnBatch)},
+		{Name: "env", DType: "int64", Shape: []int{bnBatch}, Data: env},
+	}
+	if len(final) > 0 {
+		ts = append(ts, codec.Tensor{Name: "next.observation", DType: w.obsDType,
+			Shape: append([]int{len(final) / (elems * size)}, w.obsShape...), Data: final})
+	}
+	return ts
+}
+
+// bnFillObs writes a cheap pattern derived from v.
+func bnFillObs(w bnWorkload, dst []byte, v int64) {
+	if w.obsDType == "float32" {
+		for i := 0; i+4 <= len(dst); i += 4 {
+			binary.LittleEndian.PutUint32(dst[i:], math.Float32bits(float32(v)+float32(i)/16))
+		}
+		return
+	}
+	x := uint64(v)*0x9E3779B97F4A7C15 + 1
+	for i := 0; i+8 <= len(dst); i += 8 {
+		binary.LittleEndian.PutUint64(dst[i:], x)
+		x = x*6364136223846793005 + 1442695040888963407
+	}
+}
+
+// bnStorageBatch turns extend tensors into an in-process batch (for
+// filling buffers fast, without HTTP).
+func bnStorageBatch(ts []codec.Tensor) *storage.Batch {
+	batch := &storage.Batch{Rows: bnBatch, Fields: map[string][]byte{}}
+	for _, t := range ts {
+		if t.Name == "env" {
+			batch.Env = make([]int64, bnBatch)
+			for i := range batch.Env {
+				batch.Env[i] = int64(binary.LittleEndian.Uint64(t.Data[8*i:]))
+			}
+			continue
+		}
+		batch.Fields[t.Name] = t.Data
+	}
+	return batch
+}
+
+// bnServe opens a store in dir, serves it on loopback and returns the
+// store and the base URL.
+func bnServe(tb testing.TB, dir string) (*rbd.DB, string) {
+	tb.Helper()
+	db, err := rbd.Open(dir, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ts := httptest.NewServer(server.New(db, nil).Handler())
+	tb.Cleanup(func() {
+		ts.Close()
+		db.Close()
+	})
+	return db, ts.URL
+}
+
+// bnRaw serves body to every request (after reading the request's body):
+// the raw loopback baseline.
+func bnRaw(tb testing.TB, body []byte, ctype string) string {
+	tb.Helper()
+	n := strconv.Itoa(len(body))
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", ctype)
+		w.Header().Set("Content-Length", n)
+		_, _ = w.Write(body)
+	}))
+	tb.Cleanup(ts.Close)
+	return ts.URL
+}
+
+// bnClient keeps exactly conns keep-alive connections.
+func bnClient(conns int) *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		MaxIdleConns: conns, MaxIdleConnsPerHost: conns, MaxConnsPerHost: conns,
+		DisableCompression: true,
+	}}
+}
+
+// bnPost sends one POST and reads the answer into *buf (grown as needed),
+// returning the answer's size. Any status but 200 is an error.
+func bnPost(hc *http.Client, url, ctype string, body []byte, buf *[]byte) (int, error) {
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", ctype)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return 0, fmt.Errorf("%s: %d %s", url, resp.StatusCode, msg)
+	}
+	n := int(resp.ContentLength)
+	if n < 0 {
+		return 0, errors.New("answer without Content-Length")
+	}
+	if cap(*buf) < n {
+		*buf = make([]byte, n)
+	}
+	if _, err := io.ReadFull(resp.Body, (*buf)[:n]); err != nil {
+		return 0, err
+	}
+	if m, _ := io.Copy(io.Discard, resp.Body); m != 0 {
+		return 0, fmt.Errorf("%d bytes past Content-Length", m)
+	}
+	return n, nil
+}
+
+// bnRun runs b.N requests spread over conns goroutines (one connection
+// each), after one untimed warm-up request per connection. req is called
+// with the goroutine's index and the request's index.
+func bnRun(b *testing.B, conns int, req func(conn int, i int64, buf *[]byte) error) {
+	b.Helper()
+	var wg sync.WaitGroup
+	var firstErr atomic.Pointer[error]
+	fail := func(err error) { firstErr.CompareAndSwap(nil, &err) }
+	bufs := make([][]byte, conns) // one per connection, kept from the warm-up on
+	warm := func() {
+		for c := range conns {
+			wg.Go(func() {
+				if err := req(c, -1, &bufs[c]); err != nil {
+					fail(err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	warm()
+	if p := firstErr.Load(); p != nil {
+		b.Fatal(*p)
+	}
+	var next atomic.Int64
+	b.ResetTimer()
+	for c := range conns {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(b.N) || firstErr.Load() != nil {
+					return
+				}
+				if err := req(c, i, &bufs[c]); err != nil {
+					fail(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	if p := firstErr.Load(); p != nil {
+		b.Fatal(*p)
+	}
+}
+
+func bnCapacity(w bnWorkload) int {
+	if testing.Short() {
+		return w.shortCap
+	}
+	return w.capacity
+}
+
+// BenchmarkHTTPSample: POST .../sample {"batch_size": 256} against a full
+// compact memory buffer (uniform, a fresh random draw each time, answer
+// = obs + next obs + action, reward, flags, seq, traj_id, step as
+// safetensors), then the raw baseline: the same client fetching a prebuilt
+// body of the same size from a handler that only writes it. x_raw is
+// rbd's GB/s over the raw GB/s of the same run.
+//
+//	go test ./server -run '^$' -bench 'BenchmarkHTTPSample' -benchtime 2s -count 3 -cpu 2
+func BenchmarkHTTPSample(b *testing.B) {
+	const req = `{"batch_size": 256}`
+	for _, w := range bnWorkloads {
+		b.Run("workload="+w.name, func(b *testing.B) {
+			capacity := bnCapacity(w)
+			db, base := bnServe(b, b.TempDir())
+			spec, err := storage.ParseSpec([]byte(bnSpec(w, capacity, "memory")))
+			if err != nil {
+				b.Fatal(err)
+			}
+			buf, _, err := db.CreateBuffer("bench", spec)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for k := 0; k < capacity/bnBatch+1; k++ {
+				if _, err := buf.Extend("fill", bnStorageBatch(bnBatchTensors(w, k))); err != nil {
+					b.Fatal(err)
+				}
+			}
+			url := base + "/v1/buffers/bench/sample"
+			// One real answer, served as is by the raw baseline.
+			var answer []byte
+			n, err := bnPost(bnClient(1), url, "application/json", []byte(req), &answer)
+			if err != nil {
+				b.Fatal(err)
+			}
+			answer = answer[:n]
+			if _, _, err := codec.DecodeSafetensors(answer); err != nil {
+				b.Fatal(err)
+			}
+			raw := bnRaw(b, answer, "application/octet-stream")
+
+			for _, conns := range []int{1, 4} {
+				var rawGBs float64
+				for _, side := range []string{"raw", "rbd"} {
+					b.Run(fmt.Sprintf("conns=%d/server=%s", conns, side), func(b *testing.B) {
+						target := url
+						if side == "raw" {
+							target = raw
+						}
+						hc := bnClient(conns)
+						defer hc.CloseIdleConnections()
+						b.SetBytes(int64(len(answer)))
+						bnRun(b, conns, func(_ int, _ int64, buf *[]byte) error {
+							m, err := bnPost(hc, target, "application/json", []byte(req), buf)
+							if err == nil && m != len(answer) {
+								err = fmt.Errorf("answer of %d bytes, want %d", m, len(answer))
+							}
+							return err
+						})
+						sec := b.Elapsed().Seconds()
+						gbs := float64(b.N) * float64(len(answer)) / sec / 1e9
+						b.ReportMetric(float64(b.N)/sec, "batches/s")
+						b.ReportMetric(gbs, "GB/s")
+						if side == "raw" {
+							rawGBs = gbs
+						} else if rawGBs > 0 {
+							b.ReportMetric(gbs/rawGBs, "x_raw")
+						}
+					})
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkHTTPExtend: POST .../extend?stream=actor-<c> with 256 CartPole
+// rows as safetensors (8 envs interleaved, episodes of 200 steps, final
+// observations of done rows sent), one stream per connection, into a
+// compact buffer of 100,000 rows (memory, or memmap with the default
+// durability "flush"). server=raw posts the same bodies to a handler that
+// reads and discards them: the HTTP floor.
+//
+//	go test ./server -run '^$' -bench 'BenchmarkHTTPExtend' -benchtime 2s -count 3 -cpu 2
+func BenchmarkHTTPExtend(b *testing.B) {
+	w := bnWorkloads[0]
+	// 25 batches of 32 steps per env are 800 steps, four whole episodes,
+	// so cycling through them continues each env's episodes seamlessly.
+	const cycle = bnEpisode * 4 / (bnBatch / bnEnvs)
+	bodies := make([][]byte, cycle)
+	for k := range bodies {
+		var err error
+		if bodies[k], err = codec.EncodeSafetensors(bnBatchTensors(w, k), nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, kind := range []string{"memory", "memmap"} {
+		for _, conns := range []int{1, 4} {
+			for _, side := range []string{"raw", "rbd"} {
+				name := fmt.Sprintf("kind=%s/conns=%d/server=%s", kind, conns, side)
+				if kind == "memmap" {
+					name = fmt.Sprintf("kind=memmap-flush/conns=%d/server=%s", conns, side)
+				}
+				if side == "raw" && kind != "memory" {
+					continue // the floor does not depend on the kind
+				}
+				b.Run(name, func(b *testing.B) {
+					var url string
+					if side == "raw" {
+						url = bnRaw(b, []byte(`{"first_seq":0,"rows":256,"write_count":256}`+"\n"), "application/json")
+					} else {
+						db, base := bnServe(b, b.TempDir())
+						spec, err := storage.ParseSpec([]byte(bnSpec(w, w.capacity, kind)))
+						if err != nil {
+							b.Fatal(err)
+						}
+						if _, _, err := db.CreateBuffer("bench", spec); err != nil {
+							b.Fatal(err)
+						}
+						url = base + "/v1/buffers/bench/extend?stream=actor-"
+					}
+					hc := bnClient(conns)
+					defer hc.CloseIdleConnections()
+					var sent [4]atomic.Int64 // batches sent per connection, for the cycle
+					var size int64
+					for _, body := range bodies {
+						size += int64(len(body))
+					}
+					b.SetBytes(size / int64(len(bodies)))
+					bnRun(b, conns, func(c int, _ int64, buf *[]byte) error {
+						k := sent[c].Add(1) - 1
+						target := url
+						if side == "rbd" {
+							target += strconv.Itoa(c)
+						}
+						_, err := bnPost(hc, target, "application/octet-stream", bodies[k%cycle], buf)
+						return err
+					})
+					b.ReportMetric(float64(b.N)*bnBatch/b.Elapsed().Seconds(), "rows/s")
+				})
+			}
+		}
+	}
+}
