@@ -355,6 +355,17 @@ func (b *Buffer) planKeys(p *plan) error {
 		p.stored = append(p.stored, c)
 		p.outKeys = append(p.outKeys, k)
 	}
+	// As the contract says: next.<k> comes back when <k> is among the
+	// requested keys and next-state is on.
+	for _, k := range p.recon {
+		if seen[k] && !seen["next."+k] {
+			if f, _ := p.spec.Field(k); p.fillNaN && !f.DType.IsFloat() {
+				return reqErr("fill", "\"nan\" needs float keys, but next.%s is %s", k, f.DType)
+			}
+			recon = append(recon, k)
+			p.outKeys = append(p.outKeys, "next."+k)
+		}
+	}
 	p.recon = recon
 	return nil
 }

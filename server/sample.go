@@ -29,6 +29,7 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	defer batch.Release() // the answer is written by then: its memory serves the next sample
 	rows := 0
 	if t, ok := batch.Tensor("seq"); ok {
 		for i := 0; i < len(t.Data); i += 8 {

@@ -197,7 +197,9 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		}
 	}
 	for _, t := range b.ix.list {
-		if t.open && !continued[t.id] {
+		// Next to a running server the writer has not stopped: its open
+		// trajectories stay open.
+		if t.open && !continued[t.id] && b.store.snapAt.IsZero() {
 			b.ix.setClosed(t)
 		}
 	}

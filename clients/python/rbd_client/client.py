@@ -1,0 +1,554 @@
+"""HTTP client for an rbd server (docs/http-api.md), on the standard library and numpy."""
+
+import http.client
+import json
+import queue
+import threading
+import time
+import urllib.parse
+
+import numpy as np
+
+from . import safetensors
+from .errors import ConnectionFailed, RbdError, error_for
+
+__all__ = ["Client", "Batch", "Prefetcher"]
+
+# Bodies up to this size are joined and sent with the headers in one write;
+# larger ones are sent tensor by tensor, straight from the arrays.
+_JOIN_BELOW = 256 << 10
+
+_STALE_CONNECTION = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
+                     ConnectionAbortedError, http.client.CannotSendRequest)
+
+
+class Batch(dict):
+    """A dict of numpy arrays (or torch tensors) plus the answer's metadata.
+
+    ``metadata`` holds the safetensors ``__metadata__`` strings; without-
+    replacement samplers put ``epoch`` and ``epoch_end`` there, also
+    available parsed as ``batch.epoch`` (int or None) and ``batch.epoch_end``
+    (bool).
+    """
+
+    metadata = {}
+
+    @property
+    def epoch(self):
+        v = self.metadata.get("epoch")
+        return None if v is None else int(v)
+
+    @property
+    def epoch_end(self):
+        return self.metadata.get("epoch_end") == "true"
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError("%r is not JSON serialisable" % (o,))
+
+
+def _to_torch(batch, device):
+    try:
+        import torch
+    except ImportError as e:  # torch stays optional
+        raise ImportError("as_torch=True needs PyTorch (pip install torch or apt-get install python3-torch)") from e
+    out = Batch()
+    out.metadata = batch.metadata
+    for k, a in batch.items():
+        if not a.flags.aligned or not a.flags.writeable:
+            a = a.copy()
+        t = torch.from_numpy(a)
+        out[k] = t.to(device) if device is not None else t
+    return out
+
+
+class Client:
+    """A client for one rbd server, e.g. ``Client("http://127.0.0.1:7450")``.
+
+    Each thread gets its own keep-alive connection, so one Client can be
+    shared by an actor loop and a prefetch thread. ``token`` is sent as
+    ``Authorization: Bearer <token>``. ``timeout`` (seconds) bounds each
+    socket operation; a sample with ``timeout_ms`` gets that much more.
+
+    Every non-2xx answer raises :class:`RbdError` (a subclass per status:
+    BadRequest, NotFound, NotReady, ...) carrying ``status``, ``code`` and
+    the server's ``message``.
+    """
+
+    def __init__(self, url="http://127.0.0.1:7450", token=None, timeout=60.0):
+        u = urllib.parse.urlsplit(url if "://" in url else "http://" + url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError("url %r: want http://host:port" % url)
+        if token is not None and ("\r" in token or "\n" in token):
+            raise ValueError("token must not contain line breaks")
+        self.url = "%s://%s%s" % (u.scheme, u.netloc, u.path.rstrip("/"))
+        self._https = u.scheme == "https"
+        self._host = u.hostname
+        self._port = u.port or (443 if self._https else 80)
+        self._prefix = u.path.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._conns = []
+        self._specs = {}
+        self.connections_opened = 0  # for tests and the curious: keep-alive works when this stays small
+
+    # -- plumbing -----------------------------------------------------------
+
+    def _connection(self):
+        c = getattr(self._local, "conn", None)
+        if c is None:
+            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            c = cls(self._host, self._port, timeout=self.timeout)
+            c._rbd_used = False
+            self._local.conn = c
+            with self._lock:
+                self._conns.append(c)
+        return c
+
+    def _drop_connection(self):
+        c = getattr(self._local, "conn", None)
+        if c is not None:
+            c.close()
+            self._local.conn = None
+            with self._lock:
+                if c in self._conns:
+                    self._conns.remove(c)
+
+    def close(self):
+        """Close every connection this client opened (any thread)."""
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            c.close()
+        self._local = threading.local()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _path(self, *parts, query=None):
+        p = self._prefix + "/" + "/".join(urllib.parse.quote(str(x), safe="") if i else x
+                                          for i, x in enumerate(parts))
+        if query:
+            q = {k: v for k, v in query.items() if v is not None}
+            if q:
+                p += "?" + urllib.parse.urlencode(q)
+        return p
+
+    def _request(self, method, path, body=None, headers=None, timeout=None):
+        """Send one request; return (status, headers, body as bytearray).
+
+        ``body`` is bytes or a list of bytes-like parts. A request that fails
+        on a reused keep-alive connection before any answer arrived (the
+        server closed it while idle) is sent once more on a new one.
+        """
+        hdrs = {"User-Agent": "rbd-python-client/1"}
+        if self.token:
+            hdrs["Authorization"] = "Bearer " + self.token
+        if headers:
+            hdrs.update(headers)
+        if isinstance(body, list):
+            total = sum(memoryview(p).nbytes for p in body)
+            if total < _JOIN_BELOW:
+                body = b"".join(body)
+            hdrs["Content-Length"] = str(total)
+        elif body is not None:
+            hdrs["Content-Length"] = str(len(body))
+        for attempt in (0, 1):
+            conn = self._connection()
+            reused = conn._rbd_used
+            if conn.sock is None:
+                try:
+                    conn.connect()
+                except OSError as e:
+                    self._drop_connection()
+                    raise ConnectionFailed(0, "cannot reach %s: %s" % (self.url, e), method=method, path=path) from e
+                with self._lock:
+                    self.connections_opened += 1
+                reused = False
+            conn.timeout = timeout or self.timeout
+            conn.sock.settimeout(conn.timeout)
+            try:
+                conn.request(method, path, body=body, headers=hdrs)
+                resp = conn.getresponse()
+                data = self._read(resp)
+            except _STALE_CONNECTION as e:
+                self._drop_connection()
+                if reused and attempt == 0:
+                    continue
+                raise ConnectionFailed(0, "connection to %s lost: %s" % (self.url, e), method=method, path=path) from e
+            except BaseException:
+                self._drop_connection()
+                raise
+            conn._rbd_used = True
+            if resp.will_close:
+                self._drop_connection()
+            if not 200 <= resp.status < 300:
+                raise self._error(resp, data, method, path)
+            return resp.status, resp.headers, data
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _read(resp):
+        n = resp.getheader("Content-Length")
+        if n is None:
+            return bytearray(resp.read())
+        buf = bytearray(int(n))
+        view = memoryview(buf)
+        pos = 0
+        while pos < len(buf):
+            got = resp.readinto(view[pos:])
+            if not got:
+                raise http.client.IncompleteRead(bytes(view[:pos]), len(buf) - pos)
+            pos += got
+        return buf
+
+    @staticmethod
+    def _error(resp, data, method, path):
+        message, code = None, None
+        try:
+            obj = json.loads(bytes(data))
+            if isinstance(obj, dict):
+                message, code = obj.get("error"), obj.get("code")
+        except ValueError:
+            pass
+        if message is None:
+            message = bytes(data[:4096]).decode("utf-8", "replace").strip() or resp.reason
+        retry_after = resp.getheader("Retry-After")
+        try:
+            retry_after = float(retry_after) if retry_after is not None else None
+        except ValueError:
+            retry_after = None
+        return error_for(resp.status, message, code, retry_after, method, path)
+
+    def _json(self, method, path, obj=None, timeout=None):
+        body = None if obj is None else json.dumps(obj, default=_json_default).encode()
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        status, _, data = self._request(method, path, body, headers, timeout)
+        return json.loads(bytes(data)) if data else None
+
+    def _tensors(self, method, path, obj=None, timeout=None):
+        body = None if obj is None else json.dumps(obj, default=_json_default).encode()
+        headers = {"Accept": "application/octet-stream"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        _, _, data = self._request(method, path, body, headers, timeout)
+        tensors, meta = safetensors.loads(data)
+        b = Batch(tensors)
+        b.metadata = meta
+        return b
+
+    # -- buffers ------------------------------------------------------------
+
+    def health(self):
+        """``{"status": "ok"}`` when the server is up."""
+        return self._json("GET", self._path("v1", "health"))
+
+    def buffers(self):
+        """Info of every buffer."""
+        return self._json("GET", self._path("v1", "buffers"))["buffers"]
+
+    def create_buffer(self, name, spec):
+        """Create a buffer (or find an identical one); returns its info.
+
+        ``spec`` is a dict as in docs/http-api.md (or a JSON string). A
+        buffer of that name with a different spec raises Conflict (409).
+        """
+        body = spec if isinstance(spec, (str, bytes)) else json.dumps(spec, default=_json_default)
+        if isinstance(body, str):
+            body = body.encode()
+        _, _, data = self._request("PUT", self._path("v1", "buffers", name), body,
+                                   {"Content-Type": "application/json", "Accept": "application/json"})
+        info = json.loads(bytes(data))
+        self._specs[name] = info["spec"]
+        return info
+
+    def info(self, name):
+        """A buffer's info: spec, size, write_count, trajectories, bytes, ..."""
+        info = self._json("GET", self._path("v1", "buffers", name))
+        self._specs[name] = info["spec"]
+        return info
+
+    def delete_buffer(self, name):
+        """Delete a buffer with all its rows."""
+        self._specs.pop(name, None)
+        self._request("DELETE", self._path("v1", "buffers", name))
+
+    def _spec(self, name):
+        s = self._specs.get(name)
+        if s is None:
+            s = self.info(name)["spec"]
+        return s
+
+    # -- writing ------------------------------------------------------------
+
+    def _target_dtypes(self, name):
+        spec = self._spec(name)
+        out = {k: f["dtype"] for k, f in spec["fields"].items()}
+        if spec.get("compact_obs"):
+            for k in spec.get("obs_keys") or ["observation"]:
+                if k in out:
+                    out["next." + k] = out[k]
+        return out
+
+    def extend(self, name, rows, stream=None, env=None, cast=True):
+        """Append rows: ``rows`` maps every field of the spec to an array
+        ``[N, *shape]``; returns ``{"first_seq", "rows", "write_count"}``.
+
+        ``stream`` names the writer (e.g. an actor id): rows of one (stream,
+        env) continue that pair's open trajectory across calls, and a done
+        row ends it. Without a stream, the request is its own stream and its
+        open trajectories are closed (truncated) when it ends. ``env`` is an
+        int for every row or an array ``[N]`` (or put ``"env"`` in rows);
+        envs of one stream interleave freely. In a compact buffer send the
+        final observation ``next.<k>`` either ``[N, ...]`` or one row per
+        done row ``[D, ...]``.
+
+        With ``cast`` (default), arrays are converted to the field's dtype
+        when numpy calls that a same-kind cast (float64 -> float32, lists of
+        ints -> int64; 0/1 integers -> bool); anything else raises TypeError
+        naming the field before a byte is sent.
+        """
+        want = self._target_dtypes(name) if cast else {}
+        tensors, dtypes = {}, {}
+        for k, v in rows.items():
+            if k == "env":
+                continue
+            a = np.asarray(v)
+            dt = want.get(k)
+            if dt is not None:
+                if dt == "bfloat16":
+                    dtypes[k] = "bfloat16"
+                else:
+                    a = self._cast(k, a, dt)
+            tensors[k] = a
+        if "env" in rows:
+            if env is not None:
+                raise ValueError("env given both in rows and as an argument")
+            env = rows["env"]
+        if env is not None:
+            if np.isscalar(env):
+                n = len(np.asarray(rows["next.done"])) if "next.done" in rows else 0
+                env = np.full(n, int(env), dtype=np.int64)
+            tensors["env"] = np.asarray(env, dtype=np.int64)
+        header, parts, _ = safetensors.encode(tensors, dtypes=dtypes)
+        body = [header] + [safetensors.byte_view(p) for p in parts]
+        path = self._path("v1", "buffers", name, "extend", query={"stream": stream})
+        try:
+            _, _, data = self._request("POST", path, body, {"Content-Type": "application/octet-stream",
+                                                            "Accept": "application/json"})
+        except RbdError as e:
+            if e.status in (400, 404):
+                self._specs.pop(name, None)  # the buffer may have been re-created
+            raise
+        return json.loads(bytes(data))
+
+    @staticmethod
+    def _cast(field, a, dt):
+        target = np.dtype(safetensors.DTYPES[dt][1])
+        if a.dtype == target:
+            return a
+        if a.dtype.kind in "iu" and target.kind == "b" and np.isin(a, (0, 1)).all():
+            return a.astype(target)
+        if a.size == 0 or np.can_cast(a.dtype, target, casting="same_kind"):
+            return a.astype(target)
+        raise TypeError("field %r: cannot send %s as %s (cast it yourself, or pass cast=False to let "
+                        "the server reject it)" % (field, a.dtype, dt))
+
+    def close_stream(self, name, stream):
+        """Close a stream's open trajectories (as truncated); returns how many."""
+        return self._json("DELETE", self._path("v1", "buffers", name, "streams", stream))["closed"]
+
+    # -- reading ------------------------------------------------------------
+
+    def sample(self, name, batch_size=None, sampler="uniform", as_torch=False, device=None, **options):
+        """Draw a batch; returns a :class:`Batch` of numpy arrays.
+
+        ``options`` are the other keys of a sample request
+        (docs/sampling.md): ``seed``, ``keys``, ``n_step={"n": 3, "gamma":
+        0.99}``, ``num_slices``, ``slice_len``, ``beta``, ``consumer``,
+        ``timeout_ms``, ... The arrays are zero-copy views over the answer
+        (one buffer per batch, writable). ``as_torch=True`` returns torch
+        tensors sharing that memory (moved to ``device`` if given); BF16
+        fields come back as float32 in numpy.
+        """
+        req = {"sampler": sampler}
+        if batch_size is not None:
+            req["batch_size"] = batch_size
+        req.update(options)
+        timeout = self.timeout + float(options.get("timeout_ms") or 0) / 1000
+        batch = self._tensors("POST", self._path("v1", "buffers", name, "sample"), req, timeout)
+        return _to_torch(batch, device) if as_torch else batch
+
+    def update_priorities(self, name, seq, priority):
+        """Set raw priorities of rows named by seq (e.g. |TD error| + eps).
+
+        Returns ``{"updated": u, "stale": k}``; rows overwritten since they
+        were sampled are stale and skipped.
+        """
+        seq = np.asarray(seq, dtype=np.int64).reshape(-1)
+        priority = np.asarray(priority, dtype=np.float64).reshape(-1)
+        if seq.shape != priority.shape:
+            raise ValueError("%d seqs but %d priorities" % (seq.size, priority.size))
+        return self._json("POST", self._path("v1", "buffers", name, "priorities"),
+                          {"seq": seq.tolist(), "priority": priority.tolist()})
+
+    def rows(self, name, from_seq=0, count=100):
+        """Live rows with seq >= from_seq, in seq order: every stored field
+        plus seq, traj_id, step, prev_seq, next_seq. May hold fewer than
+        ``count`` rows (answers are capped); page with ``iter_rows``."""
+        return self._tensors("GET", self._path("v1", "buffers", name, "rows",
+                                               query={"from_seq": int(from_seq), "count": int(count)}))
+
+    def iter_rows(self, name, from_seq=0, page=4096):
+        """Yield pages (Batch) of live rows from ``from_seq`` to the newest."""
+        while True:
+            b = self.rows(name, from_seq, page)
+            if len(b["seq"]) == 0:
+                return
+            yield b
+            from_seq = int(b["seq"][-1]) + 1
+
+    def iter_samples(self, name, batch_size=None, sampler="uniform", depth=2, batches=None,
+                     stop_at_epoch_end=False, **options):
+        """Iterate over batches drawn by a background thread, ``depth``
+        batches ahead of the consumer (see :class:`Prefetcher`)."""
+        return Prefetcher(self, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options)
+
+    # -- collectors -----------------------------------------------------------
+
+    def set_weights(self, collector, tensors):
+        """Replace a collector's policy weights (``rbd serve --demo``:
+        ``{"w": float32 [4, 2], "b": float32 [2]}``)."""
+        t = {k: np.asarray(v, dtype=np.float32) for k, v in tensors.items()}
+        header, parts, _ = safetensors.encode(t)
+        body = [header] + [safetensors.byte_view(p) for p in parts]
+        _, _, data = self._request("PUT", self._path("v1", "collectors", collector, "weights"), body,
+                                   {"Content-Type": "application/octet-stream", "Accept": "application/json"})
+        return json.loads(bytes(data))
+
+    def metrics(self):
+        """The Prometheus text of /metrics."""
+        _, _, data = self._request("GET", self._path("metrics"))
+        return bytes(data).decode()
+
+
+class Prefetcher:
+    """Batches sampled by a background thread while the consumer works.
+
+    A daemon thread calls ``client.sample(...)`` on its own connection and
+    keeps up to ``depth`` batches queued. Iterating yields them in order;
+    an error in the thread (e.g. the buffer was deleted) is raised by the
+    ``next()`` that would have returned the failed batch. It stops after
+    ``batches`` batches (None: never), after an ``epoch_end`` batch when
+    ``stop_at_epoch_end``, or on :meth:`close` (also a context manager).
+
+    A fixed ``seed`` option is turned into ``seed + i`` for the i-th batch,
+    so batches differ yet a run is reproducible for the same store state.
+    Prefetched batches were drawn before the priorities of the batches
+    before them were updated (one or ``depth`` batches of staleness).
+    With ``retry_not_ready=S`` (seconds) the thread keeps retrying a 503
+    not_ready for up to S seconds before handing the error on (default 0).
+    """
+
+    def __init__(self, client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options):
+        if depth < 1:
+            raise ValueError("depth must be at least 1")
+        self._client = client
+        self._name = name
+        self._args = dict(batch_size=batch_size, sampler=sampler)
+        self._retry = float(options.pop("retry_not_ready", 0) or 0)
+        self._options = options
+        self._batches = batches
+        self._stop_at_epoch_end = stop_at_epoch_end
+        self._q = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=self._run, name="rbd-prefetch-" + name, daemon=True)
+        self._thread.start()
+
+    def _put(self, item):
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self):
+        i = 0
+        waiting_since = None
+        try:
+            while not self._stop.is_set() and (self._batches is None or i < self._batches):
+                opts = dict(self._options)
+                if opts.get("seed") is not None:
+                    opts["seed"] = int(opts["seed"]) + i
+                try:
+                    b = self._client.sample(self._name, **self._args, **opts)
+                except RbdError as e:
+                    if not (e.not_ready and self._retry > 0):
+                        raise
+                    waiting_since = waiting_since or time.monotonic()
+                    if time.monotonic() - waiting_since > self._retry:
+                        raise
+                    self._stop.wait(min(0.05, e.retry_after or 0.05))
+                    continue
+                waiting_since = None
+                i += 1
+                if not self._put(("batch", b)):
+                    return
+                if self._stop_at_epoch_end and b.epoch_end:
+                    break
+            self._put(("end", None))
+        except BaseException as e:  # handed to the consumer
+            self._put(("error", e))
+        finally:
+            self._client._drop_connection()  # this thread's connection
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        while True:
+            try:
+                kind, v = self._q.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._q.empty():
+                    self._done = True
+                    raise StopIteration
+        if kind == "batch":
+            return v
+        self._done = True
+        self._stop.set()
+        if kind == "error":
+            raise v
+        raise StopIteration
+
+    def close(self):
+        """Stop the thread and wait for it (at most one request's time)."""
+        self._stop.set()
+        self._done = True
+        self._thread.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self._stop.set()

@@ -1,0 +1,516 @@
+"""rbd_client against a real `rbd serve`: every method, the errors, prefetch,
+compact final observations, and the Go codec cross-check."""
+
+import threading
+import time
+import unittest
+
+import numpy as np
+
+import rbdserver  # first: puts the checkout's rbd_client on the path if needed
+from rbd_client import (BadRequest, Client, Conflict, ConnectionFailed, NotFound, NotReady, RbdError,
+                        Unauthorized, safetensors)
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
+def spec(capacity=1000, compact=True, priority=False, storage="memory"):
+    s = {"capacity": capacity, "storage": storage,
+         "fields": {"observation": {"dtype": "float32", "shape": [4]},
+                    "action": {"dtype": "int64", "shape": []},
+                    "next.reward": {"dtype": "float32", "shape": []},
+                    "next.done": {"dtype": "bool", "shape": []},
+                    "next.terminated": {"dtype": "bool", "shape": []},
+                    "next.truncated": {"dtype": "bool", "shape": []}},
+         "compact_obs": compact}
+    if not compact:
+        s["fields"]["next.observation"] = {"dtype": "float32", "shape": [4]}
+    if priority:
+        s["priority"] = {"alpha": 0.6, "eps": 1e-6}
+    return s
+
+
+def episode(start, length, final=True, truncated=False, obs_offset=0.0):
+    """Rows of one episode whose observation at step t is start + t (all 4
+    components), with its final observation start + length."""
+    t = np.arange(length, dtype=np.float32)
+    done = t == length - 1
+    rows = {"observation": np.repeat((start + t + obs_offset)[:, None], 4, axis=1),
+            "action": (np.arange(length) % 2).astype(np.int64),
+            "next.reward": np.ones(length, np.float32),
+            "next.done": done, "next.terminated": done & (not truncated), "next.truncated": done & truncated}
+    if final:
+        rows["next.observation"] = np.full((1, 4), start + length + obs_offset, np.float32)
+    return rows
+
+
+def root_buffer(a):
+    """The object an array's memory finally belongs to."""
+    while isinstance(a, np.ndarray) and a.base is not None:
+        a = a.base
+    return a.obj if isinstance(a, memoryview) else a
+
+
+class ServerTest(unittest.TestCase):
+    """One `rbd serve` (no demo) for the class; each test uses its own buffers."""
+
+    server_args = []
+    token = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = rbdserver.Server(cls.server_args, token=cls.token).start()
+        cls.c = Client(cls.server.url, token=cls.token)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.c.close()
+        rc = cls.server.stop()
+        log = cls.server.log()
+        cls.server.cleanup()
+        assert rc == 0 and "stopped cleanly" in log, "rbd serve exited with %s:\n%s" % (rc, log)
+
+    def buffer(self, **kw):
+        name = self.id().rsplit(".", 1)[-1].replace("test_", "")[:60]
+        self.c.create_buffer(name, spec(**kw))
+        self.addCleanup(lambda: self._delete(name))
+        return name
+
+    def _delete(self, name):
+        try:
+            self.c.delete_buffer(name)
+        except NotFound:
+            pass
+
+
+class ClientTest(ServerTest):
+    def test_health_and_list(self):
+        self.assertEqual(self.c.health(), {"status": "ok"})
+        name = self.buffer()
+        self.assertIn(name, [b["name"] for b in self.c.buffers()])
+        self.assertIn("rbd_http_requests_total", self.c.metrics())
+
+    def test_create_identical_and_conflict(self):
+        name = self.buffer(capacity=100)
+        info = self.c.create_buffer(name, spec(capacity=100))  # identical: 200, same buffer
+        self.assertEqual(info["spec"]["capacity"], 100)
+        self.assertEqual(info["spec"]["fields"]["observation"], {"dtype": "float32", "shape": [4]})
+        with self.assertRaises(Conflict) as cm:
+            self.c.create_buffer(name, spec(capacity=200))
+        self.assertEqual(cm.exception.status, 409)
+
+    def test_create_bad_spec_names_the_field(self):
+        s = spec()
+        s["fields"]["observation"]["dtype"] = "float31"
+        with self.assertRaises(BadRequest) as cm:
+            self.c.create_buffer("bad", s)
+        e = cm.exception
+        self.assertEqual(e.status, 400)
+        self.assertIn("fields.observation.dtype", e.message)
+        self.assertIn("float31", str(e))
+        self.assertIsInstance(e, RbdError)
+
+    def test_extend_and_rows_round_trip(self):
+        name = self.buffer()
+        a, b = episode(0, 3), episode(100, 2)
+        res = self.c.extend(name, a, stream="s", env=0)
+        self.assertEqual(res, {"first_seq": 0, "rows": 3, "write_count": 3})
+        res = self.c.extend(name, b, stream="s", env=1)
+        self.assertEqual(res["first_seq"], 3)
+        rows = self.c.rows(name, 0, 10)
+        np.testing.assert_array_equal(rows["seq"], np.arange(5))
+        np.testing.assert_array_equal(rows["observation"][:3], a["observation"])
+        np.testing.assert_array_equal(rows["action"], np.r_[a["action"], b["action"]])
+        np.testing.assert_array_equal(rows["next.done"], [False, False, True, False, True])
+        np.testing.assert_array_equal(rows["step"], [0, 1, 2, 0, 1])
+        np.testing.assert_array_equal(rows["prev_seq"], [-1, 0, 1, -1, 3])
+        np.testing.assert_array_equal(rows["next_seq"], [1, 2, -1, 4, -1])
+        self.assertEqual(len(set(rows["traj_id"][:3])), 1)
+        self.assertNotEqual(rows["traj_id"][0], rows["traj_id"][3])
+        info = self.c.info(name)
+        self.assertEqual((info["size"], info["write_count"], info["trajectories"]), (5, 5, 2))
+        # Paging: every row exactly once.
+        pages = list(self.c.iter_rows(name, 0, page=2))
+        self.assertEqual([len(p["seq"]) for p in pages], [2, 2, 1])
+
+    def test_streams_continue_and_close(self):
+        name = self.buffer()
+        ep = episode(0, 4, final=False)
+        first = {k: v[:2] for k, v in ep.items()}
+        # Two envs of one stream, steps interleaved across two requests.
+        both = {k: np.repeat(v, 2, axis=0) for k, v in first.items()}
+        self.c.extend(name, both, stream="actor", env=[0, 1, 0, 1])
+        self.c.extend(name, both, stream="actor", env=[0, 1, 0, 1])
+        rows = self.c.rows(name)
+        np.testing.assert_array_equal(rows["step"], [0, 0, 1, 1, 2, 2, 3, 3])
+        self.assertEqual(len(set(rows["traj_id"])), 2)
+        self.assertEqual(self.c.info(name)["open_trajectories"], 2)
+        self.assertEqual(self.c.close_stream(name, "actor"), 2)
+        self.assertEqual(self.c.info(name)["open_trajectories"], 0)
+        self.c.extend(name, first, stream="actor")  # a new trajectory after the close
+        self.assertEqual(self.c.rows(name, 8)["step"].tolist(), [0, 1])
+
+    def test_without_stream_each_request_is_its_own_trajectory(self):
+        # The "slices are all length 1" symptom of docs/debugging.md.
+        name = self.buffer()
+        ep = episode(0, 5, final=False)
+        for t in range(5):
+            self.c.extend(name, {k: v[t:t + 1] for k, v in ep.items()})
+        rows = self.c.rows(name)
+        self.assertEqual(len(set(rows["traj_id"])), 5)
+        np.testing.assert_array_equal(rows["step"], 0)
+        with self.assertRaises(NotReady):  # no row has a known next observation
+            self.c.sample(name, 1)
+
+    def test_missing_env_chains_envs_into_one_trajectory(self):
+        # docs/debugging.md: without env, the steps of all envs of a stream
+        # are taken as one env's steps in time order.
+        name = self.buffer()
+        a, b = episode(0, 3, final=False), episode(100, 3, final=False)
+        mixed = {k: np.stack([a[k], b[k]], axis=1).reshape((6,) + a[k].shape[1:]) for k in a}
+        self.c.extend(name, mixed, stream="s")  # a0 b0 a1 b1 a2(done) b2(done)
+        rows = self.c.rows(name)
+        self.assertEqual(len(set(rows["traj_id"][:5].tolist())), 1)
+        np.testing.assert_array_equal(rows["next_seq"][:4], [1, 2, 3, 4])
+        s = self.c.sample(name, 64, seed=1)
+        # Row 0 (env a, observation 0) gets env b's observation 100 as its next.
+        self.assertIn(0, s["seq"].tolist())
+        self.assertEqual(s["next.observation"][s["seq"] == 0][0, 0], 100)
+        # With env, each env is its own trajectory and next is right.
+        name2 = name + "-env"
+        self.c.create_buffer(name2, spec())
+        self.addCleanup(self._delete, name2)
+        self.c.extend(name2, mixed, stream="s", env=[0, 1] * 3)
+        s = self.c.sample(name2, 64, seed=1)
+        np.testing.assert_array_equal(s["next.observation"], s["observation"] + 1)
+
+    def test_compact_final_observations(self):
+        for form in ("D", "N"):
+            with self.subTest(form=form):
+                name = self.buffer()
+                self._delete(name)
+                self.c.create_buffer(name, spec())
+                a = episode(0, 3)                       # terminated
+                b = episode(10, 2, truncated=True)      # time limit: still exact
+                if form == "N":  # [N, 4]: values on rows that are not done are ignored
+                    for ep in (a, b):
+                        n = len(ep["action"])
+                        full = np.full((n, 4), -1, np.float32)
+                        full[-1] = ep["next.observation"][0]
+                        ep["next.observation"] = full
+                self.c.extend(name, a, stream="s")
+                self.c.extend(name, b, stream="s")
+                batch = self.c.sample(name, 64, sampler="uniform", seed=3)
+                obs, nxt = batch["observation"][:, 0], batch["next.observation"][:, 0]
+                np.testing.assert_array_equal(nxt, obs + 1)  # exact, done rows included
+                self.assertTrue(batch["next.done"].any())
+                self.assertEqual(set(batch["seq"].tolist()), set(range(5)))
+
+    def test_done_row_without_final_observation(self):
+        # "next observation looks like a reset frame" is what other buffers do;
+        # rbd instead never samples a done row whose final observation is unknown.
+        name = self.buffer()
+        self.c.extend(name, episode(0, 3, final=False), stream="s")
+        b = self.c.sample(name, 32, seed=1)
+        self.assertNotIn(2, b["seq"].tolist())
+        b = self.c.sample(name, 32, seed=1, include_incomplete=True)
+        valid = b["next.observation_valid"]
+        np.testing.assert_array_equal(valid, b["seq"] != 2)
+        np.testing.assert_array_equal(b["next.observation"][~valid], 0)
+
+    def test_extend_errors_name_the_field(self):
+        name = self.buffer()
+        ep = episode(0, 3)
+        missing = {k: v for k, v in ep.items() if k != "action"}
+        with self.assertRaisesRegex(BadRequest, "action"):
+            self.c.extend(name, missing)
+        bad_shape = dict(ep, observation=np.zeros((3, 5), np.float32))
+        with self.assertRaisesRegex(BadRequest, "observation.*shape"):
+            self.c.extend(name, bad_shape)
+        bad_flags = dict(ep, **{"next.terminated": np.zeros(3, bool)})
+        with self.assertRaises(BadRequest) as cm:
+            self.c.extend(name, bad_flags)
+        self.assertIn("next.done", cm.exception.message)
+        self.assertIn("done must equal terminated || truncated", cm.exception.message)
+        with self.assertRaisesRegex(BadRequest, "extra"):
+            self.c.extend(name, dict(ep, extra=np.zeros(3)))
+        # float64 observations are cast; float actions are refused before sending.
+        self.c.extend(name, dict(ep, observation=ep["observation"].astype(np.float64)))
+        with self.assertRaisesRegex(TypeError, "action"):
+            self.c.extend(name, dict(ep, action=np.zeros(3)))
+        with self.assertRaisesRegex(BadRequest, "dtype float64, want float32"):
+            self.c.extend(name, dict(ep, observation=ep["observation"].astype(np.float64)), cast=False)
+        self.assertEqual(self.c.info(name)["write_count"], 3, "rejected extends write nothing")
+        with self.assertRaises(NotFound) as cm:
+            self.c.extend("no-such-buffer", ep)
+        self.assertEqual(cm.exception.status, 404)
+
+    def test_lists_and_int_flags(self):
+        name = self.buffer()
+        self.c.extend(name, {"observation": [[0, 0, 0, 0], [1, 1, 1, 1]], "action": [0, 1],
+                             "next.reward": [1, 1], "next.done": [0, 1], "next.terminated": [0, 1],
+                             "next.truncated": [0, 0], "next.observation": [[2, 2, 2, 2]]}, stream="x")
+        np.testing.assert_array_equal(self.c.rows(name)["next.done"], [False, True])
+
+    def test_sample_is_zero_copy(self):
+        name = self.buffer(priority=True)
+        self.c.extend(name, episode(0, 50), stream="s")
+        b = self.c.sample(name, 8, sampler="prioritized", n_step={"n": 3, "gamma": 0.9}, seed=np.int64(1))
+        for k in ("observation", "action", "next.observation", "seq", "weight", "gamma", "steps_to_next_obs"):
+            self.assertIn(k, b)
+        roots = {id(root_buffer(a)) for a in b.values()}
+        self.assertEqual(len(roots), 1, "every array is a view of the one answer buffer")
+        self.assertIsInstance(root_buffer(b["seq"]), bytearray)
+        self.assertTrue(all(not a.flags.owndata and a.flags.writeable for a in b.values()))
+        self.assertEqual(b["observation"].shape, (8, 4))
+        np.testing.assert_allclose(b["weight"], 1.0)
+
+    def test_sample_errors(self):
+        name = self.buffer()
+        with self.assertRaises(NotReady) as cm:  # empty buffer
+            self.c.sample(name, 4)
+        e = cm.exception
+        self.assertEqual((e.status, e.code), (503, "not_ready"))
+        self.assertTrue(e.not_ready)
+        self.assertEqual(e.retry_after, 1)
+        with self.assertRaises(BadRequest) as cm:
+            self.c.sample(name, 4, bogus=1)
+        self.assertIn("bogus", cm.exception.message)
+        with self.assertRaisesRegex(BadRequest, "priorit"):
+            self.c.sample(name, 4, sampler="prioritized")
+        with self.assertRaises(NotFound):
+            self.c.sample("no-such-buffer", 4)
+
+    def test_sample_waits_for_data(self):
+        name = self.buffer()
+        t0 = time.monotonic()
+        with self.assertRaises(NotReady):
+            self.c.sample(name, 4, timeout_ms=300)
+        self.assertGreater(time.monotonic() - t0, 0.25)
+        writer = threading.Timer(0.2, lambda: self.c.extend(name, episode(0, 4), stream="w"))
+        writer.start()
+        t0 = time.monotonic()
+        b = self.c.sample(name, 4, timeout_ms=10000)
+        writer.join()
+        self.assertLess(time.monotonic() - t0, 5, "the write wakes the waiting sample")
+        self.assertEqual(b["seq"].shape, (4,))
+
+    def test_priorities(self):
+        name = self.buffer(priority=True)
+        self.c.extend(name, episode(0, 10), stream="s")
+        self.assertEqual(self.c.update_priorities(name, [0, 1, 99], [0.5, 2.0, 1.0]), {"updated": 2, "stale": 1})
+        self.c.update_priorities(name, np.arange(10), np.r_[np.zeros(9), 100.0])
+        b = self.c.sample(name, 64, sampler="prioritized", seed=5)
+        self.assertGreater(np.mean(b["seq"] == 9), 0.9)
+        with self.assertRaisesRegex(BadRequest, "priorit"):
+            self.c.update_priorities(name, [0], [-1.0])
+        with self.assertRaises(ValueError):
+            self.c.update_priorities(name, [0, 1], [1.0])
+
+    def test_slices_and_epochs(self):
+        name = self.buffer()
+        self.c.extend(name, episode(0, 20), stream="s")
+        b = self.c.sample(name, sampler="slice", num_slices=2, slice_len=5, seed=1)
+        self.assertEqual(b["observation"].shape, (2, 5, 4))
+        np.testing.assert_array_equal(np.diff(b["step"], axis=1), 1)
+        seen = []
+        for batch in self.c.iter_samples(name, 8, "without_replacement", consumer="c", stop_at_epoch_end=True):
+            seen += batch["seq"].tolist()
+            self.assertEqual(batch.epoch, 0)
+        self.assertTrue(batch.epoch_end)
+        self.assertEqual(sorted(seen), list(range(20)))
+
+    def test_delete_buffer(self):
+        name = self.buffer()
+        self.c.delete_buffer(name)
+        with self.assertRaises(NotFound):
+            self.c.info(name)
+        with self.assertRaises(NotFound):
+            self.c.delete_buffer(name)
+
+    def test_set_weights_without_demo_is_404(self):
+        with self.assertRaisesRegex(NotFound, "demo"):
+            self.c.set_weights("demo", {"w": np.zeros((4, 2)), "b": np.zeros(2)})
+
+    def test_keep_alive(self):
+        c = Client(self.server.url)
+        for _ in range(30):
+            c.health()
+        with self.assertRaises(NotFound):
+            c.info("no-such-buffer")  # an error answer keeps the connection too
+        c.health()
+        self.assertEqual(c.connections_opened, 1)
+        c.close()
+
+    def test_connection_refused(self):
+        with self.assertRaises(ConnectionFailed) as cm:
+            Client("http://127.0.0.1:1").health()
+        self.assertEqual(cm.exception.status, 0)
+
+    @unittest.skipIf(torch is None, "PyTorch is not installed (optional: apt-get install python3-torch)")
+    def test_as_torch(self):
+        name = self.buffer()
+        self.c.extend(name, episode(0, 10), stream="s")
+        b = self.c.sample(name, 4, as_torch=True)
+        self.assertIsInstance(b["observation"], torch.Tensor)
+        self.assertEqual(b["observation"].dtype, torch.float32)
+        self.assertEqual(b["next.done"].dtype, torch.bool)
+
+
+class PrefetchTest(ServerTest):
+    def test_yields_batches_then_stops(self):
+        name = self.buffer()
+        self.c.extend(name, episode(0, 50), stream="s")
+        before = threading.active_count()
+        it = self.c.iter_samples(name, 4, batches=5, seed=7)
+        got = [b["seq"].copy() for b in it]
+        self.assertEqual(len(got), 5)
+        it._thread.join(5)
+        self.assertEqual(threading.active_count(), before)
+        # seed + i per batch: batches differ, and a rerun on the same data repeats them.
+        self.assertFalse(all(np.array_equal(got[0], g) for g in got[1:]))
+        again = [b["seq"].copy() for b in self.c.iter_samples(name, 4, batches=5, seed=7)]
+        for x, y in zip(got, again):
+            np.testing.assert_array_equal(x, y)
+
+    def test_prefetches_ahead(self):
+        name = self.buffer()
+        self.c.extend(name, episode(0, 50), stream="s")
+        with self.c.iter_samples(name, 4, depth=3) as it:
+            next(it)
+            deadline = time.monotonic() + 5
+            while it._q.qsize() < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.assertEqual(it._q.qsize(), 3, "three batches wait while the consumer works")
+        self.assertFalse(it._thread.is_alive(), "close() stops the thread")
+
+    def test_error_reaches_the_consumer(self):
+        name = self.buffer()
+        self.c.extend(name, episode(0, 50), stream="s")
+        it = self.c.iter_samples(name, 4, depth=1)
+        next(it)
+        self.c.delete_buffer(name)
+        with self.assertRaises(NotFound):
+            for _ in range(10):
+                next(it)
+        with self.assertRaises(StopIteration):
+            next(it)
+        it.close()
+
+    def test_waits_for_data_when_asked(self):
+        name = self.buffer()
+        with self.assertRaises(NotReady):  # by default a 503 is handed on at once
+            list(self.c.iter_samples(name, 2))
+        threading.Timer(0.3, lambda: self.c.extend(name, episode(0, 10), stream="w")).start()
+        with self.c.iter_samples(name, 2, batches=1, retry_not_ready=10) as it:
+            self.assertEqual(len(list(it)), 1)
+
+
+class CrossCheckTest(ServerTest):
+    """The client's writer decoded by the Go codec, the Go encoder read by
+    the client, byte for byte, for every dtype rbd stores."""
+
+    def test_every_dtype_through_the_server(self):
+        arrays = {
+            "f.bool": np.array([[True, False], [False, True], [True, True]]),
+            "f.uint8": np.arange(6, dtype=np.uint8).reshape(3, 2) * 40,
+            "f.int8": np.array([-128, 0, 127], np.int8),
+            "f.int16": np.array([-32768, 1, 32767], np.int16),
+            "f.int32": np.array([-2 ** 31, 7, 2 ** 31 - 1], np.int32),
+            "f.int64": np.array([-2 ** 63, -1, 2 ** 63 - 1], np.int64),
+            "f.float16": np.array([-0.0, 65504, np.inf], np.float16),
+            "f.bfloat16": np.array([1.0, -2.5, 3.140625], np.float32),
+            "f.float32": np.array([np.nan, -np.inf, 1e-45], np.float32),
+            "f.float64": np.array([[np.pi], [-0.0], [5e-324]]),
+            "next.done": np.array([False, False, True]),
+        }
+        fields = {k: {"dtype": ("bfloat16" if k == "f.bfloat16" else
+                                safetensors.rbd_dtype(v) if k != "next.done" else "bool"),
+                      "shape": list(v.shape[1:])} for k, v in arrays.items()}
+        name = "dtypes"
+        self.c.create_buffer(name, {"capacity": 8, "storage": "memory", "fields": fields})
+        self.addCleanup(self._delete, name)
+        self.c.extend(name, arrays, stream="x")
+        # Read back: Go's encoder, the client's decoder.
+        _, _, raw = self.c._request("GET", self.c._path("v1", "buffers", name, "rows", query={"count": 10}),
+                                    headers={"Accept": "application/octet-stream"})
+        rows, meta = safetensors.loads(raw, bfloat16="bits")
+        for k, v in arrays.items():
+            want = safetensors.to_bfloat16_bits(v) if k == "f.bfloat16" else v
+            np.testing.assert_array_equal(rows[k], want, k)
+            self.assertEqual(rows[k].dtype, want.dtype, k)
+        # The client's encoder lays the same tensors out byte for byte as Go did.
+        dtypes = {k: "bfloat16" for k in rows if k == "f.bfloat16"}
+        self.assertEqual(safetensors.dumps(rows, meta, dtypes), bytes(raw))
+        # And the JSON answer agrees with the binary one.
+        js = self.c._json("GET", self.c._path("v1", "buffers", name, "rows", query={"count": 10}))
+        np.testing.assert_array_equal(np.array(js["f.int64"], dtype=np.int64), arrays["f.int64"])
+        self.assertEqual(js["f.float32"][:2], ["NaN", "-Infinity"])
+
+    def test_sample_answer_layout(self):
+        name = self.buffer(priority=True)
+        self.c.extend(name, episode(0, 30), stream="s")
+        _, _, raw = self.c._request("POST", self.c._path("v1", "buffers", name, "sample"),
+                                    b'{"batch_size": 5, "sampler": "without_replacement", "seed": 1}',
+                                    {"Accept": "application/octet-stream"})
+        t, meta = safetensors.loads(raw)
+        self.assertEqual(meta, {"epoch": "0", "epoch_end": "false"})
+        self.assertEqual(safetensors.dumps(t, meta), bytes(raw))
+
+
+class TokenTest(ServerTest):
+    token = "s3cret"
+
+    def test_token(self):
+        with Client(self.server.url) as anon, Client(self.server.url, token="wrong") as wrong:
+            self.assertEqual(anon.health(), {"status": "ok"})  # health needs no token
+            with self.assertRaises(Unauthorized) as cm:
+                anon.buffers()
+            self.assertEqual(cm.exception.status, 401)
+            with self.assertRaises(Unauthorized):
+                wrong.buffers()
+        self.assertIsInstance(self.c.buffers(), list)
+
+
+class RestartTest(unittest.TestCase):
+    def test_reconnects_after_the_server_restarts(self):
+        srv = rbdserver.Server().start()
+        try:
+            c = Client(srv.url)
+            self.addCleanup(c.close)
+            c.create_buffer("b", spec(storage="memmap"))
+            c.extend("b", episode(0, 3), stream="s")
+            addr = srv.url[len("http://"):]
+            srv.stop()
+            srv.args = ["--addr", addr]  # the same port: the old keep-alive connection is dead
+            srv.start()
+            self.assertEqual(c.info("b")["size"], 3)  # memmap rows survive a restart
+            self.assertEqual(c.connections_opened, 2)
+        finally:
+            srv.cleanup()
+
+
+class DemoTest(ServerTest):
+    server_args = ["--demo", "--demo-rate", "20000"]
+
+    def test_demo_weights(self):
+        rbdserver.wait_for_rows(self.c, "demo", 256)
+        info = self.c.info("demo")
+        self.assertTrue(info["spec"]["compact_obs"])
+        res = self.c.set_weights("demo", {"w": np.ones((4, 2)), "b": [0.0, 1.0]})
+        self.assertEqual(res, {"collector": "demo", "updated": True})
+        with self.assertRaises(BadRequest) as cm:
+            self.c.set_weights("demo", {"w": np.ones((2, 4)), "b": np.zeros(2)})
+        self.assertIn("w: shape [2 4], want [4 2]", cm.exception.message)
+        with self.assertRaises(NotFound):
+            self.c.set_weights("other", {"w": np.ones((4, 2)), "b": np.zeros(2)})
+        b = self.c.sample("demo", 32, sampler="prioritized", n_step={"n": 3, "gamma": 0.99})
+        self.assertEqual(b["next.observation"].shape, (32, 4))
+        self.assertTrue((b["steps_to_next_obs"] >= 1).all() and (b["steps_to_next_obs"] <= 3).all())
+
+
+if __name__ == "__main__":
+    unittest.main()

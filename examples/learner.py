@@ -1,0 +1,214 @@
+"""A DQN-style learner on `rbd serve --demo`, in numpy.
+
+    rbd serve --demo &
+    python3 examples/learner.py --url http://127.0.0.1:7450 --steps 1000
+
+It trains a small MLP Q-function on the demo buffer's CartPole steps with
+  - prioritized sampling (rbd's sum tree; importance weights in "weight"),
+  - n-step targets computed by rbd at sample time ("next.reward" is the
+    n-step return, "gamma" = gamma^k, "next.observation" the observation k
+    steps later, "next.terminated" that of the window's last step),
+  - priority updates with |TD error| for the sampled seqs,
+  - a target network (soft updates), Adam, Huber loss,
+  - background prefetch of the next batch while this one trains,
+and prints the loss and the sample throughput. At the end it prints the mean
+loss of the first and last 20% of steps (--check exits 1 unless it went
+down), then pushes the weights to the demo collector
+(PUT /v1/collectors/demo/weights) and reports how long the collector's
+episodes last before and after: the actor-learner loop is closed.
+
+The demo collector runs a linear Q policy (w [4, 2], b [2]), so what is
+pushed is the least-squares linear fit of the MLP's Q on the last batch.
+With --push-every N it is also pushed during training; then the policy,
+and so the data, keeps changing (episodes get longer, values and TD errors
+grow with them) and the loss is no longer a measure of progress.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clients", "python"))
+from rbd_client import Client, NotFound  # noqa: E402  (the checkout's client if not installed)
+
+
+class MLP:
+    """Q(o) = relu(o @ W1 + b1) @ W2 + b2, float32."""
+
+    def __init__(self, rng, n_in, hidden, n_out):
+        self.params = [
+            (rng.standard_normal((n_in, hidden)) * np.sqrt(2 / n_in)).astype(np.float32),
+            np.zeros(hidden, np.float32),
+            (rng.standard_normal((hidden, n_out)) * np.sqrt(1 / hidden)).astype(np.float32),
+            np.zeros(n_out, np.float32)]
+
+    def copy(self):
+        c = MLP.__new__(MLP)
+        c.params = [p.copy() for p in self.params]
+        return c
+
+    def soft_update(self, other, tau):
+        for p, o in zip(self.params, other.params):
+            p += tau * (o - p)
+
+    def forward(self, x):
+        W1, b1, W2, b2 = self.params
+        h = np.maximum(x @ W1 + b1, 0)
+        return h @ W2 + b2, (x, h)
+
+    def backward(self, cache, g):
+        """Gradients of sum(g * Q) with respect to the parameters."""
+        x, h = cache
+        W1, b1, W2, b2 = self.params
+        gh = (g @ W2.T) * (h > 0)
+        return [x.T @ gh, gh.sum(axis=0), h.T @ g, g.sum(axis=0)]
+
+    def linear_fit(self, x):
+        """The least-squares linear Q (w [4, 2], b [2]) closest to this one
+        on observations x: what the demo collector's linear policy can run."""
+        q = self.forward(x)[0]
+        X = np.hstack([x, np.ones((len(x), 1), np.float32)])
+        coef = np.linalg.lstsq(X, q, rcond=None)[0].astype(np.float32)
+        return coef[:-1], coef[-1]
+
+
+class Adam:
+    def __init__(self, params, lr):
+        self.lr, self.t = lr, 0
+        self.m = [np.zeros_like(p) for p in params]
+        self.v = [np.zeros_like(p) for p in params]
+
+    def step(self, params, grads, b1=0.9, b2=0.999, eps=1e-8):
+        self.t += 1
+        for p, g, m, v in zip(params, grads, self.m, self.v):
+            m *= b1
+            m += (1 - b1) * g
+            v *= b2
+            v += (1 - b2) * g * g
+            p -= self.lr * (m / (1 - b1 ** self.t)) / (np.sqrt(v / (1 - b2 ** self.t)) + eps)
+
+
+def huber(x, delta=1.0):
+    a = np.abs(x)
+    return np.where(a <= delta, 0.5 * x * x, delta * (a - 0.5 * delta)), np.clip(x, -delta, delta)
+
+
+def push(client, collector, q_net, obs):
+    """Send the linear fit of q_net to the collector; returns the collector
+    name, or "" if the server runs none (not started with --demo)."""
+    w, b = q_net.linear_fit(obs)
+    try:
+        client.set_weights(collector, {"w": w, "b": b})
+    except NotFound:
+        print("no collector %r on this server: weights not pushed" % collector)
+        return ""
+    return collector
+
+
+def mean_length(client, buffer, lo, hi):
+    """Mean length of the episodes that both started and ended in seqs [lo, hi)."""
+    starts, lengths = set(), []
+    for page in client.iter_rows(buffer, lo):
+        keep = page["seq"] < hi
+        traj, step, done = page["traj_id"][keep], page["step"][keep], page["next.done"][keep]
+        starts.update(traj[step == 0].tolist())
+        lengths += [s + 1 for t, s in zip(traj[done].tolist(), step[done].tolist()) if t in starts]
+        if not keep.all():
+            break
+    return float(np.mean(lengths)) if lengths else float("nan")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", default="http://127.0.0.1:7450")
+    p.add_argument("--token", default=os.environ.get("RBD_TOKEN"))
+    p.add_argument("--buffer", default="demo")
+    p.add_argument("--collector", default="demo", help="collector to push weights to ('' for none)")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--n-step", type=int, default=3)
+    p.add_argument("--gamma", type=float, default=0.99)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--beta", type=float, default=0.4)
+    p.add_argument("--tau", type=float, default=0.02, help="target network: soft update rate per step")
+    p.add_argument("--push-every", type=int, default=0, help="also push weights every N steps (0: at the end only)")
+    p.add_argument("--after", type=float, default=2.0, help="seconds to watch the collector after the final push")
+    p.add_argument("--min-rows", type=int, default=2000, help="wait for this many rows first")
+    p.add_argument("--log-every", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--check", action="store_true", help="exit 1 unless the loss went down")
+    a = p.parse_args(argv)
+
+    client = Client(a.url, token=a.token)
+    deadline = time.monotonic() + 60
+    while client.info(a.buffer)["size"] < a.min_rows:
+        if time.monotonic() > deadline:
+            sys.exit("buffer %s has fewer than %d rows after 60s" % (a.buffer, a.min_rows))
+        time.sleep(0.1)
+
+    rng = np.random.default_rng(a.seed)
+    q_net = MLP(rng, 4, a.hidden, 2)
+    target = q_net.copy()
+    opt = Adam(q_net.params, a.lr)
+    losses, rows, stale = [], 0, 0
+    t0 = t_log = time.perf_counter()
+    batches = client.iter_samples(a.buffer, a.batch, "prioritized", depth=2, batches=a.steps,
+                                  n_step={"n": a.n_step, "gamma": a.gamma}, beta=a.beta, seed=a.seed,
+                                  keys=["observation", "action", "next.reward", "next.terminated",
+                                        "next.observation"])
+    with batches:
+        for step, bt in enumerate(batches, 1):
+            obs, act = bt["observation"], bt["action"]
+            n = len(act)
+            # Bootstrap from the observation k steps ahead unless the episode
+            # terminated in the window (a truncation still bootstraps).
+            q_next = target.forward(bt["next.observation"])[0]
+            y = bt["next.reward"] + bt["gamma"] * ~bt["next.terminated"] * q_next.max(axis=1)
+            q, cache = q_net.forward(obs)
+            td = q[np.arange(n), act] - y
+            loss_i, dloss = huber(td)
+            # Importance weights undo the bias of prioritized draws: the
+            # gradient uses w / max(w) (as in the PER paper), the reported
+            # loss the self-normalised estimate of the mean loss under
+            # uniform draws, which stays comparable while priorities change.
+            w = bt["weight"]
+            losses.append(float(np.sum(w * loss_i) / np.sum(w)))
+            g = np.zeros((n, 2), np.float32)
+            g[np.arange(n), act] = (w / w.max()) * dloss / n
+            opt.step(q_net.params, q_net.backward(cache, g))
+            target.soft_update(q_net, a.tau)
+            res = client.update_priorities(a.buffer, bt["seq"], np.abs(td) + 1e-3)
+            stale += res["stale"]
+            rows += n
+            if a.collector and a.push_every and step % a.push_every == 0:
+                a.collector = push(client, a.collector, q_net, obs)
+            if step % a.log_every == 0:
+                now = time.perf_counter()
+                print("step %5d  loss %.4f  mean Q %.2f  %.0f batches/s  %.0f rows/s"
+                      % (step, np.mean(losses[-a.log_every:]), q.mean(),
+                         a.log_every / (now - t_log), a.log_every * n / (now - t_log)), flush=True)
+                t_log = now
+    dt = time.perf_counter() - t0
+    k = max(1, len(losses) // 5)
+    first, last = float(np.mean(losses[:k])), float(np.mean(losses[-k:]))
+    print("%d steps in %.1fs: %.0f batches/s, %.0f rows/s sampled, trained and re-prioritised (%d stale updates)"
+          % (len(losses), dt, len(losses) / dt, rows / dt, stale))
+    print("loss: first 20%% %.4f, last 20%% %.4f: %s" % (first, last, "down" if last < first else "NOT down"))
+    if a.collector:
+        before = client.info(a.buffer)["write_count"]
+        if push(client, a.collector, q_net, obs):
+            time.sleep(a.after)
+            print("demo collector episodes: mean length %.1f before the push, %.1f after"
+                  % (mean_length(client, a.buffer, max(0, before - 20000), before),
+                     mean_length(client, a.buffer, before, before + 65536)))
+    client.close()
+    if a.check and not last < first:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
