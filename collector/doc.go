@@ -1,9 +1,23 @@
 // Package collector runs environments in-process and writes their steps
-// straight into a buffer: the rollout loop, policies, and the Writer that is
-// either an in-process buffer or an rbd server.
+// into a replay buffer: TorchRL-style collectors for rbd.
 //
-// The loop steps every env once per tick, stages rows in time order
-// (interleaved by env), and writes one batch per FramesPerBatch frames.
-// With CompactObs it drops next.observation and sends the final observation
-// on done rows only; trajectory ids come from the store, per (stream, env).
+// A run (Run with a Config) steps a batched Env (envs.Env: NumEnvs copies,
+// seeded), asks a Policy for each tick's actions, stages the rows column by
+// column in buffers it allocates once and reuses, and hands each batch of
+// FramesPerBatch frames to a Writer: an in-process buffer (BufferWriter) or
+// an rbd server (HTTPWriter), with the same rollout code for both.
+//
+// Rows follow TorchRL's layout (observation, action, next.reward,
+// next.done, next.terminated, next.truncated, next.observation; see
+// BufferSpec). Rows are tick-major: row t*NumEnvs+e is copy e's step t, and
+// each row names its copy as its env, so the store allocates trajectory
+// ids per (stream, env). With CompactObs, next.observation travels only on
+// done rows, as the final observation of the trajectory.
+//
+// Policies: RandomPolicy, LinearQ and MLPQ (epsilon-greedy over a linear or
+// one-hidden-layer Q-function); the latter two are WeightSetters whose
+// weights may be replaced while a run uses them.
+//
+// docs/collector-internals.md describes the per-step flow, staging, and
+// when writes, resets and weight syncs happen.
 package collector

@@ -15,6 +15,7 @@ import (
 
 	"github.com/rbdb/rbd"
 	"github.com/rbdb/rbd/collector"
+	"github.com/rbdb/rbd/collector/envs"
 	"github.com/rbdb/rbd/server"
 	"github.com/rbdb/rbd/storage"
 )
@@ -96,7 +97,7 @@ func (d demoWeights) SetWeights(name string, vals map[string][]float32, shapes m
 	if vals["w"] == nil || vals["b"] == nil {
 		return fmt.Errorf("tensors w and b are required: %w", errBadWeights)
 	}
-	if err := d.policy.SetWeights(vals["w"], vals["b"], shapes["w"], shapes["b"]); err != nil {
+	if err := d.policy.SetWeights(vals, shapes); err != nil {
 		return fmt.Errorf("%v: %w", err, errBadWeights)
 	}
 	return nil
@@ -123,16 +124,23 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 	var collectorDone chan error
 	if o.demo {
 		collectorDone = make(chan error, 1)
-		buf, _, err := db.CreateBuffer("demo", collector.CartPoleSpec(100_000, true, true))
+		env, err := envs.New("cartpole", 8, nil)
 		if err != nil {
-			return errors.Join(fmt.Errorf("demo buffer: %w", err), db.Close())
+			return errors.Join(err, db.Close())
+		}
+		spec := collector.BufferSpec(env.Spec(), collector.SpecOptions{Capacity: 100_000, CompactObs: true, Priority: true})
+		buf, _, err := db.CreateBuffer("demo", spec)
+		if err != nil {
+			return errors.Join(fmt.Errorf("demo buffer: %w", err), env.Close(), db.Close())
 		}
 		policy := collector.NewLinearQ(4, 2, 0.1)
 		opts.Weights = demoWeights{policy}
 		go func() {
-			_, err := collector.RunCartPole(runCtx, collector.BufferWriter{Buffer: buf.Buffer}, collector.Config{
-				NumEnvs: 8, FramesPerBatch: 256, MaxRate: o.demoRate, CompactObs: true, Stream: "demo-collector",
-				Seed: uint64(time.Now().UnixNano()), Policy: policy,
+			defer env.Close()
+			_, err := collector.Run(runCtx, collector.Config{
+				Env: env, Policy: policy, Writer: collector.BufferWriter{Buffer: buf.Buffer},
+				FramesPerBatch: 256, MaxRate: o.demoRate, CompactObs: true, Stream: "demo-collector",
+				Seed: uint64(time.Now().UnixNano()),
 			})
 			collectorDone <- err
 		}()

@@ -78,3 +78,24 @@ func (c *CartPole) Step(action int) (obs [4]float32, reward float32, terminated,
 	truncated = !terminated && c.steps >= CartPoleMaxSteps
 	return c.Obs(), 1, terminated, truncated
 }
+
+// CartPoleSpec is the spec of CartPole-v1: float32 [4] observations, two
+// discrete actions.
+func CartPoleSpec() Spec {
+	return Spec{Name: "cartpole", ObsDType: "float32", ObsShape: []int{CartPoleObsSize},
+		NumActions: CartPoleActionsCount, MaxEpisodeSteps: CartPoleMaxSteps}
+}
+
+type cartPoleCopy struct{ c CartPole }
+
+func (c *cartPoleCopy) Reset(rng *rand.Rand, obs []byte) {
+	c.c.rng = rng
+	o := c.c.Reset()
+	putF32s(obs, o[:])
+}
+
+func (c *cartPoleCopy) Step(a int64, _ []float32, obs []byte) (float32, bool, bool) {
+	o, r, term, trunc := c.c.Step(int(a))
+	putF32s(obs, o[:])
+	return r, term, trunc
+}

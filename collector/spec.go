@@ -1,0 +1,71 @@
+package collector
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/rbdb/rbd/collector/envs"
+	"github.com/rbdb/rbd/storage"
+)
+
+// SpecOptions are the buffer settings BufferSpec does not take from the
+// env.
+type SpecOptions struct {
+	// Capacity is the ring size in rows.
+	Capacity int64
+	// Storage is the storage kind; "" means memmap.
+	Storage storage.Kind
+	// CompactObs leaves next.observation out of the fields: rbd rebuilds
+	// it at sample time (the collector must then run with CompactObs).
+	CompactObs bool
+	// Priority turns prioritised sampling on with the default alpha and
+	// eps.
+	Priority bool
+	// Durability is "" (the storage default) or a durability mode.
+	Durability storage.Durability
+}
+
+// BufferSpec is the spec of a buffer holding env's steps as the collector
+// writes them (TorchRL's layout, part A5 of the semantics):
+//
+//	observation        ObsDType ObsShape
+//	action             int64 [] (discrete) or float32 ActionShape
+//	next.reward        float32 []
+//	next.done          bool []
+//	next.terminated    bool []
+//	next.truncated     bool []
+//	next.observation   ObsDType ObsShape   (not with CompactObs)
+func BufferSpec(env envs.Spec, o SpecOptions) storage.Spec {
+	obsDT, err := storage.ParseDType(env.ObsDType)
+	if err != nil {
+		panic(fmt.Sprintf("collector: env %s: %v", env.Name, err))
+	}
+	act := storage.Field{Name: "action", DType: storage.Int64, Shape: []int{}}
+	if !env.Discrete() {
+		act = storage.Field{Name: "action", DType: storage.Float32, Shape: slices.Clone(env.ActionShape)}
+	}
+	kind := o.Storage
+	if kind == "" {
+		kind = storage.KindMemmap
+	}
+	s := storage.Spec{
+		Capacity: o.Capacity, Storage: kind, CompactObs: o.CompactObs, ObsKeys: []string{"observation"},
+		Durability: o.Durability,
+		Fields: []storage.Field{
+			{Name: "observation", DType: obsDT, Shape: slices.Clone(env.ObsShape)},
+			act,
+			{Name: "next.reward", DType: storage.Float32, Shape: []int{}},
+			{Name: "next.done", DType: storage.Bool, Shape: []int{}},
+			{Name: "next.terminated", DType: storage.Bool, Shape: []int{}},
+			{Name: "next.truncated", DType: storage.Bool, Shape: []int{}},
+		},
+	}
+	if !o.CompactObs {
+		s.Fields = append(s.Fields, storage.Field{Name: "next.observation", DType: obsDT, Shape: slices.Clone(env.ObsShape)})
+	}
+	if o.Priority {
+		p := storage.DefaultPriority()
+		s.Priority = &p
+	}
+	return s
+}
