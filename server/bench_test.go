@@ -21,7 +21,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -31,6 +30,7 @@ import (
 
 	"github.com/rbdb/rbd"
 	"github.com/rbdb/rbd/codec"
+	"github.com/rbdb/rbd/internal/benchdata"
 	"github.com/rbdb/rbd/server"
 	"github.com/rbdb/rbd/storage"
 )
@@ -87,62 +87,7 @@ func bnJSONShape(s []int) string {
 // interleaved, each env at step k*bnBatch/bnEnvs + i, done every
 // bnEpisode steps with its final observation sent (one per done row).
 func bnBatchTensors(w bnWorkload, k int) []codec.Tensor {
-	elems := 1
-	for _, d := range w.obsShape {
-		elems *= d
-	}
-	size := codec.DTypeSize(w.obsDType)
-	obs := make([]byte, bnBatch*elems*size)
-	action := make([]byte, 8*bnBatch)
-	reward := make([]byte, 4*bnBatch)
-	done := make([]byte, bnBatch)
-	env := make([]byte, 8*bnBatch)
-	var final []byte
-	perEnv := bnBatch / bnEnvs
-	for r := 0; r < bnBatch; r++ {
-		e, i := r%bnEnvs, r/bnEnvs
-		step := k*perEnv + i
-		row := obs[r*elems*size : (r+1)*elems*size]
-		bnFillObs(w, row, int64(step*bnEnvs+e))
-		binary.LittleEndian.PutUint64(action[8*r:], uint64(step%2))
-		binary.LittleEndian.PutUint32(reward[4*r:], math.Float32bits(1))
-		binary.LittleEndian.PutUint64(env[8*r:], uint64(e))
-		if step%bnEpisode == bnEpisode-1 {
-			done[r] = 1
-			f := make([]byte, elems*size)
-			bnFillObs(w, f, -int64(step*bnEnvs+e))
-			final = append(final, f...)
-		}
-	}
-	ts := []codec.Tensor{
-		{Name: "observation", DType: w.obsDType, Shape: append([]int{bnBatch}, w.obsShape...), Data: obs},
-		{Name: "action", DType: "int64", Shape: []int{bnBatch}, Data: action},
-		{Name: "next.reward", DType: "float32", Shape: []int{bnBatch}, Data: reward},
-		{Name: "next.done", DType: "bool", Shape: []int{bnBatch}, Data: done},
-		{Name: "next.terminated", DType: "bool", Shape: []int{bnBatch}, Data: done},
-		{Name: "next.truncated", DType: "bool", Shape: []int{bnBatch}, Data: make([]byte, bnBatch)},
-		{Name: "env", DType: "int64", Shape: []int{bnBatch}, Data: env},
-	}
-	if len(final) > 0 {
-		ts = append(ts, codec.Tensor{Name: "next.observation", DType: w.obsDType,
-			Shape: append([]int{len(final) / (elems * size)}, w.obsShape...), Data: final})
-	}
-	return ts
-}
-
-// bnFillObs writes a cheap pattern derived from v.
-func bnFillObs(w bnWorkload, dst []byte, v int64) {
-	if w.obsDType == "float32" {
-		for i := 0; i+4 <= len(dst); i += 4 {
-			binary.LittleEndian.PutUint32(dst[i:], math.Float32bits(float32(v)+float32(i)/16))
-		}
-		return
-	}
-	x := uint64(v)*0x9E3779B97F4A7C15 + 1
-	for i := 0; i+8 <= len(dst); i += 8 {
-		binary.LittleEndian.PutUint64(dst[i:], x)
-		x = x*6364136223846793005 + 1442695040888963407
-	}
+	return benchdata.Batch(w.obsDType, w.obsShape, bnBatch, k, bnEnvs, bnEpisode)
 }
 
 // bnStorageBatch turns extend tensors into an in-process batch (for

@@ -37,6 +37,7 @@ import (
 
 	"github.com/rbdb/rbd"
 	"github.com/rbdb/rbd/codec"
+	"github.com/rbdb/rbd/internal/benchdata"
 	"github.com/rbdb/rbd/server"
 	"github.com/rbdb/rbd/storage"
 )
@@ -228,59 +229,9 @@ const (
 	episode = 200 // steps per episode
 )
 
-// batchTensors is batch k of a stream: n rows of envs interleaved envs,
-// done every episode steps, with the final observations of done rows.
+// batchTensors is batch k of a stream (see benchdata.Batch).
 func batchTensors(w workload, n, k int) []codec.Tensor {
-	elems := 1
-	for _, d := range w.obsShape {
-		elems *= d
-	}
-	size := codec.DTypeSize(w.obsDType)
-	obs := make([]byte, n*elems*size)
-	action, reward, env := make([]byte, 8*n), make([]byte, 4*n), make([]byte, 8*n)
-	done := make([]byte, n)
-	var final []byte
-	for r := 0; r < n; r++ {
-		e, step := r%envs, k*(n/envs)+r/envs
-		fillObs(w, obs[r*elems*size:(r+1)*elems*size], int64(step*envs+e))
-		binary.LittleEndian.PutUint64(action[8*r:], uint64(step%2))
-		binary.LittleEndian.PutUint32(reward[4*r:], math.Float32bits(1))
-		binary.LittleEndian.PutUint64(env[8*r:], uint64(e))
-		if step%episode == episode-1 {
-			done[r] = 1
-			f := make([]byte, elems*size)
-			fillObs(w, f, -int64(step*envs+e))
-			final = append(final, f...)
-		}
-	}
-	ts := []codec.Tensor{
-		{Name: "observation", DType: w.obsDType, Shape: append([]int{n}, w.obsShape...), Data: obs},
-		{Name: "action", DType: "int64", Shape: []int{n}, Data: action},
-		{Name: "next.reward", DType: "float32", Shape: []int{n}, Data: reward},
-		{Name: "next.done", DType: "bool", Shape: []int{n}, Data: done},
-		{Name: "next.terminated", DType: "bool", Shape: []int{n}, Data: done},
-		{Name: "next.truncated", DType: "bool", Shape: []int{n}, Data: make([]byte, n)},
-		{Name: "env", DType: "int64", Shape: []int{n}, Data: env},
-	}
-	if len(final) > 0 {
-		ts = append(ts, codec.Tensor{Name: "next.observation", DType: w.obsDType,
-			Shape: append([]int{len(final) / (elems * size)}, w.obsShape...), Data: final})
-	}
-	return ts
-}
-
-func fillObs(w workload, dst []byte, v int64) {
-	if w.obsDType == "float32" {
-		for i := 0; i+4 <= len(dst); i += 4 {
-			binary.LittleEndian.PutUint32(dst[i:], math.Float32bits(float32(v)+float32(i)/16))
-		}
-		return
-	}
-	x := uint64(v)*0x9E3779B97F4A7C15 + 1
-	for i := 0; i+8 <= len(dst); i += 8 {
-		binary.LittleEndian.PutUint64(dst[i:], x)
-		x = x*6364136223846793005 + 1442695040888963407
-	}
+	return benchdata.Batch(w.obsDType, w.obsShape, n, k, envs, episode)
 }
 
 func storageBatch(ts []codec.Tensor, n int) *storage.Batch {
