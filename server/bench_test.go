@@ -16,9 +16,6 @@ package server_test
 //	go tool benchstat -col /server http.txt   # benchstat is not pinned in go.mod yet
 
 import (
-	"bytes"
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -90,23 +87,6 @@ func bnBatchTensors(w bnWorkload, k int) []codec.Tensor {
 	return benchdata.Batch(w.obsDType, w.obsShape, bnBatch, k, bnEnvs, bnEpisode)
 }
 
-// bnStorageBatch turns extend tensors into an in-process batch (for
-// filling buffers fast, without HTTP).
-func bnStorageBatch(ts []codec.Tensor) *storage.Batch {
-	batch := &storage.Batch{Rows: bnBatch, Fields: map[string][]byte{}}
-	for _, t := range ts {
-		if t.Name == "env" {
-			batch.Env = make([]int64, bnBatch)
-			for i := range batch.Env {
-				batch.Env[i] = int64(binary.LittleEndian.Uint64(t.Data[8*i:]))
-			}
-			continue
-		}
-		batch.Fields[t.Name] = t.Data
-	}
-	return batch
-}
-
 // bnServe opens a store in dir, serves it on loopback and returns the
 // store and the base URL.
 func bnServe(tb testing.TB, dir string) (*rbd.DB, string) {
@@ -136,47 +116,6 @@ func bnRaw(tb testing.TB, body []byte, ctype string) string {
 	}))
 	tb.Cleanup(ts.Close)
 	return ts.URL
-}
-
-// bnClient keeps exactly conns keep-alive connections.
-func bnClient(conns int) *http.Client {
-	return &http.Client{Transport: &http.Transport{
-		MaxIdleConns: conns, MaxIdleConnsPerHost: conns, MaxConnsPerHost: conns,
-		DisableCompression: true,
-	}}
-}
-
-// bnPost sends one POST and reads the answer into *buf (grown as needed),
-// returning the answer's size. Any status but 200 is an error.
-func bnPost(hc *http.Client, url, ctype string, body []byte, buf *[]byte) (int, error) {
-	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return 0, err
-	}
-	req.Header.Set("Content-Type", ctype)
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return 0, fmt.Errorf("%s: %d %s", url, resp.StatusCode, msg)
-	}
-	n := int(resp.ContentLength)
-	if n < 0 {
-		return 0, errors.New("answer without Content-Length")
-	}
-	if cap(*buf) < n {
-		*buf = make([]byte, n)
-	}
-	if _, err := io.ReadFull(resp.Body, (*buf)[:n]); err != nil {
-		return 0, err
-	}
-	if m, _ := io.Copy(io.Discard, resp.Body); m != 0 {
-		return 0, fmt.Errorf("%d bytes past Content-Length", m)
-	}
-	return n, nil
 }
 
 // bnRun runs b.N requests spread over conns goroutines (one connection
@@ -255,14 +194,14 @@ func BenchmarkHTTPSample(b *testing.B) {
 				b.Fatal(err)
 			}
 			for k := 0; k < capacity/bnBatch+1; k++ {
-				if _, err := buf.Extend("fill", bnStorageBatch(bnBatchTensors(w, k))); err != nil {
+				if _, err := buf.Extend("fill", benchdata.StorageBatch(bnBatchTensors(w, k), bnBatch)); err != nil {
 					b.Fatal(err)
 				}
 			}
 			url := base + "/v1/buffers/bench/sample"
 			// One real answer, served as is by the raw baseline.
 			var answer []byte
-			n, err := bnPost(bnClient(1), url, "application/json", []byte(req), &answer)
+			n, err := benchdata.Post(benchdata.Client(1), url, "application/json", []byte(req), &answer)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -280,11 +219,11 @@ func BenchmarkHTTPSample(b *testing.B) {
 						if side == "raw" {
 							target = raw
 						}
-						hc := bnClient(conns)
+						hc := benchdata.Client(conns)
 						defer hc.CloseIdleConnections()
 						b.SetBytes(int64(len(answer)))
 						bnRun(b, conns, func(_ int, _ int64, buf *[]byte) error {
-							m, err := bnPost(hc, target, "application/json", []byte(req), buf)
+							m, err := benchdata.Post(hc, target, "application/json", []byte(req), buf)
 							if err == nil && m != len(answer) {
 								err = fmt.Errorf("answer of %d bytes, want %d", m, len(answer))
 							}
@@ -351,7 +290,7 @@ func BenchmarkHTTPExtend(b *testing.B) {
 						}
 						url = base + "/v1/buffers/bench/extend?stream=actor-"
 					}
-					hc := bnClient(conns)
+					hc := benchdata.Client(conns)
 					defer hc.CloseIdleConnections()
 					var sent [4]atomic.Int64 // batches sent per connection, for the cycle
 					var size int64
@@ -365,7 +304,7 @@ func BenchmarkHTTPExtend(b *testing.B) {
 						if side == "rbd" {
 							target += strconv.Itoa(c)
 						}
-						_, err := bnPost(hc, target, "application/octet-stream", bodies[k%cycle], buf)
+						_, err := benchdata.Post(hc, target, "application/octet-stream", bodies[k%cycle], buf)
 						return err
 					})
 					b.ReportMetric(float64(b.N)*bnBatch/b.Elapsed().Seconds(), "rows/s")

@@ -16,8 +16,6 @@
 package main
 
 import (
-	"bytes"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -234,58 +232,6 @@ func batchTensors(w workload, n, k int) []codec.Tensor {
 	return benchdata.Batch(w.obsDType, w.obsShape, n, k, envs, episode)
 }
 
-func storageBatch(ts []codec.Tensor, n int) *storage.Batch {
-	b := &storage.Batch{Rows: n, Fields: map[string][]byte{}}
-	for _, t := range ts {
-		if t.Name == "env" {
-			b.Env = make([]int64, n)
-			for i := range b.Env {
-				b.Env[i] = int64(binary.LittleEndian.Uint64(t.Data[8*i:]))
-			}
-			continue
-		}
-		b.Fields[t.Name] = t.Data
-	}
-	return b
-}
-
-func client(conns int) *http.Client {
-	return &http.Client{Transport: &http.Transport{
-		MaxIdleConns: conns, MaxIdleConnsPerHost: conns, MaxConnsPerHost: conns,
-		DisableCompression: true,
-	}}
-}
-
-// post sends one POST and reads the 200 answer into *buf.
-func post(hc *http.Client, url, ctype string, body []byte, buf *[]byte) (int, error) {
-	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return 0, err
-	}
-	req.Header.Set("Content-Type", ctype)
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return 0, fmt.Errorf("%s: %d %s", url, resp.StatusCode, msg)
-	}
-	n := int(resp.ContentLength)
-	if n < 0 {
-		return 0, errors.New("answer without Content-Length")
-	}
-	if cap(*buf) < n {
-		*buf = make([]byte, n)
-	}
-	if _, err := io.ReadFull(resp.Body, (*buf)[:n]); err != nil {
-		return 0, err
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return n, nil
-}
-
 // measure runs req on conns goroutines (one connection each): a short
 // untimed warm-up, then as many requests as fit in d. It returns the
 // requests done and the time they took.
@@ -334,14 +280,14 @@ func sampleLines(db *rbd.DB, base string, w workload, o options) ([]result, erro
 		return nil, err
 	}
 	for k := 0; k <= w.capacity/o.batch; k++ {
-		if _, err := buf.Extend("fill", storageBatch(batchTensors(w, o.batch, k), o.batch)); err != nil {
+		if _, err := buf.Extend("fill", benchdata.StorageBatch(batchTensors(w, o.batch, k), o.batch)); err != nil {
 			return nil, err
 		}
 	}
 	url := base + "/v1/buffers/" + name + "/sample"
 	req := []byte(fmt.Sprintf(`{"batch_size": %d}`, o.batch))
 	var answer []byte
-	n, err := post(client(1), url, "application/json", req, &answer)
+	n, err := benchdata.Post(benchdata.Client(1), url, "application/json", req, &answer)
 	if err != nil {
 		return nil, err
 	}
@@ -359,9 +305,9 @@ func sampleLines(db *rbd.DB, base string, w workload, o options) ([]result, erro
 	for _, conns := range o.conns {
 		r := result{Test: "sample", Workload: fmt.Sprintf("%s %d", w.name, o.batch), Kind: "memory", Conns: conns, BodyBytes: n}
 		for _, target := range []string{raw, url} {
-			hc := client(conns)
+			hc := benchdata.Client(conns)
 			cnt, el, err := measure(conns, o.duration, func(_ int, buf *[]byte) error {
-				m, err := post(hc, target, "application/json", req, buf)
+				m, err := benchdata.Post(hc, target, "application/json", req, buf)
 				if err == nil && m != n {
 					err = fmt.Errorf("answer of %d bytes, want %d", m, n)
 				}
@@ -427,7 +373,7 @@ func extendLines(db *rbd.DB, base, kind string, o options) ([]result, error) {
 			r.Kind = "memmap (flush)"
 		}
 		for _, target := range []string{raw, base + "/v1/buffers/" + name + "/extend?stream=actor-"} {
-			hc := client(conns)
+			hc := benchdata.Client(conns)
 			sent := make([]int, conns)
 			cnt, el, err := measure(conns, o.duration, func(c int, buf *[]byte) error {
 				k := sent[c] % len(bodies)
@@ -436,7 +382,7 @@ func extendLines(db *rbd.DB, base, kind string, o options) ([]result, error) {
 				if target != raw {
 					u += strconv.Itoa(c)
 				}
-				_, err := post(hc, u, "application/octet-stream", bodies[k], buf)
+				_, err := benchdata.Post(hc, u, "application/octet-stream", bodies[k], buf)
 				return err
 			})
 			hc.CloseIdleConnections()

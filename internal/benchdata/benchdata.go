@@ -1,14 +1,20 @@
-// Package benchdata builds the synthetic extend batches that the HTTP
-// benchmarks (server tests and bench/httpbench) write: deterministic rows of
-// interleaved envs whose observations are cheap patterns, so both measure
-// the same bytes.
+// Package benchdata holds what the HTTP benchmarks (server tests and
+// bench/httpbench) share: the synthetic extend batches they write —
+// deterministic rows of interleaved envs with cheap observation patterns,
+// so both measure the same bytes — and the client side of a request.
 package benchdata
 
 import (
+	"bytes"
 	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
 	"math"
+	"net/http"
 
 	"github.com/rbdb/rbd/codec"
+	"github.com/rbdb/rbd/storage"
 )
 
 // Batch is batch k of one stream: n rows of envs interleaved envs (rows of
@@ -68,4 +74,63 @@ func FillObs(dtype string, dst []byte, v int64) {
 		binary.LittleEndian.PutUint64(dst[i:], x)
 		x = x*6364136223846793005 + 1442695040888963407
 	}
+}
+
+// StorageBatch turns extend tensors of n rows into an in-process batch, for
+// filling buffers fast without HTTP.
+func StorageBatch(ts []codec.Tensor, n int) *storage.Batch {
+	b := &storage.Batch{Rows: n, Fields: map[string][]byte{}}
+	for _, t := range ts {
+		if t.Name == "env" {
+			b.Env = make([]int64, n)
+			for i := range b.Env {
+				b.Env[i] = int64(binary.LittleEndian.Uint64(t.Data[8*i:]))
+			}
+			continue
+		}
+		b.Fields[t.Name] = t.Data
+	}
+	return b
+}
+
+// Client keeps exactly conns keep-alive connections.
+func Client(conns int) *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		MaxIdleConns: conns, MaxIdleConnsPerHost: conns, MaxConnsPerHost: conns,
+		DisableCompression: true,
+	}}
+}
+
+// Post sends one POST and reads the answer into *buf (grown as needed),
+// returning its size. Any status but 200, or bytes past Content-Length,
+// is an error.
+func Post(hc *http.Client, url, ctype string, body []byte, buf *[]byte) (int, error) {
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", ctype)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return 0, fmt.Errorf("%s: %d %s", url, resp.StatusCode, msg)
+	}
+	n := int(resp.ContentLength)
+	if n < 0 {
+		return 0, errors.New("answer without Content-Length")
+	}
+	if cap(*buf) < n {
+		*buf = make([]byte, n)
+	}
+	if _, err := io.ReadFull(resp.Body, (*buf)[:n]); err != nil {
+		return 0, err
+	}
+	if m, _ := io.Copy(io.Discard, resp.Body); m != 0 {
+		return 0, fmt.Errorf("%d bytes past Content-Length", m)
+	}
+	return n, nil
 }
