@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +24,9 @@ type column struct {
 	role     uint32
 	field    Field
 	rowBytes int
+	// cz is the column's index among the compressed fields of a
+	// compressed buffer (its bytes live in chunks, not in data), or -1.
+	cz       int
 	region   *mmapfile.Region
 	data     []byte // capacity*rowBytes, after the header for files
 }
@@ -65,6 +69,9 @@ type Buffer struct {
 	// exclusively by Delete/close, so unmapping never happens under a reader.
 	life   sync.RWMutex
 	closed atomic.Bool
+
+	// cs holds the compressed fields of compressed buffers (nil otherwise).
+	cs *chunkStore
 
 	// wmu serialises writers: seq allocation, row copies and stream state.
 	wmu        sync.Mutex
@@ -136,7 +143,7 @@ func tailFile(dir, key string) string  { return filepath.Join(dir, tailFileName(
 
 // newBuffer builds the in-memory shell of a buffer; its columns are mapped
 // by createFiles or openFiles.
-func newBuffer(s *Store, name string, spec Spec, uid uint64) *Buffer {
+func newBuffer(s *Store, name string, spec Spec, uid uint64) (*Buffer, error) {
 	b := &Buffer{
 		name:       name,
 		spec:       spec,
@@ -156,7 +163,7 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) *Buffer {
 	}
 	for i, f := range spec.Fields {
 		b.colOf[f.Name] = i
-		b.cols = append(b.cols, &column{name: f.Name, file: colFileName(f.Name), role: roleField, field: f, rowBytes: f.RowBytes()})
+		b.cols = append(b.cols, &column{name: f.Name, file: colFileName(f.Name), role: roleField, field: f, rowBytes: f.RowBytes(), cz: -1})
 		switch f.Name {
 		case "next.done":
 			b.doneCol = i
@@ -171,14 +178,14 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) *Buffer {
 			f, _ := spec.Field(k)
 			tf := Field{Name: "next." + k, DType: f.DType, Shape: f.Shape}
 			b.tailOf[tf.Name] = i
-			b.tails = append(b.tails, &column{name: tf.Name, file: tailFileName(k), role: roleTail, field: tf, rowBytes: f.RowBytes()})
+			b.tails = append(b.tails, &column{name: tf.Name, file: tailFileName(k), role: roleTail, field: tf, rowBytes: f.RowBytes(), cz: -1})
 		}
 	}
 	if spec.Priority != nil {
 		pf := Field{Name: "priority", DType: Float64, Shape: []int{}}
 		b.prio = &priorities{
 			alpha: spec.Priority.Alpha, eps: spec.Priority.Eps, max: 1,
-			col: &column{name: pf.Name, file: "priority.col", role: rolePriority, field: pf, rowBytes: 8},
+			col: &column{name: pf.Name, file: "priority.col", role: rolePriority, field: pf, rowBytes: 8, cz: -1},
 			sum: segtree.NewSumTree(int(spec.Capacity)),
 			min: segtree.NewMinTree(int(spec.Capacity)),
 		}
@@ -190,15 +197,29 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) *Buffer {
 	}
 	b.ix.init()
 	b.sync.init()
-	return b
+	if spec.Storage == KindCompressed {
+		cs, err := newChunkStore(b)
+		if err != nil {
+			return nil, err
+		}
+		b.cs = cs
+	}
+	return b, nil
 }
 
+// allColumns lists the columns kept in fixed-size rows (mapped files or
+// memory): every column but the compressed ones.
 func (b *Buffer) allColumns() []*column {
-	cs := append(append([]*column(nil), b.cols...), b.tails...)
-	if b.prio != nil {
-		cs = append(cs, b.prio.col)
+	var out []*column
+	for _, c := range slices.Concat(b.cols, b.tails) {
+		if c.cz < 0 {
+			out = append(out, c)
+		}
 	}
-	return cs
+	if b.prio != nil {
+		out = append(out, b.prio.col)
+	}
+	return out
 }
 
 // mapMemory allocates anonymous regions for a memory buffer.
@@ -353,6 +374,9 @@ func (b *Buffer) unmap() error {
 	if b.meta != nil {
 		errs = append(errs, b.meta.Close())
 		b.meta, b.hdr, b.recs = nil, nil, nil
+	}
+	if b.cs != nil {
+		errs = append(errs, b.cs.closeFiles())
 	}
 	return errors.Join(errs...)
 }

@@ -271,8 +271,9 @@ func TestCreateBufferSpecConflict(t *testing.T) {
 	}
 	bad := spec.Clone()
 	bad.Storage = KindCompressed
-	if _, _, err := s.CreateBuffer("c", bad); !errors.Is(err, ErrNotSupported) {
-		t.Errorf("compressed: got %v", err)
+	bad.Durability = DurabilityNone
+	if _, _, err := s.CreateBuffer("x", bad); !errors.Is(err, ErrSpecConflict) {
+		t.Errorf("same name, compressed: got %v, want ErrSpecConflict", err)
 	}
 }
 

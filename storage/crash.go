@@ -18,6 +18,8 @@ import (
 //	before-sync    an fsync-mode extend is about to sync the files
 //	after-sync     the files are synced, the extend not yet acknowledged
 //	before-commit  a checkpoint is about to commit counters to the catalog
+//	mid-chunk      half of a chunk record is written (compressed buffers)
+//	after-chunk    a chunk record is written, the rows' records not yet
 type crasher struct {
 	point string
 	left  atomic.Int64
@@ -35,6 +37,12 @@ func newCrasher() *crasher {
 	}
 	c.left.Store(n)
 	return c
+}
+
+// armed reports whether the next pass of point would kill the process, so
+// that a point can first leave the damage a crash there would leave.
+func (c *crasher) armed(point string) bool {
+	return c != nil && c.point == point && c.left.Load() == 1
 }
 
 // at kills the process when the armed point is passed for the last time.

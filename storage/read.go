@@ -110,13 +110,26 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 			}
 		}
 	}
+	var chunkErrs map[int]error // compressed columns: rows that could not be read
 	for i, c := range cols {
+		if c.c.cz >= 0 {
+			for j, err := range b.cs.gather(dst[i], c.c.cz, c.Tail, c.RowBytes, seqs, slots, recs) {
+				if chunkErrs == nil {
+					chunkErrs = map[int]error{}
+				}
+				if chunkErrs[j] == nil || err == errSlotMoving {
+					chunkErrs[j] = err
+				}
+			}
+			continue
+		}
 		gatherColumn(dst[i], c, slots, recs)
 	}
+	var damaged []error
 	for j, slot := range slots {
 		// CompareAndSwap, not Load: it is a full barrier, so the copies
 		// above cannot be reordered after this check on weakly ordered CPUs.
-		if slot < 0 || !b.stamps[slot].CompareAndSwap(seqs[j], seqs[j]) {
+		if slot < 0 || !b.stamps[slot].CompareAndSwap(seqs[j], seqs[j]) || chunkErrs[j] == errSlotMoving {
 			missing = append(missing, j)
 			for i, c := range cols {
 				clear(dst[i][j*c.RowBytes : (j+1)*c.RowBytes])
@@ -126,10 +139,18 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 			}
 			continue
 		}
+		if err := chunkErrs[j]; err != nil {
+			// Still live, so the stored bytes are at fault.
+			damaged = append(damaged, err)
+			continue
+		}
 		if meta != nil {
 			recs[j].Seq = seqs[j]
 			meta[j] = metaOf(&recs[j])
 		}
+	}
+	if len(damaged) > 0 {
+		return nil, fmt.Errorf("gather %q: %d rows unreadable: %w", b.name, len(damaged), damaged[0])
 	}
 	if meta != nil {
 		b.imu.RLock()
@@ -241,6 +262,12 @@ type Info struct {
 	Streams          int                   `json:"streams"`
 	Holes            int64                 `json:"holes"`
 	Damaged          int                   `json:"damaged_rows"`
+	// DiskBytes is the space the buffer's files take on disk (0 for memory
+	// buffers).
+	DiskBytes int64 `json:"disk_bytes"`
+	// Cache counts lookups in the decoded-chunk cache of compressed
+	// buffers (nil for other kinds).
+	Cache *CacheStats `json:"chunk_cache,omitempty"`
 }
 
 // Info returns the buffer's sizes and counters. For compact_obs buffers the
@@ -275,11 +302,41 @@ func (b *Buffer) Info() (Info, error) {
 	info.Damaged = len(b.damage)
 	b.stateMu.Unlock()
 	touched := min(info.WriteCount, b.capacity)
+	var chunked []int64
+	if b.cs != nil {
+		var files int64
+		chunked, files = b.cs.usage(info.WriteCount - b.capacity)
+		info.DiskBytes += files
+		st := b.cs.cache.stats()
+		info.Cache = &st
+	}
 	for _, c := range b.cols {
-		info.Bytes[c.name] = FieldBytes{Logical: info.Size * int64(c.rowBytes), Stored: b.storedBytes(c, touched*int64(c.rowBytes))}
+		fb := FieldBytes{Logical: info.Size * int64(c.rowBytes)}
+		if c.cz >= 0 {
+			// Final observations share the chunk payload; they are
+			// counted here, and as 0 under next.<k>.
+			fb.Stored = chunked[c.cz]
+		} else {
+			fb.Stored = b.storedBytes(c, touched*int64(c.rowBytes))
+			info.DiskBytes += fb.Stored
+		}
+		info.Bytes[c.name] = fb
 	}
 	for _, c := range b.tails {
-		info.Bytes[c.name] = FieldBytes{Logical: info.Size * int64(c.rowBytes), Stored: b.storedBytes(c, tails*int64(c.rowBytes))}
+		fb := FieldBytes{Logical: info.Size * int64(c.rowBytes)}
+		if c.cz < 0 {
+			fb.Stored = b.storedBytes(c, tails*int64(c.rowBytes))
+			info.DiskBytes += fb.Stored
+		}
+		info.Bytes[c.name] = fb
+	}
+	if b.persistent {
+		info.DiskBytes += b.storedBytes(&column{region: b.meta}, 0)
+		if b.prio != nil {
+			info.DiskBytes += b.storedBytes(b.prio.col, 0)
+		}
+	} else {
+		info.DiskBytes = 0
 	}
 	return info, nil
 }

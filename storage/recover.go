@@ -103,6 +103,11 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		}
 		b.damage = append(b.damage, fmt.Sprintf("seq %d (below durable watermark %d): %s", seq, durable, why))
 	}
+	if b.cs != nil {
+		if err := b.cs.load(!b.store.readOnly); err != nil {
+			return -1, err
+		}
+	}
 	maxTraj := int64(-1)
 	type accepted struct{ traj, step int64 }
 	ok2 := make(map[int64]accepted) // accepted rows whose successor may still come
@@ -120,6 +125,12 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		if got := b.dataCRC(slot, r.Flags); got != r.DataCRC {
 			lost(seq, fmt.Sprintf("data checksum %08x, record says %08x", got, r.DataCRC))
 			continue
+		}
+		if b.cs != nil {
+			if why := b.cs.accept(seq, slot, r.Flags&flagHasTail != 0); why != "" {
+				lost(seq, why)
+				continue
+			}
 		}
 		if r.PrevSeq >= lo {
 			p, ok := ok2[r.PrevSeq]
@@ -196,6 +207,14 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 			continued[pos.TrajID] = true
 		}
 	}
+	if b.cs != nil {
+		if len(b.damage) > 0 {
+			// Rows lost for want of their chunks: say which records
+			// could not be read.
+			b.damage = append(b.damage, b.cs.loadNotes...)
+		}
+		b.cs.finishLoad(continued)
+	}
 	for _, t := range b.ix.list {
 		// Next to a running server the writer has not stopped: its open
 		// trajectories stay open.
@@ -238,11 +257,15 @@ func (b *Buffer) overwrittenMeanwhile(seq int64) bool {
 func (b *Buffer) dataCRC(slot int64, flags uint32) uint32 {
 	var crc uint32
 	for _, c := range b.cols {
-		crc = crc32.Update(crc, castagnoli, c.row(slot))
+		if c.cz < 0 {
+			crc = crc32.Update(crc, castagnoli, c.row(slot))
+		}
 	}
 	if flags&flagHasTail != 0 {
 		for _, c := range b.tails {
-			crc = crc32.Update(crc, castagnoli, c.row(slot))
+			if c.cz < 0 {
+				crc = crc32.Update(crc, castagnoli, c.row(slot))
+			}
 		}
 	}
 	return crc

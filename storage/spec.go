@@ -23,10 +23,9 @@ const (
 	// KindMemmap keeps rows in memory-mapped column files so that a buffer
 	// survives restarts and may grow beyond RAM.
 	KindMemmap Kind = "memmap"
-	// KindCompressed is planned: memmap storage with per-field compression.
-	// Specs that ask for it are rejected with ErrNotSupported until it exists,
-	// so that clients learn early instead of getting a silently uncompressed
-	// buffer.
+	// KindCompressed is persistent like memmap, but large fields are kept
+	// in zstd-compressed chunks of consecutive steps of one trajectory
+	// (see docs/memory-efficient.md); small fields stay in plain columns.
 	KindCompressed Kind = "compressed"
 )
 
@@ -61,13 +60,22 @@ const (
 	specDefaultObsKey = "observation"
 	specDefaultCodec  = "zstd"
 	specDefaultLevel  = 1
+	specDefaultChunk  = 32
+	specDefaultCache  = 64
+	specMaxChunkLen   = 4096
+	specMaxCacheMiB   = 1 << 20
+	// compressMinBytes is the row size from which a field of a compressed
+	// buffer is compressed unless it says otherwise: smaller fields gain
+	// little and would cost a chunk decode per sampled row.
+	compressMinBytes = 64
 	specDefaultAlpha  = 0.6
 	specDefaultEps    = 1e-6
 )
 
-// FrameStack asks for a field to be stored as single frames and stacked K deep
-// along Axis at sample time, which saves K-fold space for image observations.
-// It belongs to the compressed kind and is rejected until that exists.
+// FrameStack declares that a field is a stack of the last K frames along
+// Axis (Shape[Axis] == K). A compressed buffer then stores only each row's
+// newest frame when the older ones repeat the previous row's, and rebuilds
+// the stack at sample time, which saves nearly K-fold for image observations.
 type FrameStack struct {
 	K    int `json:"k"`
 	Axis int `json:"axis"`
@@ -80,7 +88,8 @@ type Field struct {
 	// Shape is the per-row shape; empty means one scalar per row.
 	Shape []int
 	// Compress opts a field in or out of compression on compressed buffers;
-	// nil means the buffer's default. Rejected until compressed storage exists.
+	// nil means compress when a row is at least 64 bytes or the field has
+	// a frame stack. Episode flags are never compressed.
 	Compress *bool
 	// FrameStack is nil for ordinary fields.
 	FrameStack *FrameStack
@@ -133,10 +142,38 @@ func DefaultPriority() PriorityOptions {
 	return PriorityOptions{Alpha: specDefaultAlpha, Eps: specDefaultEps}
 }
 
-// CompressionOptions configures the codec of a compressed buffer.
+// CompressionOptions configures the chunks of a compressed buffer. Zero
+// values mean the defaults (decoding a spec fills them in).
 type CompressionOptions struct {
+	// Codec is "zstd" (default) or "none" (chunks and frame dedup without
+	// entropy coding: for measuring, or for data zstd cannot shrink).
 	Codec string `json:"codec"`
-	Level int    `json:"level"`
+	// Level is the zstd level, 1 (default, fastest) to 22.
+	Level int `json:"level"`
+	// ChunkLen is how many consecutive rows of one trajectory share a chunk
+	// (default 32). Longer chunks compress better and cost more to decode
+	// for one sampled row.
+	ChunkLen int `json:"chunk_len"`
+	// Delta XORs each row with the previous row of its chunk before
+	// compressing, which helps slowly changing values.
+	Delta bool `json:"delta"`
+	// CacheMiB bounds the cache of decoded chunks (default 64).
+	CacheMiB int `json:"cache_mib"`
+}
+
+func (c *CompressionOptions) fillDefaults() {
+	if c.Codec == "" {
+		c.Codec = specDefaultCodec
+	}
+	if c.Level == 0 && c.Codec == specDefaultCodec {
+		c.Level = specDefaultLevel
+	}
+	if c.ChunkLen == 0 {
+		c.ChunkLen = specDefaultChunk
+	}
+	if c.CacheMiB == 0 {
+		c.CacheMiB = specDefaultCache
+	}
 }
 
 // Spec describes a buffer: its capacity, where rows live and what each row
@@ -256,7 +293,10 @@ func (s Spec) WithDefaults() Spec {
 		c.Durability = DurabilityFlush
 	}
 	if c.Compression == nil && c.Storage == KindCompressed {
-		c.Compression = &CompressionOptions{Codec: specDefaultCodec, Level: specDefaultLevel}
+		c.Compression = &CompressionOptions{}
+	}
+	if c.Compression != nil {
+		c.Compression.fillDefaults()
 	}
 	for i := range c.Fields {
 		if c.Fields[i].Shape == nil {
@@ -385,10 +425,6 @@ func (v *specValidator) add(path, format string, args ...any) {
 	v.errs = append(v.errs, &SpecError{Path: path, Msg: fmt.Sprintf(format, args...)})
 }
 
-func (v *specValidator) unsupported(path, msg string) {
-	v.errs = append(v.errs, &SpecError{Path: path, Msg: msg, Err: ErrNotSupported})
-}
-
 // validate checks s in the order its keys are marshaled, which is what
 // makes the error order deterministic.
 func (v *specValidator) validate(s Spec) {
@@ -398,9 +434,7 @@ func (v *specValidator) validate(s Spec) {
 	}
 
 	switch s.Storage {
-	case KindMemory, KindMemmap:
-	case KindCompressed:
-		v.unsupported("storage", "compressed storage is not supported yet")
+	case KindMemory, KindMemmap, KindCompressed:
 	default:
 		v.add("storage", "unknown storage kind %q; want one of %s, %s, %s", s.Storage, KindMemory, KindMemmap, KindCompressed)
 	}
@@ -425,6 +459,7 @@ func (v *specValidator) validate(s Spec) {
 		}
 		declared[f.Name] = true
 		v.field(path, f, s.Capacity, capacityOK)
+		v.fieldStorage(path, f, s)
 		if k, ok := rebuilt[f.Name]; ok {
 			v.add(path, "compact_obs buffers must not declare next.%s; it is rebuilt at sample time", k)
 		}
@@ -467,9 +502,75 @@ func (v *specValidator) validate(s Spec) {
 		v.add("durability", "unknown durability %q; want one of %s, %s, %s", s.Durability, DurabilityNone, DurabilityFlush, DurabilityFsync)
 	}
 
-	if s.Compression != nil && s.Storage != KindCompressed {
-		v.add("compression", "compression options apply only to %s storage, not %q", KindCompressed, s.Storage)
+	if c := s.Compression; c != nil {
+		if s.Storage != KindCompressed {
+			v.add("compression", "compression options apply only to %s storage, not %q", KindCompressed, s.Storage)
+		}
+		switch c.Codec {
+		case "zstd":
+			if c.Level < 1 || c.Level > 22 {
+				v.add("compression.level", "zstd level must be between 1 and 22, got %d", c.Level)
+			}
+		case "none":
+		default:
+			v.add("compression.codec", "unknown codec %q; want zstd or none", c.Codec)
+		}
+		if c.ChunkLen < 1 || c.ChunkLen > specMaxChunkLen {
+			v.add("compression.chunk_len", "must be between 1 and %d rows, got %d", specMaxChunkLen, c.ChunkLen)
+		}
+		if c.CacheMiB < 1 || c.CacheMiB > specMaxCacheMiB {
+			v.add("compression.cache_mib", "must be between 1 and %d, got %d", specMaxCacheMiB, c.CacheMiB)
+		}
 	}
+}
+
+// fieldStorage checks a field's compression and frame-stack options
+// against the buffer's storage kind.
+func (v *specValidator) fieldStorage(path string, f Field, s Spec) {
+	isFlag := f.Name == "next.done" || f.Name == "next.terminated" || f.Name == "next.truncated"
+	if f.Compress != nil {
+		switch {
+		case s.Storage != KindCompressed:
+			v.add(path+".compress", "applies only to %s storage, not %q", KindCompressed, s.Storage)
+		case *f.Compress && isFlag:
+			v.add(path+".compress", "%s is an episode flag and always stays plain", f.Name)
+		}
+	}
+	fs := f.FrameStack
+	if fs == nil {
+		return
+	}
+	fsPath := path + ".frame_stack"
+	switch {
+	case s.Storage != KindCompressed:
+		v.add(fsPath, "applies only to %s storage, not %q", KindCompressed, s.Storage)
+	case f.Compress != nil && !*f.Compress:
+		v.add(fsPath, "needs the field compressed; drop \"compress\": false")
+	case fs.K < 2:
+		v.add(fsPath+".k", "must be at least 2, got %d", fs.K)
+	case fs.Axis < 0 || fs.Axis >= len(f.Shape):
+		v.add(fsPath+".axis", "must name a dimension of shape %v (0 to %d), got %d", f.Shape, len(f.Shape)-1, fs.Axis)
+	case f.Shape[fs.Axis] != fs.K:
+		v.add(fsPath+".k", "is %d but shape %v has %d frames along axis %d", fs.K, f.Shape, f.Shape[fs.Axis], fs.Axis)
+	case s.Compression != nil && s.Compression.ChunkLen < fs.K:
+		v.add(fsPath+".k", "is %d but compression.chunk_len is %d; a chunk must hold at least k rows", fs.K, s.Compression.ChunkLen)
+	}
+}
+
+// Compressed reports whether f is kept in compressed chunks in a buffer with
+// this spec (which must have its defaults filled in).
+func (s Spec) Compressed(f Field) bool {
+	if s.Storage != KindCompressed {
+		return false
+	}
+	switch f.Name {
+	case "next.done", "next.terminated", "next.truncated":
+		return false
+	}
+	if f.Compress != nil {
+		return *f.Compress
+	}
+	return f.FrameStack != nil || f.RowBytes() >= compressMinBytes
 }
 
 // field checks one field. The capacity is needed because the column for the
@@ -529,12 +630,6 @@ func (v *specValidator) field(path string, f Field, capacity int64, capacityOK b
 		}
 	}
 
-	if f.Compress != nil {
-		v.unsupported(path+".compress", "per-field compression is not supported yet (it needs compressed storage)")
-	}
-	if f.FrameStack != nil {
-		v.unsupported(path+".frame_stack", "frame stacking is not supported yet (it needs compressed storage)")
-	}
 }
 
 // nameProblem returns why name cannot be a field name, or "" if it can.
@@ -651,6 +746,12 @@ func (s Spec) MarshalJSON() ([]byte, error) {
 		e.str(c.Codec)
 		e.raw(`,"level":`)
 		e.raw(strconv.Itoa(c.Level))
+		e.raw(`,"chunk_len":`)
+		e.raw(strconv.Itoa(c.ChunkLen))
+		e.raw(`,"delta":`)
+		e.raw(strconv.FormatBool(c.Delta))
+		e.raw(`,"cache_mib":`)
+		e.raw(strconv.Itoa(c.CacheMiB))
 		e.raw("}")
 	}
 	e.raw("}")
@@ -923,13 +1024,19 @@ func (d specDecoder) priority(path string, out **PriorityOptions) error {
 func (d specDecoder) compression(path string, out **CompressionOptions) error {
 	// Like priority, keys left out take defaults now, so that a client can
 	// change only the level.
-	c := CompressionOptions{Codec: specDefaultCodec, Level: specDefaultLevel}
+	var c CompressionOptions
 	present, err := d.object(path, "key", func(key, keyPath string) error {
 		switch key {
 		case "codec":
 			return d.value(keyPath, "a string", &c.Codec)
 		case "level":
 			return d.value(keyPath, "an integer", &c.Level)
+		case "chunk_len":
+			return d.value(keyPath, "an integer", &c.ChunkLen)
+		case "delta":
+			return d.value(keyPath, "a boolean", &c.Delta)
+		case "cache_mib":
+			return d.value(keyPath, "an integer", &c.CacheMiB)
 		default:
 			return d.unknownKey(keyPath)
 		}
@@ -938,6 +1045,7 @@ func (d specDecoder) compression(path string, out **CompressionOptions) error {
 		return err
 	}
 	if present {
+		c.fillDefaults()
 		*out = &c
 	} else {
 		*out = nil

@@ -341,8 +341,8 @@ func TestSpecDefaults(t *testing.T) {
 	})
 	t.Run("compressed", func(t *testing.T) {
 		s := Spec{Storage: KindCompressed}.WithDefaults()
-		if s.Compression == nil || *s.Compression != (CompressionOptions{Codec: "zstd", Level: 1}) {
-			t.Errorf("Compression = %+v, want zstd level 1", s.Compression)
+		if s.Compression == nil || *s.Compression != (CompressionOptions{Codec: "zstd", Level: 1, ChunkLen: 32, CacheMiB: 64}) {
+			t.Errorf("Compression = %+v, want zstd level 1, chunks of 32, 64 MiB cache", s.Compression)
 		}
 		if s.Durability != DurabilityFlush {
 			t.Errorf("Durability = %q, want flush", s.Durability)
@@ -573,42 +573,48 @@ func TestSpecReservedNames(t *testing.T) {
 	}
 }
 
-func TestSpecNotSupported(t *testing.T) {
+func TestSpecCompression(t *testing.T) {
+	obs := func(opts string) string {
+		return `"observation": {"dtype": "uint8", "shape": [4, 84, 84]` + opts + `}, "next.done": {"dtype": "bool"}`
+	}
 	tests := []struct {
-		name string
-		doc  string
-		path string
+		name  string
+		doc   string
+		paths []string // nil: valid
 	}{
-		{"compressed storage", specDoc(specBaseFields, `"storage": "compressed"`), "storage"},
-		{"compressed storage with options", specDoc(specBaseFields, `"storage": "compressed", "compression": {"codec": "zstd", "level": 5}`), "storage"},
-		{"compress option", specDoc(`"observation": {"dtype": "uint8", "shape": [84, 84], "compress": false}, "next.done": {"dtype": "bool"}`, ""),
-			"fields.observation.compress"},
-		{"frame_stack option", specDoc(`"observation": {"dtype": "uint8", "shape": [84, 84], "frame_stack": {"k": 4, "axis": 0}}, "next.done": {"dtype": "bool"}`, ""),
-			"fields.observation.frame_stack"},
+		{"compressed storage", specDoc(specBaseFields, `"storage": "compressed"`), nil},
+		{"options", specDoc(specBaseFields, `"storage": "compressed", "compression": {"codec": "none", "chunk_len": 8, "delta": true, "cache_mib": 1}`), nil},
+		{"frame stack", specDoc(obs(`, "frame_stack": {"k": 4, "axis": 0}`), `"storage": "compressed"`), nil},
+		{"frame stack on memmap", specDoc(obs(`, "frame_stack": {"k": 4, "axis": 0}`), ""), []string{"fields.observation.frame_stack"}},
+		{"compress on memmap", specDoc(obs(`, "compress": false`), ""), []string{"fields.observation.compress"}},
+		{"compress on a flag", specDoc(`"next.done": {"dtype": "bool", "compress": true}`, `"storage": "compressed"`), []string{"fields.next.done.compress"}},
+		{"frame stack k mismatch", specDoc(obs(`, "frame_stack": {"k": 3, "axis": 0}`), `"storage": "compressed"`), []string{"fields.observation.frame_stack.k"}},
+		{"frame stack k 1", specDoc(obs(`, "frame_stack": {"k": 1, "axis": 0}`), `"storage": "compressed"`), []string{"fields.observation.frame_stack.k"}},
+		{"frame stack axis", specDoc(obs(`, "frame_stack": {"k": 4, "axis": 3}`), `"storage": "compressed"`), []string{"fields.observation.frame_stack.axis"}},
+		{"frame stack uncompressed", specDoc(obs(`, "compress": false, "frame_stack": {"k": 4, "axis": 0}`), `"storage": "compressed"`), []string{"fields.observation.frame_stack"}},
+		{"frame stack longer than chunk", specDoc(obs(`, "frame_stack": {"k": 4, "axis": 0}`), `"storage": "compressed", "compression": {"chunk_len": 3}`), []string{"fields.observation.frame_stack.k"}},
+		{"level", specDoc(specBaseFields, `"storage": "compressed", "compression": {"level": 23}`), []string{"compression.level"}},
+		{"codec", specDoc(specBaseFields, `"storage": "compressed", "compression": {"codec": "lz4"}`), []string{"compression.codec"}},
+		{"chunk_len", specDoc(specBaseFields, `"storage": "compressed", "compression": {"chunk_len": 5000}`), []string{"compression.chunk_len"}},
+		{"cache_mib", specDoc(specBaseFields, `"storage": "compressed", "compression": {"cache_mib": -1}`), []string{"compression.cache_mib"}},
+		{"options on memmap", specDoc(specBaseFields, `"compression": {"level": 3}`), []string{"compression"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := ParseSpec([]byte(tt.doc))
-			if !errors.Is(err, ErrNotSupported) || !errors.Is(err, ErrInvalidSpec) {
-				t.Fatalf("err = %v, want both ErrNotSupported and ErrInvalidSpec", err)
+			if tt.paths == nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
 			}
-			if got := specErrorPaths(err); !slices.Equal(got, []string{tt.path}) {
-				t.Errorf("paths = %q, want [%q]", got, tt.path)
+			if !errors.Is(err, ErrInvalidSpec) {
+				t.Fatalf("err = %v, want ErrInvalidSpec", err)
 			}
-			if !strings.Contains(err.Error(), "not supported yet") {
-				t.Errorf("message %q does not say it is not supported yet", err)
+			if got := specErrorPaths(err); !slices.Equal(got, tt.paths) {
+				t.Errorf("paths = %q, want %q (%v)", got, tt.paths, err)
 			}
 		})
-	}
-
-	// Not-supported problems are reported alongside ordinary ones.
-	_, err := ParseSpec([]byte(specDoc(specBaseFields, `"storage": "compressed", "capacity": 0`)))
-	if got := specErrorPaths(err); !slices.Equal(got, []string{"capacity", "storage"}) {
-		t.Errorf("paths = %q", got)
-	}
-	ses := specErrorsOf(err)
-	if len(ses) == 2 && (errors.Is(ses[0], ErrNotSupported) || !errors.Is(ses[1], ErrNotSupported)) {
-		t.Errorf("ErrNotSupported attached to the wrong error: %v", err)
 	}
 }
 
@@ -714,7 +720,7 @@ func TestSpecMarshalShape(t *testing.T) {
 	}
 	want := `{"capacity":3,"storage":"","fields":{"o":{"dtype":"uint8","shape":[2,3],"compress":true,` +
 		`"frame_stack":{"k":4,"axis":-1}},"next.done":{"dtype":"bool","shape":[]}},"compact_obs":false,` +
-		`"obs_keys":[],"compression":{"codec":"zstd","level":3}}`
+		`"obs_keys":[],"compression":{"codec":"zstd","level":3,"chunk_len":0,"delta":false,"cache_mib":0}}`
 	if got := string(specMustMarshal(t, s)); got != want {
 		t.Errorf("MarshalJSON =\n%s\nwant\n%s", got, want)
 	}

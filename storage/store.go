@@ -149,7 +149,10 @@ func (s *Store) openBuffer(e catalogEntry) (*Buffer, int64, error) {
 	if err := e.spec.Validate(); err != nil {
 		return nil, 0, corruptf(s.cat.path, -1, "stored spec is invalid: %v", err)
 	}
-	b := newBuffer(s, e.name, e.spec, e.state.UID)
+	b, err := newBuffer(s, e.name, e.spec, e.state.UID)
+	if err != nil {
+		return nil, 0, err
+	}
 	b.createdAt = e.state.CreatedAt
 	if b.prio != nil && e.state.MaxPriority > 0 {
 		b.prio.max = e.state.MaxPriority
@@ -242,7 +245,10 @@ func (s *Store) createLocked(name string, spec Spec) (b *Buffer, created bool, e
 	if _, err := rand.Read(u[:]); err != nil {
 		return nil, false, err
 	}
-	b = newBuffer(s, name, spec, binary.LittleEndian.Uint64(u[:]))
+	b, err = newBuffer(s, name, spec, binary.LittleEndian.Uint64(u[:]))
+	if err != nil {
+		return nil, false, fmt.Errorf("create buffer %q: %w", name, err)
+	}
 	b.createdAt = time.Now().UTC()
 	if b.persistent {
 		err = b.createFiles()

@@ -61,6 +61,12 @@ func (b *Buffer) syncTo(target int64) error {
 // does not hold.
 func (b *Buffer) syncFiles(goal int64) error {
 	var errs []error
+	var sealed int64
+	if b.cs != nil {
+		// Chunk records before row records: a durable row needs both.
+		sealed = b.cs.sealed.Load()
+		errs = append(errs, b.cs.syncSegments())
+	}
 	for _, c := range b.allColumns() {
 		errs = append(errs, c.region.Sync())
 	}
@@ -68,11 +74,18 @@ func (b *Buffer) syncFiles(goal int64) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	if cur, ok := readWatermark(b.hdr); ok && cur == goal {
-		return nil // nothing new: leave the header untouched
+	if cur, ok := readWatermark(b.hdr); !ok || cur != goal {
+		putWatermark(b.hdr, goal)
+		if err := b.meta.SyncRange(0, headerSize); err != nil {
+			return err
+		}
 	}
-	putWatermark(b.hdr, goal)
-	return b.meta.SyncRange(0, headerSize)
+	if b.cs != nil {
+		// Everything below goal-capacity is now durably overwritten and
+		// every seal counted before the sync is on disk.
+		return b.cs.collect(goal-b.capacity, sealed)
+	}
+	return nil
 }
 
 // state is the catalog-side state of the buffer as of now.

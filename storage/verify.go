@@ -75,6 +75,9 @@ func Verify(dir string, opts *Options) (*VerifyReport, error) {
 		}
 		br.Problems = append(br.Problems, b.damage...)
 		br.Problems = append(br.Problems, b.checkIndex()...)
+		if b.cs != nil {
+			br.Problems = append(br.Problems, b.cs.checkChunks()...)
+		}
 		if err := b.unmap(); err != nil {
 			br.Problems = append(br.Problems, err.Error())
 		}

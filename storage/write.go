@@ -2,6 +2,7 @@ package storage
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 )
@@ -280,11 +281,21 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 		}
 	}
 
+	capacity := b.capacity
+	written := max(first, end-capacity) // rows below this are overwritten by the same batch
+
+	// Compressed fields go into chunks first, so that a row whose record
+	// is whole always has them on disk. Nothing in the index has changed
+	// yet if this fails.
+	if b.cs != nil {
+		if err := b.cs.appendBatch(p, recs, written, stream == ""); err != nil {
+			return ExtendResult{}, err
+		}
+	}
+
 	// Rows this extend overwrites leave the index before their slots are
 	// touched, so samplers stop choosing them; a reader already copying one
 	// sees its stamp change and drops it.
-	capacity := b.capacity
-	written := max(first, end-capacity) // rows below this are overwritten by the same batch
 	b.imu.Lock()
 	for s := max(0, first-capacity); s < end-capacity; s++ {
 		slot := s % capacity
@@ -369,6 +380,9 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 	le.PutUint64(rb[recSeq:], uint64(writingMarker(rec.Seq)))
 	var crc uint32
 	for i, c := range b.cols {
+		if c.cz >= 0 {
+			continue // in a chunk already
+		}
 		src := p.src[i][r*c.rowBytes : (r+1)*c.rowBytes]
 		copy(c.row(slot), src)
 		if b.persistent {
@@ -377,6 +391,9 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 	}
 	if t := p.tailRowOf(r); t >= 0 {
 		for i, c := range b.tails {
+			if c.cz >= 0 {
+				continue
+			}
 			src := p.tailSrc[i][t*c.rowBytes : (t+1)*c.rowBytes]
 			copy(c.row(slot), src)
 			if b.persistent {
@@ -415,6 +432,12 @@ func (b *Buffer) CloseStream(stream string) (int, error) {
 	b.wmu.Lock()
 	defer b.wmu.Unlock()
 	envs := b.streams[stream]
+	var err error
+	if b.cs != nil {
+		for _, pos := range envs {
+			err = errors.Join(err, b.cs.closeTrajectory(pos.TrajID))
+		}
+	}
 	b.imu.Lock()
 	for _, pos := range envs {
 		if t := b.ix.byID[pos.TrajID]; t != nil {
@@ -423,6 +446,9 @@ func (b *Buffer) CloseStream(stream string) (int, error) {
 	}
 	b.imu.Unlock()
 	delete(b.streams, stream)
+	if err != nil {
+		return len(envs), fmt.Errorf("close stream %q of %q: %w", stream, b.name, err)
+	}
 	return len(envs), nil
 }
 
