@@ -31,6 +31,17 @@ type Info struct {
 	Streams     int   `json:"streams"`
 	Holes       int64 `json:"holes"`
 	DamagedRows int   `json:"damaged_rows"`
+	// DiskBytes is the space the buffer's files take (0 for memory buffers).
+	DiskBytes int64 `json:"disk_bytes"`
+	// ChunkCache counts decoded-chunk cache lookups of compressed buffers.
+	ChunkCache *CacheStats `json:"chunk_cache,omitempty"`
+}
+
+// CacheStats counts lookups in a compressed buffer's decoded-chunk cache.
+type CacheStats struct {
+	Hits   int64 `json:"hits"`
+	Misses int64 `json:"misses"`
+	Bytes  int64 `json:"bytes"`
 }
 
 // FieldBytes is one field's logical (plain layout) and stored size.
@@ -161,10 +172,15 @@ type Priority struct {
 // DefaultPriority returns the server's defaults, alpha 0.6 and eps 1e-6.
 func DefaultPriority() *Priority { return &Priority{Alpha: 0.6, Eps: 1e-6} }
 
-// Compression configures the codec of a compressed buffer.
+// Compression configures the chunks of a compressed buffer; zero values
+// take the server's defaults (zstd level 1, chunks of 32 rows, no delta,
+// 64 MiB cache).
 type Compression struct {
-	Codec string `json:"codec"`
-	Level int    `json:"level"`
+	Codec    string `json:"codec,omitempty"`
+	Level    int    `json:"level,omitempty"`
+	ChunkLen int    `json:"chunk_len,omitempty"`
+	Delta    bool   `json:"delta,omitempty"`
+	CacheMiB int    `json:"cache_mib,omitempty"`
 }
 
 // FrameStack is the per-field frame stacking option.

@@ -26,9 +26,9 @@ type column struct {
 	rowBytes int
 	// cz is the column's index among the compressed fields of a
 	// compressed buffer (its bytes live in chunks, not in data), or -1.
-	cz       int
-	region   *mmapfile.Region
-	data     []byte // capacity*rowBytes, after the header for files
+	cz     int
+	region *mmapfile.Region
+	data   []byte // capacity*rowBytes, after the header for files
 }
 
 func (c *column) row(slot int64) []byte {

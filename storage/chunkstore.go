@@ -31,10 +31,10 @@ import (
 // and the contents of open chunks, which readers snapshot under RLock.
 type chunkStore struct {
 	b        *Buffer
-	fields   []*column   // compressed fields, spec order
-	colIdx   []int       // index of each in b.cols
+	fields   []*column    // compressed fields, spec order
+	colIdx   []int        // index of each in b.cols
 	geoms    []*frameGeom // per field; nil without a frame stack
-	tailIdx  []int       // per field: index in b.tails of its final observations, -1 if none
+	tailIdx  []int        // per field: index in b.tails of its final observations, -1 if none
 	chunkLen int
 	codec    uint8
 	delta    bool
@@ -408,7 +408,6 @@ func (cs *chunkStore) seal(ts *trajState, oc *chunk) error {
 	ts.last = sc
 	return nil
 }
-
 
 // writeFragment makes the rows added to oc since its last record durable.
 func (cs *chunkStore) writeFragment(oc *chunk) error {

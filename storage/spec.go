@@ -68,8 +68,8 @@ const (
 	// buffer is compressed unless it says otherwise: smaller fields gain
 	// little and would cost a chunk decode per sampled row.
 	compressMinBytes = 64
-	specDefaultAlpha  = 0.6
-	specDefaultEps    = 1e-6
+	specDefaultAlpha = 0.6
+	specDefaultEps   = 1e-6
 )
 
 // FrameStack declares that a field is a stack of the last K frames along
