@@ -23,6 +23,13 @@ type SpecOptions struct {
 	Priority bool
 	// Durability is "" (the storage default) or a durability mode.
 	Durability storage.Durability
+	// Compression configures a compressed buffer; nil means the defaults.
+	Compression *storage.CompressionOptions
+	// FrameDedup declares the frame stack of stacked pixel observations
+	// (catch with a stack: [K, 84, 84], axis 0), so that a compressed
+	// buffer stores each frame once. It needs Storage compressed and is
+	// ignored for envs without a stack.
+	FrameDedup bool
 }
 
 // BufferSpec is the spec of a buffer holding env's steps as the collector
@@ -50,7 +57,7 @@ func BufferSpec(env envs.Spec, o SpecOptions) storage.Spec {
 	}
 	s := storage.Spec{
 		Capacity: o.Capacity, Storage: kind, CompactObs: o.CompactObs, ObsKeys: []string{"observation"},
-		Durability: o.Durability,
+		Durability: o.Durability, Compression: o.Compression,
 		Fields: []storage.Field{
 			{Name: "observation", DType: obsDT, Shape: slices.Clone(env.ObsShape)},
 			act,
@@ -59,6 +66,9 @@ func BufferSpec(env envs.Spec, o SpecOptions) storage.Spec {
 			{Name: "next.terminated", DType: storage.Bool, Shape: []int{}},
 			{Name: "next.truncated", DType: storage.Bool, Shape: []int{}},
 		},
+	}
+	if o.FrameDedup && env.FrameStack > 1 {
+		s.Fields[0].FrameStack = &storage.FrameStack{K: env.FrameStack, Axis: 0}
 	}
 	if !o.CompactObs {
 		s.Fields = append(s.Fields, storage.Field{Name: "next.observation", DType: obsDT, Shape: slices.Clone(env.ObsShape)})

@@ -36,6 +36,9 @@ type collectOptions struct {
 	token            string
 	capacity         int64
 	storage          string
+	frameDedup       bool
+	chunkLen         int
+	level            int
 	seed             uint64
 	policy           string
 	epsilon          float64
@@ -65,7 +68,10 @@ func (o *collectOptions) AddFlags(f *pflag.FlagSet) {
 	f.StringVar(&o.buffer, "buffer", "", "buffer name (default: the env's name); created with the env's spec if missing")
 	f.StringVar(&o.token, "token", "", "bearer token for --url (default $RBD_TOKEN)")
 	f.Int64Var(&o.capacity, "capacity", 100_000, "capacity in rows of a buffer this command creates")
-	f.StringVar(&o.storage, "storage", "memmap", "storage kind of a buffer this command creates: memmap or memory")
+	f.StringVar(&o.storage, "storage", "memmap", "storage kind of a buffer this command creates: memmap, memory or compressed")
+	f.BoolVar(&o.frameDedup, "frame-dedup", false, "compressed storage: store each stacked frame once (catch with --frame-stack > 1)")
+	f.IntVar(&o.chunkLen, "chunk-len", 0, "compressed storage: rows of one trajectory per chunk (0: 32)")
+	f.IntVar(&o.level, "level", 0, "compressed storage: zstd level 1-22 (0: 1)")
 	f.Uint64Var(&o.seed, "seed", 0, "seed of envs and policy (default: random, printed at the end)")
 	f.StringVar(&o.policy, "policy", "random", "policy: random, linear-q or mlp-q (epsilon-greedy; discrete envs)")
 	f.Float64Var(&o.epsilon, "epsilon", 0.1, "exploration rate of the Q policies")
@@ -147,8 +153,11 @@ func (o *collectOptions) validate() error {
 	if o.capacity < 1 {
 		errs = append(errs, fmt.Errorf("--capacity %d: want at least 1", o.capacity))
 	}
-	if o.storage != "memmap" && o.storage != "memory" {
-		errs = append(errs, fmt.Errorf("--storage %q: want memmap or memory", o.storage))
+	switch {
+	case o.storage != "memmap" && o.storage != "memory" && o.storage != "compressed":
+		errs = append(errs, fmt.Errorf("--storage %q: want memmap, memory or compressed", o.storage))
+	case o.storage != "compressed" && (o.frameDedup || o.chunkLen != 0 || o.level != 0):
+		errs = append(errs, fmt.Errorf("--frame-dedup, --chunk-len and --level need --storage compressed"))
 	}
 	if o.epsilon < 0 || o.epsilon > 1 {
 		errs = append(errs, fmt.Errorf("--epsilon %v: want 0..1", o.epsilon))
@@ -186,7 +195,11 @@ func runCollect(ctx context.Context, stdout, stderr io.Writer, o *collectOptions
 	if err != nil {
 		return err
 	}
-	spec := collector.BufferSpec(espec, collector.SpecOptions{Capacity: o.capacity, Storage: storage.Kind(o.storage), CompactObs: o.compact})
+	so := collector.SpecOptions{Capacity: o.capacity, Storage: storage.Kind(o.storage), CompactObs: o.compact, FrameDedup: o.frameDedup}
+	if o.storage == "compressed" {
+		so.Compression = &storage.CompressionOptions{ChunkLen: o.chunkLen, Level: o.level}
+	}
+	spec := collector.BufferSpec(espec, so)
 
 	var w collector.Writer
 	var closeDB func() error

@@ -46,8 +46,12 @@ func CatchSpec(k int) Spec {
 	if k > 1 {
 		shape = []int{k, CatchSize, CatchSize}
 	}
-	return Spec{Name: "catch", ObsDType: "uint8", ObsShape: shape, NumActions: CatchActions,
+	s := Spec{Name: "catch", ObsDType: "uint8", ObsShape: shape, NumActions: CatchActions,
 		MaxEpisodeSteps: CatchMaxSteps, Pixels: true}
+	if k > 1 {
+		s.FrameStack = k
+	}
+	return s
 }
 
 // NewCatch returns a catch game stacking k frames (0 or 1: single frames).

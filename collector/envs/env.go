@@ -30,6 +30,9 @@ type Spec struct {
 	MaxEpisodeSteps int
 	// Pixels marks image observations.
 	Pixels bool
+	// FrameStack > 1 means an observation stacks the last FrameStack
+	// frames along axis 0, oldest first (a reset repeats the first frame).
+	FrameStack int
 }
 
 // Discrete reports whether actions are discrete.
