@@ -52,10 +52,14 @@ var (
 	descOpen    = prometheus.NewDesc("rbd_buffer_open_trajectories", "Trajectories a stream may still extend.", []string{"buffer"}, nil)
 	descBytes   = prometheus.NewDesc("rbd_buffer_bytes", "Bytes per field: logical (plain layout) and stored.", []string{"buffer", "field", "kind"}, nil)
 	descDurable = prometheus.NewDesc("rbd_buffer_durable_seq", "Durable watermark: rows below it are on stable storage.", []string{"buffer"}, nil)
+	descRatio   = prometheus.NewDesc("rbd_buffer_bytes_ratio", "Logical over stored bytes per field (absent while nothing is stored).", []string{"buffer", "field"}, nil)
+	descDisk    = prometheus.NewDesc("rbd_buffer_disk_bytes", "Space the buffer's files take on disk (0 for memory buffers).", []string{"buffer"}, nil)
+	descCache   = prometheus.NewDesc("rbd_buffer_chunk_cache_lookups_total", "Decoded-chunk cache lookups of compressed buffers, by result.", []string{"buffer", "result"}, nil)
+	descCacheB  = prometheus.NewDesc("rbd_buffer_chunk_cache_bytes", "Bytes held by the decoded-chunk cache of compressed buffers.", []string{"buffer"}, nil)
 )
 
 func (c *bufferCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLive, descWrites, descTraj, descOpen, descBytes, descDurable} {
+	for _, d := range []*prometheus.Desc{descLive, descWrites, descTraj, descOpen, descBytes, descDurable, descRatio, descDisk, descCache, descCacheB} {
 		ch <- d
 	}
 }
@@ -74,9 +78,18 @@ func (c *bufferCollector) Collect(ch chan<- prometheus.Metric) {
 		g(descTraj, float64(info.Trajectories), info.Name)
 		g(descOpen, float64(info.OpenTrajectories), info.Name)
 		g(descDurable, float64(info.Durable), info.Name)
+		g(descDisk, float64(info.DiskBytes), info.Name)
 		for f, fb := range info.Bytes {
 			g(descBytes, float64(fb.Logical), info.Name, f, "logical")
 			g(descBytes, float64(fb.Stored), info.Name, f, "stored")
+			if fb.Stored > 0 {
+				g(descRatio, float64(fb.Logical)/float64(fb.Stored), info.Name, f)
+			}
+		}
+		if cs := info.Cache; cs != nil {
+			ch <- prometheus.MustNewConstMetric(descCache, prometheus.CounterValue, float64(cs.Hits), info.Name, "hit")
+			ch <- prometheus.MustNewConstMetric(descCache, prometheus.CounterValue, float64(cs.Misses), info.Name, "miss")
+			g(descCacheB, float64(cs.Bytes), info.Name)
 		}
 	}
 }

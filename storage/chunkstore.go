@@ -611,7 +611,12 @@ func (cs *chunkStore) usage(lo int64) (perField []int64, files int64) {
 // read; the caller drops those whose slot was overwritten meanwhile and
 // reports the rest.
 func (cs *chunkStore) gather(dst []byte, fi int, tail bool, rb int, seqs, slots []int64, recs []record) map[int]error {
-	refs := make([]rowLoc, len(slots))
+	type ref struct {
+		rowLoc
+		rows int  // rows of the chunk when looked up
+		tail bool // it holds a final observation
+	}
+	refs := make([]ref, len(slots))
 	views := map[*chunk]*fieldView{} // snapshots of open chunks
 	var errs map[int]error
 	fail := func(j int, err error) {
@@ -632,7 +637,7 @@ func (cs *chunkStore) gather(dst []byte, fi int, tail bool, rb int, seqs, slots 
 			fail(j, errSlotMoving)
 			continue
 		}
-		refs[j] = l
+		refs[j] = ref{l, len(l.c.seqs), l.c.tail}
 		for c, depth := l.c, 0; c != nil && depth < 2; c, depth = c.prev, depth+1 {
 			if !c.sealed && views[c] == nil {
 				views[c] = cs.snapshot(c, fi)
@@ -645,6 +650,8 @@ func (cs *chunkStore) gather(dst []byte, fi int, tail bool, rb int, seqs, slots 
 		if l.c == nil {
 			continue
 		}
+		// Open chunks may grow meanwhile: only what was looked up under
+		// the lock (l.rows, l.tail, the views) is used below.
 		out := dst[j*rb : (j+1)*rb]
 		us := &unitWalker{cs: cs, fi: fi, c: l.c, views: views}
 		i := l.i
@@ -653,11 +660,11 @@ func (cs *chunkStore) gather(dst []byte, fi int, tail bool, rb int, seqs, slots 
 				clear(out)
 				continue
 			}
-			if !l.c.tail || l.i != len(l.c.seqs)-1 {
+			if !l.tail || l.i != l.rows-1 {
 				fail(j, cs.chunkErr(l.c, fi, fmt.Errorf("row %d has a final observation but its chunk holds none", seqs[j])))
 				continue
 			}
-			i = len(l.c.seqs)
+			i = l.rows
 		}
 		if g != nil {
 			if err := g.rebuild(out, us, i); err != nil {

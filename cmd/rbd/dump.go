@@ -75,6 +75,7 @@ type dumpBuffer struct {
 	Holes            int64                         `json:"holes"`
 	Damaged          int                           `json:"damaged_rows"`
 	Bytes            map[string]storage.FieldBytes `json:"bytes"`
+	DiskBytes        int64                         `json:"disk_bytes"`
 	Rows             []dumpRow                     `json:"rows,omitempty"`
 }
 
@@ -128,7 +129,7 @@ func dumpOne(b *storage.Buffer, o *dumpOptions) (dumpBuffer, error) {
 		Name: info.Name, Storage: info.Spec.Storage, Capacity: info.Spec.Capacity, Spec: info.Spec,
 		Size: info.Size, WriteCount: info.WriteCount, Durable: info.Durable, Trajectories: info.Trajectories,
 		OpenTrajectories: info.OpenTrajectories, Holes: info.Holes, Damaged: info.Damaged, Bytes: info.Bytes,
-		LengthHistogram: map[string]int{},
+		DiskBytes: info.DiskBytes, LengthHistogram: map[string]int{},
 	}
 	var trajSeqs []int64
 	b.ReadIndex(func(ix storage.Index) {
@@ -262,6 +263,12 @@ func printDump(out io.Writer, res *dumpOutput) {
 		}
 		fmt.Fprintf(out, "\n  rows: %d live, %d written, durable below seq %d, %d holes, %d damaged\n", d.Size, d.WriteCount, d.Durable, d.Holes, d.Damaged)
 		fmt.Fprintf(out, "  trajectories: %d live, %d open\n", d.Trajectories, d.OpenTrajectories)
+		if d.Storage != storage.KindMemory {
+			fmt.Fprintf(out, "  disk: %d bytes in files\n", d.DiskBytes)
+		}
+		if c := d.Spec.Compression; c != nil {
+			fmt.Fprintf(out, "  compression: %s level %d, chunks of %d rows, delta %v\n", c.Codec, c.Level, c.ChunkLen, c.Delta)
+		}
 		if len(d.LengthHistogram) > 0 {
 			keys := make([]string, 0, len(d.LengthHistogram))
 			for k := range d.LengthHistogram {
@@ -279,7 +286,7 @@ func printDump(out io.Writer, res *dumpOutput) {
 			}
 		}
 		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "  field\tdtype\tshape\tlogical B\tstored B\tstored/logical")
+		fmt.Fprintln(tw, "  field\tdtype\tshape\tkept as\tlogical B\tstored B\tlogical/stored")
 		names := make([]string, 0, len(d.Bytes))
 		for _, f := range d.Spec.Fields {
 			names = append(names, f.Name)
@@ -291,17 +298,26 @@ func printDump(out io.Writer, res *dumpOutput) {
 		}
 		for _, n := range names {
 			fb := d.Bytes[n]
-			dt, shape := "", ""
+			dt, shape, kept := "", "", "column"
 			if f, ok := d.Spec.Field(n); ok {
 				dt, shape = f.DType.String(), fmt.Sprint(f.Shape)
+				if d.Spec.Compressed(f) {
+					kept = "chunks"
+					if fs := f.FrameStack; fs != nil {
+						kept = fmt.Sprintf("chunks, frames k=%d", fs.K)
+					}
+				}
 			} else {
-				dt, shape = "(tail)", "final obs"
+				dt, shape, kept = "(tail)", "final obs", "column"
+				if f, ok := d.Spec.Field(strings.TrimPrefix(n, "next.")); ok && d.Spec.Compressed(f) {
+					kept = "in " + f.Name + " chunks"
+				}
 			}
 			ratio := "-"
-			if fb.Logical > 0 {
-				ratio = fmt.Sprintf("%.2f", float64(fb.Stored)/float64(fb.Logical))
+			if fb.Stored > 0 {
+				ratio = fmt.Sprintf("%.1fx", float64(fb.Logical)/float64(fb.Stored))
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%d\t%s\n", n, dt, shape, fb.Logical, fb.Stored, ratio)
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d\t%d\t%s\n", n, dt, shape, kept, fb.Logical, fb.Stored, ratio)
 		}
 		tw.Flush()
 		if len(d.Rows) > 0 {
