@@ -92,7 +92,10 @@ type chunk struct {
 	id     uint64
 	traj   int64
 	step0  int64
-	prev   *chunk
+	// prevp is the trajectory's previous chunk, which frame stacks of the
+	// first rows reach into. collect cuts the link once that chunk is
+	// garbage, so a long trajectory does not keep all its chunks alive.
+	prevp  atomic.Pointer[chunk]
 	sealed bool
 	seqs   []int64
 	tail   bool
@@ -287,7 +290,8 @@ func (cs *chunkStore) fail(err error) error {
 }
 
 func (cs *chunkStore) newOpenChunk(traj, step int64, prev *chunk) *chunk {
-	c := &chunk{id: cs.nextID, traj: traj, step0: step, prev: prev, f: make([]chunkField, len(cs.fields))}
+	c := &chunk{id: cs.nextID, traj: traj, step0: step, f: make([]chunkField, len(cs.fields))}
+	c.prevp.Store(prev)
 	cs.nextID++
 	for i := range c.f {
 		c.f[i].offs = []int{0}
@@ -336,8 +340,8 @@ func (cs *chunkStore) appendRow(ts *trajState, oc *chunk, p *plan, rec *record, 
 	oc.dieAt = rec.Seq + 1
 	// The first K-1 rows of a chunk rebuild their stacks from the end of
 	// the previous chunk, which must outlive them.
-	if oc.prev != nil && int(rec.Step-oc.step0) < cs.maxK-1 {
-		oc.prev.dieAt = max(oc.prev.dieAt, rec.Seq+1)
+	if p := oc.prev(); p != nil && int(rec.Step-oc.step0) < cs.maxK-1 {
+		p.dieAt = max(p.dieAt, rec.Seq+1)
 	}
 }
 
@@ -375,11 +379,12 @@ func (cs *chunkStore) pack(f *chunkField, from, to int) recordField {
 // chunk.
 func (cs *chunkStore) seal(ts *trajState, oc *chunk) error {
 	rec := &chunkRecord{Kind: recSealed, Tail: oc.tail, TrajID: oc.traj, FirstStep: oc.step0, ID: oc.id, Seqs: oc.seqs}
-	if oc.prev != nil {
-		rec.PrevID = oc.prev.id
+	if p := oc.prev(); p != nil {
+		rec.PrevID = p.id
 	}
-	sc := &chunk{id: oc.id, traj: oc.traj, step0: oc.step0, prev: oc.prev, sealed: true, seqs: oc.seqs, tail: oc.tail,
+	sc := &chunk{id: oc.id, traj: oc.traj, step0: oc.step0, sealed: true, seqs: oc.seqs, tail: oc.tail,
 		f: make([]chunkField, len(cs.fields)), dieAt: oc.dieAt}
+	sc.prevp.Store(oc.prev())
 	for fi := range cs.fields {
 		rec.Fields = append(rec.Fields, cs.pack(&oc.f[fi], 0, len(oc.f[fi].modes)))
 	}
@@ -413,8 +418,8 @@ func (cs *chunkStore) seal(ts *trajState, oc *chunk) error {
 func (cs *chunkStore) writeFragment(oc *chunk) error {
 	from, to := oc.fragFrom, len(oc.seqs)
 	rec := &chunkRecord{Kind: recFragment, TrajID: oc.traj, FirstStep: oc.step0 + int64(from), ID: oc.id, Seqs: oc.seqs[from:to:to]}
-	if oc.prev != nil {
-		rec.PrevID = oc.prev.id
+	if p := oc.prev(); p != nil {
+		rec.PrevID = p.id
 	}
 	for fi := range cs.fields {
 		rec.Fields = append(rec.Fields, cs.pack(&oc.f[fi], from, to))
@@ -551,6 +556,13 @@ func (cs *chunkStore) collect(lo, sealedDurable int64) error {
 	cs.segMu.Lock()
 	defer cs.segMu.Unlock()
 	var errs []error
+	for _, s := range cs.segs {
+		for _, r := range s.recs {
+			if p := r.c.prev(); p != nil && p.dieAt <= lo {
+				r.c.prevp.Store(nil)
+			}
+		}
+	}
 	kept := cs.segs[:0]
 	for i, s := range cs.segs {
 		if i == len(cs.segs)-1 || !cs.segDead(s, lo, sealedDurable) {
@@ -638,7 +650,7 @@ func (cs *chunkStore) gather(dst []byte, fi int, tail bool, rb int, seqs, slots 
 			continue
 		}
 		refs[j] = ref{l, len(l.c.seqs), l.c.tail}
-		for c, depth := l.c, 0; c != nil && depth < 2; c, depth = c.prev, depth+1 {
+		for c, depth := l.c, 0; c != nil && depth < 2; c, depth = c.prev(), depth+1 {
 			if !c.sealed && views[c] == nil {
 				views[c] = cs.snapshot(c, fi)
 			}
@@ -704,10 +716,10 @@ type unitWalker struct {
 func (w *unitWalker) unit(i int) (byte, []byte, error) {
 	c := w.c
 	for i < 0 {
-		if c.prev == nil {
+		if c.prev() == nil {
 			return 0, nil, w.cs.chunkErr(c, w.fi, fmt.Errorf("a frame stack reaches before the trajectory's first chunk"))
 		}
-		c = c.prev
+		c = c.prev()
 		i += len(c.seqs)
 	}
 	v, err := w.cs.view(c, w.fi, w.views)
@@ -911,7 +923,7 @@ func (cs *chunkStore) load(writable bool) error {
 	// Link sealed chunks to their predecessors; a dangling link only
 	// matters (and is reported) if a live row needs it.
 	for _, c := range byID {
-		c.prev = byID[c.prevID()]
+		c.prevp.Store(byID[c.loadPrev])
 	}
 	// Rebuild open chunks from fragments not superseded by a seal.
 	open := map[uint64]*chunk{}
@@ -950,7 +962,7 @@ func (cs *chunkStore) load(writable bool) error {
 			cs.found[s] = rowLoc{c, i}
 		}
 		c.dieAt = max(c.dieAt, c.seqs[len(c.seqs)-1]+1)
-		if p := c.prev; p != nil {
+		if p := c.prev(); p != nil {
 			for i := 0; i < len(c.seqs) && i < cs.maxK-1; i++ {
 				p.dieAt = max(p.dieAt, c.seqs[i]+1)
 			}
@@ -979,9 +991,7 @@ func payloadSizes(rec *chunkRecord) []int {
 	return out
 }
 
-// prevID is the id of the chunk's predecessor as recorded on disk (load
-// only: the pointer is not linked yet).
-func (c *chunk) prevID() uint64 { return c.loadPrev }
+func (c *chunk) prev() *chunk { return c.prevp.Load() }
 
 func (cs *chunkStore) sealedFromRecord(rec *chunkRecord, seg *segment, off int64) (*chunk, error) {
 	c := &chunk{id: rec.ID, traj: rec.TrajID, step0: rec.FirstStep, sealed: true, seqs: rec.Seqs, tail: rec.Tail,
@@ -1002,7 +1012,8 @@ func (cs *chunkStore) sealedFromRecord(rec *chunkRecord, seg *segment, off int64
 func (cs *chunkStore) openFromFragments(recs []*chunkRecord, byID map[uint64]*chunk) (*chunk, error) {
 	sort.SliceStable(recs, func(i, j int) bool { return recs[i].FirstStep < recs[j].FirstStep })
 	first := recs[0]
-	c := &chunk{id: first.ID, traj: first.TrajID, step0: first.FirstStep, prev: byID[first.PrevID], loadPrev: first.PrevID, f: make([]chunkField, len(cs.fields))}
+	c := &chunk{id: first.ID, traj: first.TrajID, step0: first.FirstStep, loadPrev: first.PrevID, f: make([]chunkField, len(cs.fields))}
+	c.prevp.Store(byID[first.PrevID])
 	for i := range c.f {
 		c.f[i].offs = []int{0}
 	}
@@ -1097,7 +1108,7 @@ func (cs *chunkStore) checkChunks() []string {
 			continue
 		}
 		for fi := range cs.fields {
-			for c, d := l.c, 0; c != nil && d < 2; c, d = c.prev, d+1 {
+			for c, d := l.c, 0; c != nil && d < 2; c, d = c.prev(), d+1 {
 				k := cacheKey{c.id, fi}
 				if seen[k] {
 					continue
