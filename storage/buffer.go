@@ -202,7 +202,9 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) (*Buffer, error) {
 		if err != nil {
 			return nil, err
 		}
-		b.cs = cs
+		if cs != nil {
+			b.cs = cs
+		}
 	}
 	return b, nil
 }

@@ -173,6 +173,9 @@ func newChunkStore(b *Buffer) (*chunkStore, error) {
 		cs.tailIdx = append(cs.tailIdx, t)
 		maxRaw = max(maxRaw, (cs.chunkLen+1)*c.rowBytes)
 	}
+	if len(cs.fields) == 0 {
+		return nil, nil // every field plain: the buffer works as memmap
+	}
 	var logical int64
 	for _, c := range cs.fields {
 		logical += b.capacity * int64(c.rowBytes)

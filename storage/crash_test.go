@@ -51,6 +51,10 @@ func crashSpec(kind Kind, capacity int64, blob int, compact bool, dur Durability
 	if !compact {
 		fields = append(fields, Field{Name: "next.observation", DType: Float32, Shape: []int{4}})
 	}
+	if kind == KindCompressed {
+		// The obs key too goes into chunks (with its final observations).
+		fields[0].Compress = new(true)
+	}
 	s := Spec{Capacity: capacity, Storage: kind, Fields: fields, CompactObs: compact, ObsKeys: []string{"observation"}}
 	if kind != KindMemory {
 		s.Durability = dur
