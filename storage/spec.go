@@ -68,6 +68,8 @@ const (
 	// buffer is compressed unless it says otherwise: smaller fields gain
 	// little and would cost a chunk decode per sampled row.
 	compressMinBytes = 64
+	// maxChunkRawBytes bounds one field of one chunk, decoded.
+	maxChunkRawBytes = 1 << 30
 	specDefaultAlpha = 0.6
 	specDefaultEps   = 1e-6
 )
@@ -534,6 +536,17 @@ func (v *specValidator) fieldStorage(path string, f Field, s Spec) {
 			v.add(path+".compress", "applies only to %s storage, not %q", KindCompressed, s.Storage)
 		case *f.Compress && isFlag:
 			v.add(path+".compress", "%s is an episode flag and always stays plain", f.Name)
+		}
+	}
+	if c := s.Compression; c != nil && s.Compressed(f) && f.DType.Valid() {
+		// A chunk's raw bytes must stay addressable by the record's
+		// 32-bit lengths; a float product cannot overflow.
+		raw := float64(c.ChunkLen+1) * float64(f.DType.Size())
+		for _, d := range f.Shape {
+			raw *= float64(d)
+		}
+		if raw > maxChunkRawBytes {
+			v.add(path, "a chunk of %d rows of this field would hold %.0f bytes, more than 1 GiB: lower compression.chunk_len or keep the field plain (\"compress\": false)", c.ChunkLen+1, raw)
 		}
 	}
 	fs := f.FrameStack

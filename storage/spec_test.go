@@ -598,6 +598,8 @@ func TestSpecCompression(t *testing.T) {
 		{"chunk_len", specDoc(specBaseFields, `"storage": "compressed", "compression": {"chunk_len": 5000}`), []string{"compression.chunk_len"}},
 		{"cache_mib", specDoc(specBaseFields, `"storage": "compressed", "compression": {"cache_mib": -1}`), []string{"compression.cache_mib"}},
 		{"options on memmap", specDoc(specBaseFields, `"compression": {"level": 3}`), []string{"compression"}},
+		{"chunk over 1 GiB", specDoc(`"observation": {"dtype": "float64", "shape": [4096, 4096]}, "next.done": {"dtype": "bool"}`, `"storage": "compressed"`), []string{"fields.observation"}},
+		{"big field kept plain", specDoc(`"observation": {"dtype": "float64", "shape": [4096, 4096], "compress": false}, "next.done": {"dtype": "bool"}`, `"storage": "compressed"`), nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
