@@ -209,6 +209,39 @@ class ClientTest(ServerTest):
                 self.assertTrue(batch["next.done"].any())
                 self.assertEqual(set(batch["seq"].tolist()), set(range(5)))
 
+    def test_compressed_frame_stack_round_trip(self):
+        # A compressed buffer with frame dedup hands back exactly the stacks
+        # the actor wrote: zero-padded start, shifted stacks, final observation.
+        name = self.buffer()
+        self._delete(name)
+        sp = {
+            "capacity": 100, "storage": "compressed", "compact_obs": True,
+            "compression": {"codec": "zstd", "level": 3, "chunk_len": 4},
+            "fields": {
+                "observation": {"dtype": "uint8", "shape": [4, 6, 6], "frame_stack": {"k": 4, "axis": 0}},
+                "action": {"dtype": "int64", "shape": []},
+                "next.done": {"dtype": "bool", "shape": []},
+            },
+        }
+        self.c.create_buffer(name, sp)
+        rng = np.random.default_rng(5)
+        frames = rng.integers(0, 255, size=(12, 6, 6), dtype=np.uint8)
+        padded = np.concatenate([np.zeros((3, 6, 6), np.uint8), frames])
+        stacks = np.stack([padded[t:t + 4] for t in range(10)])  # steps 0..9
+        done = np.zeros(9, bool)
+        done[-1] = True
+        self.c.extend(name, {"observation": stacks[:5], "action": np.arange(5), "next.done": done[:5]}, stream="a")
+        self.c.extend(name, {"observation": stacks[5:9], "action": np.arange(5, 9), "next.done": done[5:],
+                             "next.observation": stacks[9:10]}, stream="a")
+        info = self.c.info(name)
+        self.assertEqual(info["spec"]["compression"]["chunk_len"], 4)
+        self.assertLess(info["bytes"]["observation"]["stored"], info["bytes"]["observation"]["logical"])
+        b = self.c.sample(name, 64, seed=2)
+        for seq, obs, nxt in zip(b["seq"], b["observation"], b["next.observation"]):
+            np.testing.assert_array_equal(obs, stacks[seq])
+            np.testing.assert_array_equal(nxt, stacks[seq + 1])
+        self.assertEqual(set(b["seq"].tolist()), set(range(9)))
+
     def test_done_row_without_final_observation(self):
         # "next observation looks like a reset frame" is what other buffers do;
         # rbd instead never samples a done row whose final observation is unknown.
