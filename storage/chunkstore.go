@@ -736,12 +736,14 @@ func (w *unitWalker) unit(i int) (byte, []byte, error) {
 	return m, d, nil
 }
 
-// view returns the decoded units of field fi of chunk c.
+// view returns the decoded units of field fi of chunk c. views memoises
+// within one gather, so a batch decodes each chunk once even when the
+// cache is too small to keep it.
 func (cs *chunkStore) view(c *chunk, fi int, views map[*chunk]*fieldView) (*fieldView, error) {
+	if v := views[c]; v != nil {
+		return v, nil
+	}
 	if !c.sealed {
-		if v := views[c]; v != nil {
-			return v, nil
-		}
 		cs.mu.RLock()
 		v := cs.snapshot(c, fi)
 		cs.mu.RUnlock()
@@ -750,6 +752,7 @@ func (cs *chunkStore) view(c *chunk, fi int, views map[*chunk]*fieldView) (*fiel
 	}
 	key := cacheKey{c.id, fi}
 	if v := cs.cache.get(key); v != nil {
+		views[c] = v
 		return v, nil
 	}
 	f := &c.f[fi]
@@ -766,6 +769,7 @@ func (cs *chunkStore) view(c *chunk, fi int, views map[*chunk]*fieldView) (*fiel
 	}
 	v := &fieldView{modes: f.modes, offs: f.offs, raw: raw}
 	cs.cache.put(key, v)
+	views[c] = v
 	return v, nil
 }
 
@@ -1104,7 +1108,6 @@ func (cs *chunkStore) finishLoad(continued map[int64]bool) {
 func (cs *chunkStore) checkChunks() []string {
 	var probs []string
 	seen := map[cacheKey]bool{}
-	views := map[*chunk]*fieldView{}
 	for slot := range cs.loc {
 		l := cs.loc[slot]
 		if l.c == nil || cs.b.stamps[slot].Load() < 0 {
@@ -1117,7 +1120,7 @@ func (cs *chunkStore) checkChunks() []string {
 					continue
 				}
 				seen[k] = true
-				if _, err := cs.view(c, fi, views); err != nil {
+				if _, err := cs.view(c, fi, map[*chunk]*fieldView{}); err != nil {
 					probs = append(probs, err.Error())
 				}
 			}
