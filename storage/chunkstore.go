@@ -89,9 +89,9 @@ type trajState struct {
 // cs.mu; sealing makes a new, immutable chunk value, so readers holding the
 // open one keep reading consistent bytes.
 type chunk struct {
-	id     uint64
-	traj   int64
-	step0  int64
+	id    uint64
+	traj  int64
+	step0 int64
 	// prevp is the trajectory's previous chunk, which frame stacks of the
 	// first rows reach into. collect cuts the link once that chunk is
 	// garbage, so a long trajectory does not keep all its chunks alive.
@@ -559,6 +559,19 @@ func (cs *chunkStore) collect(lo, sealedDurable int64) error {
 	cs.segMu.Lock()
 	defer cs.segMu.Unlock()
 	var errs []error
+	// A trajectory whose newest row has left the window (a paused stream)
+	// starts afresh: its next row opens a new chunk with its whole stack,
+	// so nothing written later points into chunks discarded below.
+	for _, ts := range cs.trajs {
+		c := ts.open
+		if c == nil {
+			c = ts.last
+		}
+		if c != nil && c.dieAt <= lo {
+			ts.open, ts.last = nil, nil
+			clear(ts.stack)
+		}
+	}
 	for _, s := range cs.segs {
 		for _, r := range s.recs {
 			if p := r.c.prev(); p != nil && p.dieAt <= lo {
