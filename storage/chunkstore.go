@@ -61,7 +61,7 @@ type chunkStore struct {
 	newSeg    bool // the next append starts a new segment (after open)
 
 	// Load state, used only while the buffer is being opened.
-	found map[int64]rowLoc
+	found map[int64][]rowLoc
 	// loadNotes are problems met while scanning segments, reported by
 	// verify only if rows are missing because of them.
 	loadNotes []string
@@ -465,8 +465,8 @@ func (cs *chunkStore) appendRecord(rec *chunkRecord, c *chunk, frag bool) (*segm
 		// Leave a torn record behind, as a crash halfway through the
 		// write would.
 		_, _ = seg.f.WriteAt(buf[:len(buf)/2], at)
-		cs.b.store.crash.at("mid-chunk")
 	}
+	cs.b.store.crash.at("mid-chunk")
 	if _, err := seg.f.WriteAt(buf, at); err != nil {
 		return nil, 0, nil, fmt.Errorf("write chunk record to %s: %w", seg.path, err)
 	}
@@ -974,12 +974,12 @@ func (cs *chunkStore) load(writable bool) error {
 			}
 		}
 	}
-	cs.found = map[int64]rowLoc{}
+	cs.found = map[int64][]rowLoc{}
 	cs.openByTr = map[int64]*chunk{}
 	cs.lastByTr = map[int64]*chunk{}
 	add := func(c *chunk) {
 		for i, s := range c.seqs {
-			cs.found[s] = rowLoc{c, i}
+			cs.found[s] = append(cs.found[s], rowLoc{c, i})
 		}
 		c.dieAt = max(c.dieAt, c.seqs[len(c.seqs)-1]+1)
 		if p := c.prev(); p != nil {
@@ -1075,10 +1075,30 @@ func (c *chunk) orNil() *chunk {
 
 // accept is recovery's check of one row: its compressed fields must be in
 // a chunk, with a final observation if its record says so.
-func (cs *chunkStore) accept(seq, slot int64, hasTail bool) string {
-	l, ok := cs.found[seq]
+func (cs *chunkStore) accept(seq, slot, traj, step int64, hasTail bool) string {
+	var l rowLoc
+	ok := false
+	for _, c := range cs.found[seq] {
+		if c.c.traj == traj && c.c.step0+int64(c.i) == step && (!ok || c.c.id > l.c.id) {
+			l, ok = c, true
+		}
+	}
 	if !ok {
 		return "no chunk record holds its compressed fields"
+	}
+	if l.c.prev() == nil && l.c.loadPrev != 0 {
+		for fi, g := range cs.geoms {
+			if g == nil || l.i >= g.k-1 {
+				continue
+			}
+			all := true
+			for _, m := range l.c.f[fi].modes[:l.i+1] {
+				all = all && m == modeNewest
+			}
+			if all {
+				return fmt.Sprintf("its frame stack needs chunk %d, which is missing", l.c.loadPrev)
+			}
+		}
 	}
 	if hasTail && cs.hasTailField() && (!l.c.tail || l.i != len(l.c.seqs)-1) {
 		return fmt.Sprintf("its chunk %d holds no final observation", l.c.id)

@@ -127,7 +127,7 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 			continue
 		}
 		if b.cs != nil {
-			if why := b.cs.accept(seq, slot, r.Flags&flagHasTail != 0); why != "" {
+			if why := b.cs.accept(seq, slot, r.TrajID, r.Step, r.Flags&flagHasTail != 0); why != "" {
 				lost(seq, why)
 				continue
 			}
