@@ -910,10 +910,17 @@ func (cs *chunkStore) load(writable bool) error {
 				rec, err = decodeChunkRecord(data[off:off+n], cs.tailFields(), cs.maxRows)
 			}
 			if err != nil {
-				// Nothing after an unreadable record can be located. A
-				// crash leaves exactly this at the end of the newest
-				// segment; rows that lose data here are judged by
+				// A damaged record whose length still leads to a whole
+				// record is skipped alone (that record's checksum vouches
+				// for the position). Otherwise nothing after it can be
+				// located: a crash leaves exactly this at the end of the
+				// newest segment. Rows that lose data here are judged by
 				// recovery against the durable watermark.
+				if n > 0 && off+n < len(data) && cs.recordAt(data, off+n) {
+					cs.loadNotes = append(cs.loadNotes, fmt.Sprintf("%s offset %d: %v (record skipped)", path, off, err))
+					off += n
+					continue
+				}
 				cs.loadNotes = append(cs.loadNotes, fmt.Sprintf("%s offset %d: %v (the %d bytes after it are ignored)", path, off, err, len(data)-off))
 				break
 			}
@@ -1001,6 +1008,16 @@ func (cs *chunkStore) load(writable bool) error {
 		}
 	}
 	return nil
+}
+
+// recordAt reports whether a whole, valid record starts at off.
+func (cs *chunkStore) recordAt(data []byte, off int) bool {
+	n, err := recordLen(data[off:])
+	if err != nil || off+n > len(data) {
+		return false
+	}
+	_, err = decodeChunkRecord(data[off:off+n], cs.tailFields(), cs.maxRows)
+	return err == nil
 }
 
 func payloadSizes(rec *chunkRecord) []int {
