@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"sort"
 )
 
@@ -209,9 +210,9 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 	}
 	if b.cs != nil {
 		if len(b.damage) > 0 {
-			// Rows lost for want of their chunks: say which records
-			// could not be read.
-			b.damage = append(b.damage, b.cs.loadNotes...)
+			// Rows lost for want of their chunks: say first which
+			// records could not be read.
+			b.damage = append(slices.Clip(b.cs.loadNotes), b.damage...)
 		}
 		b.cs.finishLoad(continued)
 	}
