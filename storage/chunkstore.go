@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -67,6 +68,9 @@ type chunkStore struct {
 	loadNotes []string
 	openByTr  map[int64]*chunk
 	lastByTr  map[int64]*chunk
+
+	cuts    []linkCut // b.wmu
+	cutHead int
 }
 
 // errSlotMoving reports a row whose slot an extend in progress is taking
@@ -131,6 +135,7 @@ type segment struct {
 	size  int64
 	dirty bool
 	recs  []segRec // guarded by b.wmu
+	dead  int      // recs[:dead] are known garbage (b.wmu)
 }
 
 type segRec struct {
@@ -414,6 +419,10 @@ func (cs *chunkStore) seal(ts *trajState, oc *chunk) error {
 	oc.sealNo = cs.sealed.Add(1)
 	ts.open = nil
 	ts.last = sc
+	// The open chunk's rows are done: the link it shares with sc is due
+	// once sc's first rows leave (the same dieAt).
+	cs.scheduleCut(sc)
+	cs.scheduleCut(oc)
 	return nil
 }
 
@@ -572,16 +581,28 @@ func (cs *chunkStore) collect(lo, sealedDurable int64) error {
 			clear(ts.stack)
 		}
 	}
-	for _, s := range cs.segs {
-		for _, r := range s.recs {
-			if p := r.c.prev(); p != nil && p.dieAt <= lo {
-				r.c.prevp.Store(nil)
-			}
-		}
+	// Links to previous chunks no longer needed are cut, so a long
+	// trajectory does not keep all its chunks in memory. Cuts are queued
+	// roughly in the order they fall due.
+	for cs.cutHead < len(cs.cuts) && cs.cuts[cs.cutHead].at <= lo {
+		cs.cuts[cs.cutHead].c.prevp.Store(nil)
+		cs.cuts[cs.cutHead] = linkCut{}
+		cs.cutHead++
 	}
+	if cs.cutHead > 1024 && cs.cutHead*2 > len(cs.cuts) {
+		cs.cuts = append(cs.cuts[:0], cs.cuts[cs.cutHead:]...)
+		cs.cutHead = 0
+	}
+	// A record once garbage stays garbage (lo and sealedDurable only grow,
+	// and the reset above stops chunks that died from growing), so each
+	// segment keeps how many of its records, oldest first, are known
+	// garbage: every call does work only for what died since the last.
 	kept := cs.segs[:0]
 	for i, s := range cs.segs {
-		if i == len(cs.segs)-1 || !cs.segDead(s, lo, sealedDurable) {
+		for s.dead < len(s.recs) && recDead(s.recs[s.dead], lo, sealedDurable) {
+			s.dead++
+		}
+		if i == len(cs.segs)-1 || s.dead < len(s.recs) {
 			kept = append(kept, s)
 			continue
 		}
@@ -593,13 +614,17 @@ func (cs *chunkStore) collect(lo, sealedDurable int64) error {
 	return errors.Join(errs...)
 }
 
-func (cs *chunkStore) segDead(s *segment, lo, sealedDurable int64) bool {
-	for _, r := range s.recs {
-		if !recDead(r, lo, sealedDurable) {
-			return false
-		}
+// linkCut schedules cutting c's link to its previous chunk once the window
+// starts at or above at (its first K-1 rows, which need it, are gone).
+type linkCut struct {
+	c  *chunk
+	at int64
+}
+
+func (cs *chunkStore) scheduleCut(c *chunk) {
+	if p := c.prev(); p != nil {
+		cs.cuts = append(cs.cuts, linkCut{c, p.dieAt})
 	}
-	return true
 }
 
 func recDead(r segRec, lo, sealedDurable int64) bool {
@@ -1007,6 +1032,13 @@ func (cs *chunkStore) load(writable bool) error {
 			cs.openByTr[c.traj] = c
 		}
 	}
+	for _, c := range byID {
+		cs.scheduleCut(c)
+	}
+	for _, c := range open {
+		cs.scheduleCut(c)
+	}
+	slices.SortFunc(cs.cuts, func(a, b linkCut) int { return cmp.Compare(a.at, b.at) })
 	return nil
 }
 
