@@ -58,6 +58,14 @@ func (c *chunkCache) get(k cacheKey) *fieldView {
 	return nil
 }
 
+// has reports whether k is cached, without counting a lookup.
+func (c *chunkCache) has(k cacheKey) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.entries[k]
+	return ok
+}
+
 func (c *chunkCache) put(k cacheKey, v *fieldView) {
 	size := int64(len(v.raw) + len(v.modes) + 8*len(v.offs) + 64)
 	if size > c.max {

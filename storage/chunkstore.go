@@ -44,6 +44,7 @@ type chunkStore struct {
 	enc      *zstd.Encoder
 	dec      *zstd.Decoder
 	cache    *chunkCache
+	readBufs sync.Pool // *[]byte for stored payloads being decoded
 
 	mu  sync.RWMutex
 	loc []rowLoc // per slot
@@ -156,6 +157,7 @@ func newChunkStore(b *Buffer) (*chunkStore, error) {
 		loc:   make([]rowLoc, b.capacity),
 		cache: newChunkCache(int64(opts.CacheMiB) << 20),
 	}
+	cs.readBufs.New = func() any { return new([]byte) }
 	cs.maxRows = cs.chunkLen
 	maxRaw := 0
 	for i, c := range b.cols {
@@ -699,6 +701,24 @@ func (cs *chunkStore) gather(dst []byte, fi int, tail bool, rb int, seqs, slots 
 	}
 	cs.mu.RUnlock()
 	g := cs.geoms[fi]
+	var need []*chunk
+	seen := map[*chunk]bool{}
+	for _, l := range refs {
+		if l.c == nil {
+			continue
+		}
+		if l.c.sealed && !seen[l.c] {
+			seen[l.c] = true
+			need = append(need, l.c)
+		}
+		if g != nil && l.i < g.k-1 {
+			if p := l.c.prev(); p != nil && p.sealed && !seen[p] {
+				seen[p] = true
+				need = append(need, p)
+			}
+		}
+	}
+	cs.prefetch(need, fi, views)
 	for j, l := range refs {
 		if l.c == nil {
 			continue
@@ -788,37 +808,107 @@ func (cs *chunkStore) view(c *chunk, fi int, views map[*chunk]*fieldView) (*fiel
 		views[c] = v
 		return v, nil
 	}
+	v, err := cs.sealedView(c, fi)
+	if err != nil {
+		return nil, err
+	}
+	views[c] = v
+	return v, nil
+}
+
+// sealedView returns field fi of sealed chunk c from the cache, or reads,
+// checks and decodes it (and caches it). Safe for concurrent use.
+func (cs *chunkStore) sealedView(c *chunk, fi int) (*fieldView, error) {
 	key := cacheKey{c.id, fi}
 	if v := cs.cache.get(key); v != nil {
-		views[c] = v
 		return v, nil
 	}
 	f := &c.f[fi]
-	buf := make([]byte, f.stored)
+	var buf []byte
+	if f.codec == codecZstd {
+		// Only the decoded bytes outlive this call; the stored ones are
+		// borrowed.
+		bp := cs.readBufs.Get().(*[]byte)
+		defer cs.readBufs.Put(bp)
+		if cap(*bp) < f.stored {
+			*bp = make([]byte, f.stored)
+		}
+		buf = (*bp)[:f.stored]
+	} else {
+		buf = make([]byte, f.stored)
+	}
 	if _, err := c.seg.f.ReadAt(buf, f.payOff); err != nil {
 		return nil, cs.chunkErr(c, fi, fmt.Errorf("read %d bytes at %d of %s: %w", f.stored, f.payOff, c.seg.path, err))
 	}
 	if got := crcOf(buf); got != f.crc {
 		return nil, &CorruptionError{Path: c.seg.path, Offset: f.payOff, Err: cs.chunkErr(c, fi, fmt.Errorf("payload checksum %08x, record says %08x", got, f.crc))}
 	}
-	raw, err := cs.unpack(buf, f.codec, f.delta, f.offs)
+	raw, err := cs.unpackOwned(buf, f.codec, f.delta, f.offs)
 	if err != nil {
 		return nil, &CorruptionError{Path: c.seg.path, Offset: f.payOff, Err: cs.chunkErr(c, fi, err)}
 	}
 	v := &fieldView{modes: f.modes, offs: f.offs, raw: raw}
 	cs.cache.put(key, v)
-	views[c] = v
 	return v, nil
 }
 
+// prefetch decodes the sealed chunks in need that are not cached, on up to
+// GOMAXPROCS goroutines, into views: a uniform batch over a large ring
+// needs many chunks, and decoding them is most of its cost. Errors are
+// left for view to meet again and report.
+func (cs *chunkStore) prefetch(need []*chunk, fi int, views map[*chunk]*fieldView) {
+	var todo []*chunk
+	for _, c := range need {
+		if views[c] == nil && !cs.cache.has(cacheKey{c.id, fi}) {
+			todo = append(todo, c)
+		}
+	}
+	workers := min(runtime.GOMAXPROCS(0), len(todo))
+	if workers < 2 {
+		return
+	}
+	got := make([]*fieldView, len(todo))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				k := int(next.Add(1)) - 1
+				if k >= len(todo) {
+					return
+				}
+				if v, err := cs.sealedView(todo[k], fi); err == nil {
+					got[k] = v
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for k, v := range got {
+		if v != nil {
+			views[todo[k]] = v
+		}
+	}
+}
+
 // unpack decodes a stored payload whose units end at the given offsets,
-// checking the decoded size before anything is read from it.
+// checking the decoded size before anything is read from it. The result
+// never aliases payload.
 func (cs *chunkStore) unpack(payload []byte, codec uint8, delta bool, offs []int) ([]byte, error) {
+	if codec == codecNone {
+		payload = slices.Clone(payload)
+	}
+	return cs.unpackOwned(payload, codec, delta, offs)
+}
+
+// unpackOwned is unpack for a payload the caller gives up: with codec none
+// (and delta undone in place) it is the result.
+func (cs *chunkStore) unpackOwned(payload []byte, codec uint8, delta bool, offs []int) ([]byte, error) {
 	want := offs[len(offs)-1]
 	var raw []byte
 	switch codec {
 	case codecNone:
-		raw = slices.Clone(payload)
+		raw = payload
 	case codecZstd:
 		if cs.dec == nil {
 			return nil, fmt.Errorf("zstd payload in a buffer without zstd")
