@@ -311,7 +311,8 @@ func FuzzChunkPayload(f *testing.F) {
 				offs = append(offs, len(raw))
 			}
 			cs.b.wmu.Lock() // pack uses the writer's scratch buffer
-			rf := cs.pack(&chunkField{modes: modes, offs: offs, raw: raw}, 0, len(modes))
+			rf := cs.pack(fi, &chunkField{modes: modes, offs: offs, raw: raw}, 0, len(modes))
+			rf.Payload = bytes.Clone(rf.Payload) // pack's buffer is reused by the next pack
 			cs.b.wmu.Unlock()
 			sel := uint8(which) | uint8(fi)<<2
 			f.Add(rf.Payload, sel, rf.Codec, rf.Delta, modes)
@@ -373,7 +374,7 @@ func FuzzChunkPayload(f *testing.F) {
 		from := int(sel>>3) % len(modes)
 		for _, lo := range []int{0, from} {
 			cs.b.wmu.Lock()
-			rf := cs.pack(cf, lo, len(modes))
+			rf := cs.pack(fi, cf, lo, len(modes))
 			cs.b.wmu.Unlock()
 			sub := cs.unitOffsets(fi, modes[lo:])
 			back, err := cs.unpack(rf.Payload, rf.Codec, rf.Delta, sub)

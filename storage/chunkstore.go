@@ -50,11 +50,13 @@ type chunkStore struct {
 	loc []rowLoc // per slot
 
 	// Writer state, guarded by b.wmu.
-	trajs   map[int64]*trajState
-	nextID  uint64
-	failed  error // a failed segment write leaves chunk state unknown
-	scratch []byte
-	sealed  atomic.Int64 // chunks sealed so far
+	trajs      map[int64]*trajState
+	nextID     uint64
+	failed     error // a failed segment write leaves chunk state unknown
+	scratch    []byte
+	payScratch [][]byte     // per field: the payload being written
+	recScratch []byte       // the record being written
+	sealed     atomic.Int64 // chunks sealed so far
 
 	segMu     sync.Mutex
 	segs      []*segment // oldest first; new records go to the last
@@ -183,6 +185,7 @@ func newChunkStore(b *Buffer) (*chunkStore, error) {
 	if len(cs.fields) == 0 {
 		return nil, nil // every field plain: the buffer works as memmap
 	}
+	cs.payScratch = make([][]byte, len(cs.fields))
 	var logical int64
 	for _, c := range cs.fields {
 		logical += b.capacity * int64(c.rowBytes)
@@ -355,8 +358,11 @@ func (cs *chunkStore) appendRow(ts *trajState, oc *chunk, p *plan, rec *record, 
 	}
 }
 
-// pack encodes units [from, to) of a chunk field for a record.
-func (cs *chunkStore) pack(f *chunkField, from, to int) recordField {
+// pack encodes units [from, to) of chunk field fi for a record. The
+// payload lives in a per-field scratch buffer (or aliases the units): it is
+// valid until the next pack of the field, which is enough to write the
+// record.
+func (cs *chunkStore) pack(fi int, f *chunkField, from, to int) recordField {
 	units := f.raw[f.offs[from]:f.offs[to]]
 	rf := recordField{Codec: cs.codec, Delta: cs.delta, RawLen: uint32(len(units)), Modes: f.modes[from:to]}
 	if cs.delta {
@@ -378,9 +384,14 @@ func (cs *chunkStore) pack(f *chunkField, from, to int) recordField {
 		units = buf
 	}
 	if cs.codec == codecZstd {
-		rf.Payload = cs.enc.EncodeAll(units, nil)
+		rf.Payload = cs.enc.EncodeAll(units, cs.payScratch[fi][:0])
+		cs.payScratch[fi] = rf.Payload
+	} else if cs.delta {
+		// units is the shared delta scratch: the next field reuses it.
+		rf.Payload = append(cs.payScratch[fi][:0], units...)
+		cs.payScratch[fi] = rf.Payload
 	} else {
-		rf.Payload = slices.Clone(units)
+		rf.Payload = units // open-chunk units never change once written
 	}
 	return rf
 }
@@ -396,7 +407,7 @@ func (cs *chunkStore) seal(ts *trajState, oc *chunk) error {
 		f: make([]chunkField, len(cs.fields)), dieAt: oc.dieAt}
 	sc.prevp.Store(oc.prev())
 	for fi := range cs.fields {
-		rec.Fields = append(rec.Fields, cs.pack(&oc.f[fi], 0, len(oc.f[fi].modes)))
+		rec.Fields = append(rec.Fields, cs.pack(fi, &oc.f[fi], 0, len(oc.f[fi].modes)))
 	}
 	seg, off, fieldOffs, err := cs.appendRecord(rec, sc, false)
 	if err != nil {
@@ -436,7 +447,7 @@ func (cs *chunkStore) writeFragment(oc *chunk) error {
 		rec.PrevID = p.id
 	}
 	for fi := range cs.fields {
-		rec.Fields = append(rec.Fields, cs.pack(&oc.f[fi], from, to))
+		rec.Fields = append(rec.Fields, cs.pack(fi, &oc.f[fi], from, to))
 	}
 	if _, _, _, err := cs.appendRecord(rec, oc, true); err != nil {
 		return err
@@ -449,7 +460,8 @@ func (cs *chunkStore) writeFragment(oc *chunk) error {
 // a new segment when it is full. It returns where each field's payload
 // starts within the record.
 func (cs *chunkStore) appendRecord(rec *chunkRecord, c *chunk, frag bool) (*segment, int64, []int, error) {
-	buf := rec.encode(nil)
+	buf := rec.encode(cs.recScratch[:0])
+	cs.recScratch = buf
 	fieldOffs := make([]int, len(rec.Fields))
 	off := chunkHeaderSize + 8*len(rec.Seqs)
 	for _, f := range rec.Fields {

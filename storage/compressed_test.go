@@ -237,6 +237,7 @@ func TestCompressedMatchesMemory(t *testing.T) {
 		{"zstd default", stackAxis0, nil, 300},
 		{"zstd axis 2 delta", stackAxis2, &CompressionOptions{Codec: "zstd", Level: 3, ChunkLen: 5, Delta: true}, 257},
 		{"none chunk 4", stackAxis0, &CompressionOptions{Codec: "none", ChunkLen: 4}, 64},
+		{"none delta", stackAxis2, &CompressionOptions{Codec: "none", ChunkLen: 6, Delta: true}, 100},
 		{"zstd tiny ring", stackAxis0, &CompressionOptions{ChunkLen: 8}, 7},
 	}
 	for _, tc := range cases {

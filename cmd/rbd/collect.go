@@ -39,6 +39,7 @@ type collectOptions struct {
 	frameDedup       bool
 	chunkLen         int
 	level            int
+	codec            string
 	seed             uint64
 	policy           string
 	epsilon          float64
@@ -72,6 +73,7 @@ func (o *collectOptions) AddFlags(f *pflag.FlagSet) {
 	f.BoolVar(&o.frameDedup, "frame-dedup", false, "compressed storage: store each stacked frame once (catch with --frame-stack > 1)")
 	f.IntVar(&o.chunkLen, "chunk-len", 0, "compressed storage: rows of one trajectory per chunk (0: 32)")
 	f.IntVar(&o.level, "level", 0, "compressed storage: zstd level 1-22 (0: 1)")
+	f.StringVar(&o.codec, "codec", "", "compressed storage: zstd (default) or none (chunks and frame dedup only)")
 	f.Uint64Var(&o.seed, "seed", 0, "seed of envs and policy (default: random, printed at the end)")
 	f.StringVar(&o.policy, "policy", "random", "policy: random, linear-q or mlp-q (epsilon-greedy; discrete envs)")
 	f.Float64Var(&o.epsilon, "epsilon", 0.1, "exploration rate of the Q policies")
@@ -156,8 +158,8 @@ func (o *collectOptions) validate() error {
 	switch {
 	case o.storage != "memmap" && o.storage != "memory" && o.storage != "compressed":
 		errs = append(errs, fmt.Errorf("--storage %q: want memmap, memory or compressed", o.storage))
-	case o.storage != "compressed" && (o.frameDedup || o.chunkLen != 0 || o.level != 0):
-		errs = append(errs, fmt.Errorf("--frame-dedup, --chunk-len and --level need --storage compressed"))
+	case o.storage != "compressed" && (o.frameDedup || o.chunkLen != 0 || o.level != 0 || o.codec != ""):
+		errs = append(errs, fmt.Errorf("--frame-dedup, --chunk-len, --level and --codec need --storage compressed"))
 	}
 	if o.epsilon < 0 || o.epsilon > 1 {
 		errs = append(errs, fmt.Errorf("--epsilon %v: want 0..1", o.epsilon))
@@ -197,7 +199,7 @@ func runCollect(ctx context.Context, stdout, stderr io.Writer, o *collectOptions
 	}
 	so := collector.SpecOptions{Capacity: o.capacity, Storage: storage.Kind(o.storage), CompactObs: o.compact, FrameDedup: o.frameDedup}
 	if o.storage == "compressed" {
-		so.Compression = &storage.CompressionOptions{ChunkLen: o.chunkLen, Level: o.level}
+		so.Compression = &storage.CompressionOptions{Codec: o.codec, ChunkLen: o.chunkLen, Level: o.level}
 	}
 	spec := collector.BufferSpec(espec, so)
 
