@@ -180,13 +180,15 @@ type cbFixture struct {
 	rawTotal int64
 }
 
-func newCBFixture(b *testing.B, noise, dedup bool) *cbFixture {
+// newCBFixture builds the fixture inside sub-benchmark b; it lives (its
+// store stays open) until owner, the benchmark sharing it, ends.
+func newCBFixture(b, owner *testing.B, noise, dedup bool) *cbFixture {
 	capacity := int64(cbCapacity)
 	if testing.Short() {
 		capacity = 512
 	}
-	s := openStore(b, b.TempDir())
-	b.Cleanup(func() {
+	s := openStore(b, owner.TempDir())
+	owner.Cleanup(func() {
 		if err := s.Close(); err != nil {
 			b.Error(err)
 		}
@@ -244,9 +246,10 @@ func BenchmarkChunkDecode(b *testing.B) {
 	for _, data := range []string{"catch", "noise"} {
 		for _, dedup := range []bool{false, true} {
 			var fx *cbFixture // shared by the three impls
+			owner := b
 			get := func(b *testing.B) *cbFixture {
 				if fx == nil {
-					fx = newCBFixture(b, data == "noise", dedup)
+					fx = newCBFixture(b, owner, data == "noise", dedup)
 				}
 				return fx
 			}
