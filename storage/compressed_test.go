@@ -303,7 +303,7 @@ func TestCompressedDiskBounded(t *testing.T) {
 	const capacity = 2000
 	b := mustCreate(t, s, "b", pixelSpec(KindCompressed, capacity, stackAxis0, nil))
 	w := newPixelWriter(3, stackAxis0)
-	var peak int64
+	var peak, full int64
 	for written := 0; written < 10*capacity; {
 		n := 50
 		mustExtend(t, b, "actor", w.batch(n, 4))
@@ -317,6 +317,9 @@ func TestCompressedDiskBounded(t *testing.T) {
 				t.Fatal(err)
 			}
 			peak = max(peak, info.DiskBytes)
+			if written == capacity {
+				full = info.DiskBytes
+			}
 		}
 	}
 	info, err := b.Info()
@@ -333,6 +336,12 @@ func TestCompressedDiskBounded(t *testing.T) {
 	// files must stay well below that and must not grow with rows written.
 	if peak > logical {
 		t.Errorf("disk use peaked at %d bytes, more than the %d logical bytes live", peak, logical)
+	}
+	// Garbage is collected: writing the ring over 9 more times must not
+	// grow the files beyond twice what the first full ring took, plus a
+	// couple of segments in flight.
+	if slack := 2 * b.cs.segTarget; peak > 2*full+slack {
+		t.Errorf("disk use grew with rows written: %d bytes when the ring first filled, peak %d over 10 rings", full, peak)
 	}
 	segs, _ := filepath.Glob(filepath.Join(dir, "buffers", "b", "seg.*"))
 	if len(segs) > 80 {
