@@ -318,6 +318,34 @@ func TestGoldenFormatEncoding(t *testing.T) {
 	section(fmt.Sprintf("record %+v", rec), recBytes)
 	section(fmt.Sprintf("record %+v", r0), first)
 	section("record of seq 7 being written (seq field = -(7+2), record checksum not yet valid)", marking[:16])
+	// Chunk segments (compressed buffers). Codec none only: zstd's output
+	// may change with the library version, its framing is zstd's own.
+	seg := segHeader{Version: FormatVersion, UID: uid, Number: 3}.encode()
+	section(fmt.Sprintf("segment header uid %#x number 3", uint64(uid)), seg)
+	sealed := &chunkRecord{Kind: recSealed, Tail: true, TrajID: 4, FirstStep: 32, ID: 9, PrevID: 8, Seqs: []int64{100, 103, 104},
+		Fields: []recordField{
+			// A frame-stacked field (frames of 2 bytes): newest, zero-padded, full (4 frames), then the final observation (newest).
+			{Codec: codecNone, RawLen: 14, Modes: []byte{modeNewest, modeZeroPad, modeFull, modeNewest}, Payload: []byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14}},
+			// A plain compressed field of 4-byte rows, delta-encoded.
+			{Codec: codecNone, Delta: true, RawLen: 12, Modes: []byte{modeFull, modeFull, modeFull}, Payload: []byte{1, 0, 0, 0, 1, 0, 0, 0, 3, 0, 0, 0}},
+		}}
+	section("sealed chunk record, 3 rows and a final observation, 2 fields, codec none", sealed.encode(nil))
+	frag := &chunkRecord{Kind: recFragment, TrajID: 5, FirstStep: 0, ID: 10, Seqs: []int64{105},
+		Fields: []recordField{
+			{Codec: codecNone, RawLen: 2, Modes: []byte{modeRepeat}, Payload: []byte{7, 7}},
+			{Codec: codecNone, RawLen: 4, Modes: []byte{modeFull}, Payload: []byte{0, 0, 128, 63}},
+		}}
+	section("fragment record of an open chunk, 1 row", frag.encode(nil))
+	for _, r := range []*chunkRecord{sealed, frag} {
+		back, err := decodeChunkRecord(r.encode(nil), []bool{true, false}, 4)
+		if err != nil || back.ID != r.ID || back.Tail != r.Tail || !slices.Equal(back.Seqs, r.Seqs) ||
+			!bytes.Equal(back.Fields[0].Payload, r.Fields[0].Payload) || !bytes.Equal(back.Fields[1].Modes, r.Fields[1].Modes) {
+			t.Errorf("chunk record %d does not decode to itself: %+v, %v", r.ID, back, err)
+		}
+	}
+	if h, err := decodeSegHeader("golden", seg); err != nil || h.Number != 3 || h.UID != uid {
+		t.Errorf("segment header: %+v, %v", h, err)
+	}
 	got := sb.String()
 
 	const path = "testdata/v1/encoding.golden"
