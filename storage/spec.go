@@ -205,7 +205,9 @@ type Spec struct {
 var ErrInvalidSpec = errors.New("storage: invalid spec")
 
 // ErrNotSupported marks requests for features that are planned but not built
-// yet, so that callers can tell "never valid" from "not valid yet".
+// yet, so that callers can tell "never valid" from "not valid yet". No spec
+// option returns it today (compressed storage, compress and frame_stack,
+// once behind it, exist now); callers may keep checking for it.
 var ErrNotSupported = errors.New("storage: not supported yet")
 
 // SpecError is one problem with a spec. Path locates it the way a client
