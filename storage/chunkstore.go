@@ -1284,8 +1284,36 @@ func (cs *chunkStore) finishLoad(continued map[int64]bool) {
 			ts.open = o
 		}
 		cs.trajs[traj] = ts
+		if !cs.b.store.readOnly {
+			cs.reloadStack(ts)
+		}
 	}
 	cs.found, cs.openByTr, cs.lastByTr = nil, nil, nil
+}
+
+// reloadStack rebuilds, for each frame-stacked field, the stack of the unit
+// the trajectory's next row will follow (the last of its open chunk, else
+// of its last chunk), so dedup continues across a clean restart. A stack
+// that cannot be rebuilt stays unknown: the next row is then stored
+// without reference to it.
+func (cs *chunkStore) reloadStack(ts *trajState) {
+	c := ts.open
+	if c == nil {
+		c = ts.last
+	}
+	if c == nil || len(c.seqs) == 0 {
+		return
+	}
+	for fi, g := range cs.geoms {
+		if g == nil {
+			continue
+		}
+		stack := make([]byte, g.rowBytes())
+		w := &unitWalker{cs: cs, fi: fi, c: c, views: map[*chunk]*fieldView{}}
+		if err := g.rebuild(stack, w, len(c.seqs)-1); err == nil {
+			ts.stack[fi] = stack
+		}
+	}
 }
 
 // checkChunks decodes every chunk a live row needs (for verify).

@@ -125,4 +125,9 @@ func TestGoldenV1Compressed(t *testing.T) {
 		t.Fatalf("row 12 = %+v, want trajectory %d step %d after 10", got, m[0].TrajID, m[0].Step+1)
 	}
 	check([]int64{5, 6, 7, 8, 9, 10, 11, 12})
+	// Dedup continued across the restart: row 12 keeps only its newest
+	// frame, as it would have without one.
+	if l := b.cs.loc[12%8]; l.c == nil || l.c.f[0].modes[l.i] != modeNewest {
+		t.Errorf("row 12 is not stored as its newest frame after the reopen")
+	}
 }
