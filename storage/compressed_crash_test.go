@@ -28,8 +28,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -228,106 +226,45 @@ func czBatch(spec Spec, tokens []int64, wants []czWant, fullTails bool) *Batch {
 // ---------------------------------------------------------------------------
 // The child.
 
-// czChild is crashChild for compressed buffers: same environment, same
-// protocol on stdout. Writers now and then send an anonymous extend or
-// close their stream after an extend (both seal chunks).
+// czChild is crashChild for compressed buffers: the same loop and protocol
+// on stdout, with czWriter's batches.
 func czChild() error {
-	dir := os.Getenv("RBD_CRASH_DIR")
-	tokenBase := crashEnvInt("RBD_CRASH_TOKEN", 1)
-	seed := uint64(crashEnvInt("RBD_CRASH_SEED", 1))
-	writersPer := int(crashEnvInt("RBD_CRASH_WRITERS", 0))
-	maxExt := int(crashEnvInt("RBD_CRASH_MAX_EXTENDS", 0))
-	ckptEach := os.Getenv("RBD_CRASH_CHECKPOINT_EACH") == "1"
-	interval := time.Duration(crashEnvInt("RBD_CRASH_INTERVAL_MS", 20)) * time.Millisecond
-	bufs := strings.Split(os.Getenv("RBD_CRASH_BUFS"), ",")
+	return runCrashChild(czSpecFor, czFsync, func(spec Spec, writer int) crashWriter {
+		return &czWriter{spec: spec, stream: fmt.Sprintf("w%d", writer), st: newCzStacker(spec)}
+	})
+}
 
-	s, err := Open(dir, &Options{CheckpointInterval: interval})
-	if err != nil {
+// czWriter writes frame stacks of 1..24 rows; now and then an anonymous
+// extend or a stream close after an extend (both seal chunks).
+type czWriter struct {
+	spec   Spec
+	stream string
+	st     *czStacker
+}
+
+func (w *czWriter) size(rng *rand.Rand) int { return 1 + rng.IntN(24) }
+
+func (w *czWriter) next(rng *rand.Rand, tokens []int64) (string, *Batch) {
+	stream, stk := w.stream, w.st
+	if czAnonymous(tokens[0]) {
+		stream, stk = "", newCzStacker(w.spec)
+	}
+	wants := make([]czWant, len(tokens))
+	for j, tok := range tokens {
+		wants[j] = stk.next(tok)
+	}
+	return stream, czBatch(w.spec, tokens, wants, rng.IntN(2) == 0)
+}
+
+func (w *czWriter) acked(b *Buffer, stream string, first int64) error {
+	if stream == "" || !czCloses(first) {
+		return nil
+	}
+	if _, err := b.CloseStream(stream); err != nil {
 		return err
 	}
-	out := func(format string, args ...any) {
-		os.Stdout.WriteString(fmt.Sprintf(format, args...) + "\n")
-	}
-	type target struct {
-		name string
-		b    *Buffer
-		spec Spec
-	}
-	var targets []target
-	for _, name := range bufs {
-		b, _, err := s.CreateBuffer(name, czSpecFor(name))
-		if err != nil {
-			return err
-		}
-		targets = append(targets, target{name, b, b.Spec()})
-		out("START %s %d", name, b.WriteCount())
-	}
-	out("READY")
-	var tok atomic.Int64
-	tok.Store(tokenBase)
-	var wg sync.WaitGroup
-	errc := make(chan error, 16)
-	w := 0
-	for _, tg := range targets {
-		n := writersPer
-		if n == 0 {
-			n = 1
-			if tg.name == czFsync {
-				n = 2 // group commit
-			}
-		}
-		for i := 0; i < n; i++ {
-			w++
-			wg.Add(1)
-			go func(tg target, writer int) {
-				defer wg.Done()
-				rng := rand.New(rand.NewPCG(seed, uint64(writer)))
-				st := newCzStacker(tg.spec)
-				for k := 0; maxExt == 0 || k < maxExt; k++ {
-					n := 1 + rng.IntN(24)
-					first := tok.Add(int64(n)) - int64(n)
-					tokens := make([]int64, n)
-					stream, stk := fmt.Sprintf("w%d", writer), st
-					if czAnonymous(first) {
-						stream, stk = "", newCzStacker(tg.spec)
-					}
-					wants := make([]czWant, n)
-					for j := range tokens {
-						tokens[j] = first + int64(j)
-						wants[j] = stk.next(tokens[j])
-					}
-					batch := czBatch(tg.spec, tokens, wants, rng.IntN(2) == 0)
-					out("BEGIN %s %d %d %d", tg.name, writer, n, first)
-					res, err := tg.b.Extend(stream, batch)
-					if err != nil {
-						errc <- err
-						return
-					}
-					out("ACK %s %d %d %d %d %d", tg.name, writer, res.FirstSeq, res.Rows, first, res.WriteCount)
-					if stream != "" && czCloses(first) {
-						if _, err := tg.b.CloseStream(stream); err != nil {
-							errc <- err
-							return
-						}
-						st = newCzStacker(tg.spec)
-					}
-					if ckptEach {
-						if err := s.Checkpoint(); err != nil {
-							errc <- err
-							return
-						}
-					}
-				}
-			}(tg, w)
-		}
-	}
-	wg.Wait()
-	close(errc)
-	if err := <-errc; err != nil {
-		return err
-	}
-	out("DONE")
-	return s.Close()
+	w.st = newCzStacker(w.spec)
+	return nil
 }
 
 // ---------------------------------------------------------------------------

@@ -297,6 +297,39 @@ func crashEnvInt(name string, def int64) int64 {
 //	ACK <buffer> <writer> <first_seq> <rows> <first token> <write_count>
 //	DONE                                                  (limit reached)
 func crashChild() error {
+	return runCrashChild(crashSpecFor, crashFsync, func(spec Spec, writer int) crashWriter {
+		return &plainCrashWriter{spec: spec, stream: fmt.Sprintf("w%d", writer)}
+	})
+}
+
+// crashWriter makes the extends of one writer goroutine of a crash child.
+type crashWriter interface {
+	// size draws the number of rows of the next extend.
+	size(rng *rand.Rand) int
+	// next returns the stream and batch of rows carrying tokens.
+	next(rng *rand.Rand, tokens []int64) (stream string, batch *Batch)
+	// acked runs after the extend of rows from first on was acknowledged.
+	acked(b *Buffer, stream string, first int64) error
+}
+
+// plainCrashWriter writes crashBatch rows of 1..40 on one stream.
+type plainCrashWriter struct {
+	spec   Spec
+	stream string
+}
+
+func (w *plainCrashWriter) next(rng *rand.Rand, tokens []int64) (string, *Batch) {
+	return w.stream, crashBatch(w.spec, tokens, rng.IntN(2) == 0)
+}
+
+func (w *plainCrashWriter) acked(*Buffer, string, int64) error { return nil }
+
+func (w *plainCrashWriter) size(rng *rand.Rand) int { return 1 + rng.IntN(40) }
+
+// runCrashChild is the child's loop: specFor gives each buffer's spec, the
+// buffer named fsyncName gets two writers (group commit), newWriter makes
+// each writer's batches.
+func runCrashChild(specFor func(string) Spec, fsyncName string, newWriter func(spec Spec, writer int) crashWriter) error {
 	dir := os.Getenv("RBD_CRASH_DIR")
 	tokenBase := crashEnvInt("RBD_CRASH_TOKEN", 1)
 	seed := uint64(crashEnvInt("RBD_CRASH_SEED", 1))
@@ -322,7 +355,7 @@ func crashChild() error {
 	}
 	var targets []target
 	for _, name := range bufs {
-		spec := crashSpecFor(name)
+		spec := specFor(name)
 		b, _, err := s.CreateBuffer(name, spec)
 		if err != nil {
 			return err
@@ -340,7 +373,7 @@ func crashChild() error {
 		n := writersPer
 		if n == 0 {
 			n = 1
-			if tg.name == crashFsync {
+			if tg.name == fsyncName {
 				n = 2 // two streams share fsyncs (group commit)
 			}
 		}
@@ -350,15 +383,15 @@ func crashChild() error {
 			go func(tg target, writer int) {
 				defer wg.Done()
 				rng := rand.New(rand.NewPCG(seed, uint64(writer)))
-				stream := fmt.Sprintf("w%d", writer)
+				cw := newWriter(tg.spec, writer)
 				for k := 0; maxExt == 0 || k < maxExt; k++ {
-					n := 1 + rng.IntN(40)
+					n := cw.size(rng)
 					first := tok.Add(int64(n)) - int64(n)
 					tokens := make([]int64, n)
 					for j := range tokens {
 						tokens[j] = first + int64(j)
 					}
-					batch := crashBatch(tg.spec, tokens, rng.IntN(2) == 0)
+					stream, batch := cw.next(rng, tokens)
 					out("BEGIN %s %d %d %d", tg.name, writer, n, first)
 					res, err := tg.b.Extend(stream, batch)
 					if err != nil {
@@ -366,6 +399,10 @@ func crashChild() error {
 						return
 					}
 					out("ACK %s %d %d %d %d %d", tg.name, writer, res.FirstSeq, res.Rows, first, res.WriteCount)
+					if err := cw.acked(tg.b, stream, first); err != nil {
+						errc <- err
+						return
+					}
 					if ckptEach {
 						if err := s.Checkpoint(); err != nil {
 							errc <- err
