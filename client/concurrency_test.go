@@ -41,7 +41,22 @@ func checkStep(r rowView) error {
 // samplers over HTTP against one buffer whose ring wraps many times. Every
 // row's fields derive from one token, so a torn or misattributed row in an
 // answer is caught; afterwards the counters must match what was written.
+// It runs on a memmap buffer and on a compressed one whose observations
+// (and final observations) live in chunks.
 func TestConcurrentWritersSamplers(t *testing.T) {
+	compressed := cartpole(256)
+	compressed.Storage = "compressed"
+	compressed.Fields[0].Compress = client.Ptr(true)
+	compressed.Compression = &client.Compression{ChunkLen: 4}
+	for _, tc := range []struct {
+		name string
+		spec *client.Spec
+	}{{"memmap", cartpole(256)}, {"compressed", compressed}} {
+		t.Run(tc.name, func(t *testing.T) { concurrentWritersSamplers(t, tc.spec) })
+	}
+}
+
+func concurrentWritersSamplers(t *testing.T, spec *client.Spec) {
 	const (
 		writers, samplers = 8, 8
 		batchRows         = 16
@@ -53,7 +68,10 @@ func TestConcurrentWritersSamplers(t *testing.T) {
 	ts, _ := newServer(t, nil)
 	c := newClient(t, ts.URL, nil)
 	ctx := ctxT(t)
-	if _, _, err := c.CreateBuffer(ctx, "cc", cartpole(capacity)); err != nil {
+	if spec.Capacity != capacity {
+		t.Fatalf("spec capacity %d, want %d", spec.Capacity, capacity)
+	}
+	if _, _, err := c.CreateBuffer(ctx, "cc", spec); err != nil {
 		t.Fatal(err)
 	}
 
