@@ -52,7 +52,8 @@ type chunkStore struct {
 	// Writer state, guarded by b.wmu.
 	trajs      map[int64]*trajState
 	nextID     uint64
-	failed     error // a failed segment write leaves chunk state unknown
+	failed     error  // a failed segment write leaves chunk state unknown
+	batchGen   uint64 // counts appendBatch calls
 	scratch    []byte
 	payScratch [][]byte     // per field: the payload being written
 	recScratch []byte       // the record being written
@@ -90,6 +91,7 @@ type trajState struct {
 	open  *chunk   // nil until its next row arrives
 	last  *chunk   // its latest sealed chunk (frame stacks reach back into it)
 	stack [][]byte // per field, the previous row's whole stack (frame stacks only)
+	gen   uint64   // the last batch that wrote to it
 }
 
 // chunk is one chunk, open or sealed. An open chunk is appended to under
@@ -248,6 +250,7 @@ func (cs *chunkStore) appendBatch(p *plan, recs []record, written int64, closeAl
 		return fmt.Errorf("compressed fields unavailable after an earlier write error (reopen the store): %w", cs.failed)
 	}
 	var touched []*trajState
+	cs.batchGen++
 	for r := range recs {
 		rec := &recs[r]
 		ts := cs.trajs[rec.TrajID]
@@ -260,7 +263,8 @@ func (cs *chunkStore) appendBatch(p *plan, recs []record, written int64, closeAl
 			oc = cs.newOpenChunk(rec.TrajID, rec.Step, ts.last)
 			ts.open = oc
 		}
-		if oc.fragFrom == len(oc.seqs) && !slices.Contains(touched, ts) {
+		if ts.gen != cs.batchGen {
+			ts.gen = cs.batchGen
 			touched = append(touched, ts)
 		}
 		cs.appendRow(ts, oc, p, rec, r, written)
