@@ -25,11 +25,20 @@ func (s *Server) buffer(r *http.Request) (*rbd.Buffer, error) {
 // buffer up front, but never beyond limit (the body cap): a client cannot
 // make the server reserve memory it does not send.
 func readBody(r *http.Request, limit int64) ([]byte, error) {
+	return readBodyInto(r, limit, nil)
+}
+
+// readBodyInto is readBody appending to buf[:0], so that callers can reuse
+// memory across requests.
+func readBodyInto(r *http.Request, limit int64, buf []byte) ([]byte, error) {
 	n := min(r.ContentLength, limit, 64<<20)
 	if n < 0 {
 		n = 0
 	}
-	buf := make([]byte, 0, n)
+	if int64(cap(buf)) < n {
+		buf = make([]byte, 0, n)
+	}
+	buf = buf[:0]
 	for {
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]

@@ -20,7 +20,16 @@ func (s *Server) extend(w http.ResponseWriter, r *http.Request) error {
 	}
 	// The whole body is read and validated before anything is written, so
 	// a client that disconnects mid-body leaves the store unchanged.
-	body, err := readBody(r, s.opts.MaxBody)
+	bp, _ := s.bodies.Get().(*[]byte)
+	if bp == nil {
+		bp = new([]byte)
+	}
+	body, err := readBodyInto(r, s.opts.MaxBody, *bp)
+	// Safetensors tensors alias the body until Extend has copied them.
+	defer func() {
+		*bp = body[:0]
+		s.bodies.Put(bp)
+	}()
 	if err != nil {
 		return err
 	}

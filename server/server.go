@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -79,6 +80,9 @@ type Server struct {
 	mux      *http.ServeMux
 	metrics  *metrics
 	shutting atomic.Bool
+	// bodies holds extend bodies (*[]byte) for reuse: a storage extend
+	// copies every byte it keeps, so a body is free once Extend returns.
+	bodies sync.Pool
 }
 
 // New returns a server for db.
