@@ -138,8 +138,11 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 			switch {
 			case !ok && live && b.overwrittenMeanwhile(r.PrevSeq):
 				// The ring moved past the predecessor while we scanned:
-				// this row is now the oldest live row of its trajectory.
+				// this row is now the oldest live row of its trajectory,
+				// and rows of it accepted earlier in the scan (older
+				// still) are gone too.
 				p = accepted{r.TrajID, r.Step - 1}
+				b.dropScanned(r.TrajID)
 			case !ok:
 				lost(seq, fmt.Sprintf("previous row %d of trajectory %d is missing", r.PrevSeq, r.TrajID))
 				continue
@@ -244,14 +247,32 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 	return maxTraj, nil
 }
 
-// overwrittenMeanwhile reports whether seq's slot now holds (or is being
-// given) a newer row, waiting briefly for a write in progress to finish.
-func (b *Buffer) overwrittenMeanwhile(seq int64) bool {
-	rb := b.rec(seq % b.capacity)
-	if r, ok := decodeRecord(rb); ok && r.Seq > seq {
-		return true
+// dropScanned removes from the index, while reading next to a running
+// writer, the rows of a trajectory accepted earlier in the scan: the ring
+// has since overwritten a later row of it, so they are overwritten too.
+// They have successors, so none carries a final observation.
+func (b *Buffer) dropScanned(traj int64) {
+	t := b.ix.byID[traj]
+	for t != nil && t.Len() > 0 {
+		seq := t.Seq(0)
+		if b.ix.evict(traj, seq, false) != nil {
+			return
+		}
+		b.stamps[seq%b.capacity].CompareAndSwap(seq, -1)
+		if t.Len() == 0 {
+			return
+		}
 	}
-	return markedSeq(int64(binary.LittleEndian.Uint64(rb[recSeq:]))) > seq
+}
+
+// overwrittenMeanwhile reports whether seq's slot now holds (or is being
+// given) a newer row.
+func (b *Buffer) overwrittenMeanwhile(seq int64) bool {
+	// One read of the seq field: a writer stores the marker there first
+	// and the new seq last, so reading it twice (once to decode, once for
+	// the marker) could see a marker and then a finished seq and miss both.
+	raw := int64(binary.LittleEndian.Uint64(b.rec(seq % b.capacity)[recSeq:]))
+	return raw > seq || markedSeq(raw) > seq
 }
 
 // dataCRC recomputes the data checksum of the row in slot.
