@@ -6,7 +6,7 @@
 // to the plain layout, the bytes on disk, and uniform (256) and slice
 // (32 x 8) sample rates with the decoded-chunk cache's hit rate.
 //
-//	go run ./bench/memeff                      # 20,000-row rings (about a minute)
+//	go run ./bench/memeff                      # 20,000-row rings (about 30 s on 2 cores)
 //	go run ./bench/memeff -capacity 4000 -seconds 0.5
 //
 // docs/memory-efficient.md and docs/performance.md quote its output.
