@@ -106,7 +106,8 @@ type recordField struct {
 	CRC     uint32 // crc32c of the stored payload
 	Modes   []byte // one per unit: a row, plus the final observation if Tail and the field has them
 	Payload []byte
-	// PayloadOff is the payload's offset within the record (decode only).
+	// PayloadOff is the payload's offset within the record (set by encode
+	// and decode).
 	PayloadOff int
 }
 
@@ -120,7 +121,8 @@ func (r *chunkRecord) units(tailField bool) int {
 	return len(r.Seqs)
 }
 
-// encode appends the record to dst.
+// encode appends the record to dst, and fills in each field's CRC and
+// PayloadOff as written.
 func (r *chunkRecord) encode(dst []byte) []byte {
 	start := len(dst)
 	n := chunkHeaderSize + 8*len(r.Seqs)
@@ -148,19 +150,22 @@ func (r *chunkRecord) encode(dst []byte) []byte {
 		le.PutUint64(b[off:], uint64(s))
 		off += 8
 	}
-	for _, f := range r.Fields {
+	for i := range r.Fields {
+		f := &r.Fields[i]
+		f.CRC = crcOf(f.Payload)
 		b[off] = f.Codec
 		if f.Delta {
 			b[off+1] = 1
 		}
 		le.PutUint32(b[off+4:], f.RawLen)
 		le.PutUint32(b[off+8:], uint32(len(f.Payload)))
-		le.PutUint32(b[off+12:], crc32.Checksum(f.Payload, castagnoli))
+		le.PutUint32(b[off+12:], f.CRC)
 		off += fieldHeaderSize
 		off += copy(b[off:], f.Modes)
 	}
-	for _, f := range r.Fields {
-		off += copy(b[off:], f.Payload)
+	for i := range r.Fields {
+		r.Fields[i].PayloadOff = off
+		off += copy(b[off:], r.Fields[i].Payload)
 	}
 	le.PutUint32(b[off:], crc32.Checksum(b[:off], castagnoli))
 	return dst

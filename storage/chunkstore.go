@@ -146,7 +146,6 @@ type segment struct {
 type segRec struct {
 	c    *chunk
 	frag bool
-	size int64
 	// fieldBytes is the stored payload size per field (for Info).
 	fieldBytes []int
 }
@@ -413,14 +412,14 @@ func (cs *chunkStore) seal(ts *trajState, oc *chunk) error {
 	for fi := range cs.fields {
 		rec.Fields = append(rec.Fields, cs.pack(fi, &oc.f[fi], 0, len(oc.f[fi].modes)))
 	}
-	seg, off, fieldOffs, err := cs.appendRecord(rec, sc, false)
+	seg, off, err := cs.appendRecord(rec, sc, false)
 	if err != nil {
 		return err
 	}
 	for fi := range cs.fields {
-		of := &oc.f[fi]
-		sc.f[fi] = chunkField{modes: of.modes, offs: of.offs, payOff: off + int64(fieldOffs[fi]), stored: len(rec.Fields[fi].Payload),
-			crc: crcOf(rec.Fields[fi].Payload), codec: cs.codec, delta: cs.delta}
+		of, rf := &oc.f[fi], &rec.Fields[fi]
+		sc.f[fi] = chunkField{modes: of.modes, offs: of.offs, payOff: off + int64(rf.PayloadOff), stored: len(rf.Payload),
+			crc: rf.CRC, codec: cs.codec, delta: cs.delta}
 	}
 	sc.seg = seg
 	cs.mu.Lock()
@@ -453,7 +452,7 @@ func (cs *chunkStore) writeFragment(oc *chunk) error {
 	for fi := range cs.fields {
 		rec.Fields = append(rec.Fields, cs.pack(fi, &oc.f[fi], from, to))
 	}
-	if _, _, _, err := cs.appendRecord(rec, oc, true); err != nil {
+	if _, _, err := cs.appendRecord(rec, oc, true); err != nil {
 		return err
 	}
 	oc.fragFrom = to
@@ -461,20 +460,11 @@ func (cs *chunkStore) writeFragment(oc *chunk) error {
 }
 
 // appendRecord writes a record at the end of the active segment, starting
-// a new segment when it is full. It returns where each field's payload
-// starts within the record.
-func (cs *chunkStore) appendRecord(rec *chunkRecord, c *chunk, frag bool) (*segment, int64, []int, error) {
+// a new segment when it is full, and returns where the record starts
+// (encode has set each field's CRC and offset in rec).
+func (cs *chunkStore) appendRecord(rec *chunkRecord, c *chunk, frag bool) (*segment, int64, error) {
 	buf := rec.encode(cs.recScratch[:0])
 	cs.recScratch = buf
-	fieldOffs := make([]int, len(rec.Fields))
-	off := chunkHeaderSize + 8*len(rec.Seqs)
-	for _, f := range rec.Fields {
-		off += fieldHeaderSize + len(f.Modes)
-	}
-	for i, f := range rec.Fields {
-		fieldOffs[i] = off
-		off += len(f.Payload)
-	}
 	cs.segMu.Lock()
 	defer cs.segMu.Unlock()
 	var seg *segment
@@ -484,7 +474,7 @@ func (cs *chunkStore) appendRecord(rec *chunkRecord, c *chunk, frag bool) (*segm
 	if seg == nil || (seg.size > segHeaderSize && seg.size+int64(len(buf)) > cs.segTarget) {
 		var err error
 		if seg, err = cs.createSegment(); err != nil {
-			return nil, 0, nil, err
+			return nil, 0, err
 		}
 	}
 	at := seg.size
@@ -495,17 +485,13 @@ func (cs *chunkStore) appendRecord(rec *chunkRecord, c *chunk, frag bool) (*segm
 	}
 	cs.b.store.crash.at("mid-chunk")
 	if _, err := seg.f.WriteAt(buf, at); err != nil {
-		return nil, 0, nil, fmt.Errorf("write chunk record to %s: %w", seg.path, err)
+		return nil, 0, fmt.Errorf("write chunk record to %s: %w", seg.path, err)
 	}
 	seg.size += int64(len(buf))
 	seg.dirty = true
-	sr := segRec{c: c, frag: frag, size: int64(len(buf)), fieldBytes: make([]int, len(rec.Fields))}
-	for i, f := range rec.Fields {
-		sr.fieldBytes[i] = len(f.Payload)
-	}
-	seg.recs = append(seg.recs, sr)
+	seg.recs = append(seg.recs, segRec{c: c, frag: frag, fieldBytes: payloadSizes(rec)})
 	cs.b.store.crash.at("after-chunk")
-	return seg, at, fieldOffs, nil
+	return seg, at, nil
 }
 
 // createSegment starts a new segment file. Called with segMu held.
@@ -709,10 +695,9 @@ func (cs *chunkStore) gather(dst []byte, fi int, tail bool, rb int, seqs, slots 
 			continue
 		}
 		refs[j] = ref{l, len(l.c.seqs), l.c.tail}
-		for c, depth := l.c, 0; c != nil && depth < 2; c, depth = c.prev(), depth+1 {
-			if !c.sealed && views[c] == nil {
-				views[c] = cs.snapshot(c, fi)
-			}
+		// Only open chunks change; a chunk's predecessor is always sealed.
+		if !l.c.sealed && views[l.c] == nil {
+			views[l.c] = cs.snapshot(l.c, fi)
 		}
 	}
 	cs.mu.RUnlock()
@@ -1063,7 +1048,7 @@ func (cs *chunkStore) load(writable bool) error {
 					cs.loadNotes = append(cs.loadNotes, fmt.Sprintf("%s offset %d: %v", path, off, err))
 				} else {
 					byID[c.id] = c
-					seg.recs = append(seg.recs, segRec{c: c, size: int64(n), fieldBytes: payloadSizes(rec)})
+					seg.recs = append(seg.recs, segRec{c: c, fieldBytes: payloadSizes(rec)})
 				}
 			case recFragment:
 				if _, ok := frags[rec.ID]; !ok {
@@ -1071,7 +1056,7 @@ func (cs *chunkStore) load(writable bool) error {
 				}
 				frags[rec.ID] = append(frags[rec.ID], rec)
 				fragSegs[rec.ID] = append(fragSegs[rec.ID], seg)
-				seg.recs = append(seg.recs, segRec{size: int64(n), frag: true, fieldBytes: payloadSizes(rec)})
+				seg.recs = append(seg.recs, segRec{frag: true, fieldBytes: payloadSizes(rec)})
 				// c is filled in below, once the open chunk is built.
 				seg.recs[len(seg.recs)-1].c = &chunk{id: rec.ID}
 			}

@@ -415,14 +415,7 @@ func (m *czModel) checkBuffer(t *testing.T, b *Buffer, round int, run *crashRun)
 	// must all be live (kill -9 keeps the page cache, so even flush rows).
 	wMax := m.lastWC[name]
 	if run != nil {
-		if start, ok := run.start[name]; ok {
-			wMax = start
-			for _, e := range run.begins {
-				if e.buf == name {
-					wMax += int64(e.rows)
-				}
-			}
-		}
+		wMax = run.maxWriteCount(name, wMax)
 	}
 	lo := max(wc, wMax) - capacity
 	var lost []int64

@@ -449,6 +449,22 @@ type crashExt struct {
 	acked        bool
 }
 
+// maxWriteCount is the most the child can have written to buffer name:
+// its start plus every row it began to write (last if it reported no
+// start).
+func (r *crashRun) maxWriteCount(name string, last int64) int64 {
+	start, ok := r.start[name]
+	if !ok {
+		return last
+	}
+	for _, e := range r.begins {
+		if e.buf == name {
+			start += int64(e.rows)
+		}
+	}
+	return start
+}
+
 type crashRun struct {
 	start  map[string]int64
 	begins []*crashExt
@@ -769,18 +785,9 @@ func (m *crashModel) checkBuffer(t *testing.T, b *Buffer, round int, run *crashR
 		t.Errorf("round %d: buffer %q: durable watermark %d above write count %d", round, name, info.Durable, wc)
 	}
 
-	// The most the child can have written: its start plus every row it
-	// began to write. Acknowledged rows above wMax-capacity cannot have been
-	// overwritten by anything, so they must all be here.
-	wMax := m.lastWC[name]
-	if start, ok := run.start[name]; ok {
-		wMax = start
-		for _, e := range run.begins {
-			if e.buf == name {
-				wMax += int64(e.rows)
-			}
-		}
-	}
+	// Acknowledged rows above wMax-capacity cannot have been overwritten
+	// by anything, so they must all be here.
+	wMax := run.maxWriteCount(name, m.lastWC[name])
 	lo := max(wc, wMax) - capacity
 	var required []int64
 	for seq := range m.acked[name] {

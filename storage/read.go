@@ -129,7 +129,7 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 	for j, slot := range slots {
 		// CompareAndSwap, not Load: it is a full barrier, so the copies
 		// above cannot be reordered after this check on weakly ordered CPUs.
-		if slot < 0 || !b.stamps[slot].CompareAndSwap(seqs[j], seqs[j]) || chunkErrs[j] == errSlotMoving {
+		if slot < 0 || !b.stamps[slot].CompareAndSwap(seqs[j], seqs[j]) || (chunkErrs != nil && chunkErrs[j] == errSlotMoving) {
 			missing = append(missing, j)
 			for i, c := range cols {
 				clear(dst[i][j*c.RowBytes : (j+1)*c.RowBytes])
@@ -139,9 +139,9 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 			}
 			continue
 		}
-		if err := chunkErrs[j]; err != nil {
+		if chunkErrs != nil && chunkErrs[j] != nil {
 			// Still live, so the stored bytes are at fault.
-			damaged = append(damaged, err)
+			damaged = append(damaged, chunkErrs[j])
 			continue
 		}
 		if meta != nil {
@@ -331,9 +331,9 @@ func (b *Buffer) Info() (Info, error) {
 		info.Bytes[c.name] = fb
 	}
 	if b.persistent {
-		info.DiskBytes += b.storedBytes(&column{region: b.meta}, 0)
+		info.DiskBytes += fileBytes(b.meta.Path())
 		if b.prio != nil {
-			info.DiskBytes += b.storedBytes(b.prio.col, 0)
+			info.DiskBytes += fileBytes(b.prio.col.region.Path())
 		}
 	} else {
 		info.DiskBytes = 0
@@ -347,7 +347,13 @@ func (b *Buffer) storedBytes(c *column, memEstimate int64) int64 {
 	if !b.persistent {
 		return memEstimate
 	}
-	st, err := os.Stat(c.region.Path())
+	return fileBytes(c.region.Path())
+}
+
+// fileBytes is the disk space a file takes (sparse regions cost nothing),
+// 0 if it cannot be read.
+func fileBytes(path string) int64 {
+	st, err := os.Stat(path)
 	if err != nil {
 		return 0
 	}
