@@ -165,6 +165,42 @@ func TestStreamsContinueAndClose(t *testing.T) {
 	})
 }
 
+// TestOpenTrajectoryOutOfTheRing: a stream's open trajectory whose rows all
+// left the ring is still open (the stream extends it, step continues) and
+// counted as such; it was the cause of a flaky count in the client's
+// concurrency test.
+func TestOpenTrajectoryOutOfTheRing(t *testing.T) {
+	forEachKind(t, func(t *testing.T, kind Kind) {
+		s := openStore(t, t.TempDir())
+		defer s.Close()
+		spec := testSpec(kind, 4, false)
+		b := mustCreate(t, s, "st", spec)
+		mustExtend(t, b, "slow", makeBatch(spec, []row{{val: 1}, {val: 2}}, false))
+		for i := range 3 { // 6 rows of other streams push "slow" out
+			mustExtend(t, b, "fast", makeBatch(spec, []row{{val: 10}, {val: 11, terminated: i == 0}}, false))
+		}
+		info, err := b.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// "slow" holds 1 (no live row), "fast" holds 1 (its last row not done).
+		if info.Streams != 2 || info.OpenTrajectories != 2 {
+			t.Fatalf("streams %d open trajectories %d, want 2 and 2", info.Streams, info.OpenTrajectories)
+		}
+		res := mustExtend(t, b, "slow", makeBatch(spec, []row{{val: 3}}, false))
+		m := metas(t, b, res.FirstSeq)[0]
+		if m.Step != 2 || m.PrevSeq != 1 {
+			t.Fatalf("slow's next row: step %d prev %d, want step 2 prev 1 (the trajectory continues)", m.Step, m.PrevSeq)
+		}
+		if n, err := b.CloseStream("slow"); err != nil || n != 1 {
+			t.Fatalf("CloseStream(slow) = %d, %v; want 1", n, err)
+		}
+		if info, _ := b.Info(); info.OpenTrajectories != 1 || info.Streams != 1 {
+			t.Fatalf("after close: streams %d open %d, want 1 and 1", info.Streams, info.OpenTrajectories)
+		}
+	})
+}
+
 func TestBadBatchesWriteNothing(t *testing.T) {
 	spec := testSpec(KindMemory, 10, false)
 	good := func() *Batch { return makeBatch(spec, []row{{val: 1}, {val: 2, terminated: true}}, false) }

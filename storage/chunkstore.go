@@ -1,9 +1,11 @@
 package storage
 
 import (
+	"bytes"
 	"cmp"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -986,15 +988,28 @@ func (cs *chunkStore) load(writable bool) error {
 	snapshot := !cs.b.store.snapAt.IsZero()
 	for _, no := range nos {
 		path := filepath.Join(cs.b.dir, segName(no))
-		data, err := os.ReadFile(path)
+		flag := os.O_RDONLY
+		if writable {
+			flag = os.O_RDWR
+		}
+		// Open first and read through the descriptor: next to a running
+		// writer the segment can be deleted at any moment (its rows left
+		// the ring), and what was read must be what stays open.
+		f, err := os.OpenFile(path, flag, 0)
 		if err != nil {
 			if snapshot && errors.Is(err, os.ErrNotExist) {
 				continue // the running writer deleted it meanwhile
 			}
+			return fmt.Errorf("open segment: %w", err)
+		}
+		data, err := readAllFile(f)
+		if err != nil {
+			f.Close()
 			return fmt.Errorf("read segment: %w", err)
 		}
 		h, err := decodeSegHeader(path, data)
 		if err != nil {
+			f.Close()
 			if len(data) < segHeaderSize && no == nos[len(nos)-1] {
 				// A segment whose creation a crash cut short.
 				continue
@@ -1002,15 +1017,8 @@ func (cs *chunkStore) load(writable bool) error {
 			return err
 		}
 		if h.UID != cs.b.uid || h.Number != no {
+			f.Close()
 			return corruptf(path, 16, "segment belongs to buffer uid %016x number %d, want %016x number %d", h.UID, h.Number, cs.b.uid, no)
-		}
-		flag := os.O_RDONLY
-		if writable {
-			flag = os.O_RDWR
-		}
-		f, err := os.OpenFile(path, flag, 0)
-		if err != nil {
-			return fmt.Errorf("open segment: %w", err)
 		}
 		seg := &segment{no: no, path: path, f: f, size: int64(len(data))}
 		cs.segs = append(cs.segs, seg)
@@ -1328,4 +1336,18 @@ func (cs *chunkStore) checkChunks() []string {
 		}
 	}
 	return probs
+}
+
+// readAllFile reads an open file from its start to its end, sized by one
+// stat (it may still grow or shrink meanwhile; what is read is what counts).
+func readAllFile(f *os.File) ([]byte, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, st.Size()+512))
+	if _, err := buf.ReadFrom(io.NewSectionReader(f, 0, 1<<62)); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }

@@ -170,7 +170,9 @@ func (v Index) PickAtLeast(n int, rng *rand.Rand) *Trajectory { return v.ix.byLe
 // LiveRows returns the number of live rows.
 func (v Index) LiveRows() int64 { return v.ix.rows }
 
-// OpenTrajectories returns how many trajectories may still grow.
+// OpenTrajectories returns how many live trajectories may still grow. An
+// open trajectory whose rows all left the ring is not among them (Info
+// counts those too, from the streams).
 func (v Index) OpenTrajectories() int { return v.ix.open }
 
 // ReadIndex calls fn with a consistent view of the trajectory index. Writers

@@ -289,11 +289,16 @@ func (b *Buffer) Info() (Info, error) {
 	b.imu.RLock()
 	info.Size = b.ix.rows
 	info.Trajectories = len(b.ix.list)
-	info.OpenTrajectories = b.ix.open
 	tails := b.ix.tails
 	b.imu.RUnlock()
 	b.wmu.Lock()
 	info.Streams = len(b.streams)
+	// Counted from the streams, not the index: an open trajectory whose
+	// rows all left the ring has no index entry, yet its stream still
+	// extends it.
+	for _, envs := range b.streams {
+		info.OpenTrajectories += len(envs)
+	}
 	b.wmu.Unlock()
 	b.stateMu.Lock()
 	for _, h := range b.holes {

@@ -466,19 +466,32 @@ func cmdJSON(ts *testscript.TestScript, neg bool, args []string) {
 	}
 }
 
-// run [-max D] [-n N] [-code C] PROG [ARGS...]
+// run [-max D] [-n N] [-code C] [-interrupt-on REGEXP] PROG [ARGS...]
 // runs PROG (found in the script's PATH) N times (default 1) in the
 // script's directory and environment. Every run must end within D
 // (default 10s, times timeScale; 5s later it gets SIGQUIT, which makes a
 // Go program print its goroutines) and exit with code C (default 0; with
 // `!`, any non-zero code). stdout and stderr are those of the last run.
+// With -interrupt-on, each run gets SIGINT as soon as a line of its stderr
+// matches REGEXP (an event, not a fixed time: a slow start under -race or
+// a busy machine only delays it); a run that exits without such a line
+// fails.
 func cmdRun(ts *testscript.TestScript, neg bool, args []string) {
-	const usage = "[-max D] [-n N] [-code C] PROG [ARGS...]"
+	const usage = "[-max D] [-n N] [-code C] [-interrupt-on REGEXP] PROG [ARGS...]"
 	fs := newFlags("run")
 	maxDur := fs.Duration("max", 10*time.Second, "")
 	n := fs.Int("n", 1, "")
 	code := fs.Int("code", -1, "")
+	interruptOn := fs.String("interrupt-on", "", "")
 	args = parseFlags(ts, fs, args, usage)
+	var interruptRE *regexp.Regexp
+	if *interruptOn != "" {
+		re, err := regexp.Compile(*interruptOn)
+		if err != nil {
+			ts.Fatalf("run: -interrupt-on: %v", err)
+		}
+		interruptRE = re
+	}
 	if len(args) < 1 || (neg && *code >= 0) {
 		ts.Fatalf("usage: [!] run %s (! and -code exclude each other)", usage)
 	}
@@ -502,13 +515,30 @@ func cmdRun(ts *testscript.TestScript, neg bool, args []string) {
 		cmd.WaitDelay = 5 * time.Second
 		cmd.Dir = ts.MkAbs(".")
 		cmd.Env = env
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		var stdout bytes.Buffer
+		stderr := &lineWatcher{re: interruptRE}
+		cmd.Stdout, cmd.Stderr = &stdout, stderr
 		start := time.Now()
-		err := cmd.Run()
+		if err := cmd.Start(); err != nil {
+			cancel()
+			ts.Fatalf("start %s: %v", args[0], err)
+		}
+		if interruptRE != nil {
+			go func() {
+				select {
+				case <-stderr.matched():
+					cmd.Process.Signal(os.Interrupt)
+				case <-ctx.Done():
+				}
+			}()
+		}
+		err := cmd.Wait()
 		took := time.Since(start)
 		cancel()
-		lastOut, lastErr = stdout.Bytes(), stderr.Bytes()
+		lastOut, lastErr = stdout.Bytes(), stderr.bytes()
+		if interruptRE != nil && !stderr.sawMatch() {
+			ts.Fatalf("%s exited (%s) before a line of its stderr matched %q\nstdout:\n%s\nstderr:\n%s", args[0], exitDesc(err), *interruptOn, lastOut, lastErr)
+		}
 		ts.Logf("run %d/%d: %s %s: %s in %v (bound %v)", i+1, *n, args[0], strings.Join(args[1:], " "), exitDesc(err), took.Round(time.Millisecond), *maxDur)
 		got := 0
 		var ee *exec.ExitError
@@ -532,6 +562,60 @@ func cmdRun(ts *testscript.TestScript, neg bool, args []string) {
 	}
 	ts.Stdout().Write(lastOut)
 	ts.Stderr().Write(lastErr)
+}
+
+// lineWatcher collects a process's output and closes a channel when a
+// complete line first matches re (nil: never).
+type lineWatcher struct {
+	re   *regexp.Regexp
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	scan int // start of the first line not yet matched
+	hit  chan struct{}
+	done bool
+}
+
+func (w *lineWatcher) matched() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.hit == nil {
+		w.hit = make(chan struct{})
+	}
+	return w.hit
+}
+
+func (w *lineWatcher) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	for w.re != nil && !w.done {
+		rest := w.buf.Bytes()[w.scan:]
+		i := bytes.IndexByte(rest, '\n')
+		if i < 0 {
+			break
+		}
+		w.scan += i + 1
+		if w.re.Match(rest[:i]) {
+			w.done = true
+			if w.hit == nil {
+				w.hit = make(chan struct{})
+			}
+			close(w.hit)
+		}
+	}
+	return len(p), nil
+}
+
+func (w *lineWatcher) bytes() []byte {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.Bytes()
+}
+
+func (w *lineWatcher) sawMatch() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.done
 }
 
 func exitDesc(err error) string {
