@@ -204,6 +204,11 @@ func (b *Buffer) planSample(req *SampleRequest, maxBytes int64) (*plan, error) {
 		if f.v < 0 {
 			return nil, reqErr(f.name, "must not be negative")
 		}
+		// Bounded one by one before any product is taken: num_slices x
+		// slice_len of two huge numbers would wrap around.
+		if f.v > maxSampleRows {
+			return nil, reqErr(f.name, "%d is more than the %d rows an answer may hold", f.v, maxSampleRows)
+		}
 	}
 	if p.slices {
 		if err := sliceShape(req, &p.params); err != nil {
@@ -285,8 +290,8 @@ func (b *Buffer) planSample(req *SampleRequest, maxBytes int64) (*plan, error) {
 			rowBytes += int64(c.RowBytes)
 		}
 	}
-	if maxBytes > 0 && rowBytes*int64(p.rows) > maxBytes {
-		return nil, reqErr("batch_size", "the answer would hold %d bytes, more than the %d allowed (--max-response)", rowBytes*int64(p.rows), maxBytes)
+	if maxBytes > 0 && (rowBytes > maxBytes/int64(p.rows) || rowBytes*int64(p.rows) > maxBytes) {
+		return nil, reqErr("batch_size", "the answer would hold %d rows of %d bytes, more than the %d bytes allowed (--max-response)", p.rows, rowBytes, maxBytes)
 	}
 	return p, nil
 }

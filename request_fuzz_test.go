@@ -4,9 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/bits"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/rbdb/rbd/storage"
 )
 
 // reqFuzzSeeds are sample request bodies, valid and not.
@@ -168,4 +171,57 @@ func TestSampleRequestMarshalRoundTrip(t *testing.T) {
 			t.Errorf("%s marshals to %s, which parses to %s (%v)", reqFuzzJSON(&req), b, reqFuzzJSON(got), err)
 		}
 	}
+}
+
+// go test . -run '^$' -fuzz FuzzPlanSampleNumbers -fuzztime 60s
+//
+// Any numbers a client may send (batch_size, num_slices, slice_len, for
+// every sampler) are either refused with a 400 naming a field or planned
+// with a row count that is exactly their product, within the answer
+// limits: nothing wraps around (2147483648 x 8589934592 once planned 0
+// rows), nothing is allocated from them here.
+func FuzzPlanSampleNumbers(f *testing.F) {
+	for _, c := range [][3]int{
+		{256, 0, 0}, {0, 4, 8}, {32, 4, 8}, {0, 4611686018427387905, 4}, {0, 2147483648, 8589934592},
+		{-1, 2, 2}, {0, 1 << 22, 2}, {1 << 22, 0, 1}, {1<<63 - 1, 1<<63 - 1, 1<<63 - 1}, {7, 0, 3}, {8, 3, 0},
+	} {
+		for k := range 3 {
+			f.Add(c[0], c[1], c[2], uint8(k), int64(1<<30))
+		}
+	}
+	db, err := Open(f.TempDir(), nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer db.Close()
+	buf, _, err := db.CreateBuffer("b", testSpec(storage.KindMemory, 1000, true, true))
+	if err != nil {
+		f.Fatal(err)
+	}
+	kinds := []string{"uniform", "slice", "prioritized_slice", "without_replacement", "slice_without_replacement", "prioritized"}
+	f.Fuzz(func(t *testing.T, batch, slices, sliceLen int, kind uint8, maxBytes int64) {
+		req := &SampleRequest{BatchSize: batch, NumSlices: slices, SliceLen: sliceLen, Sampler: kinds[int(kind)%len(kinds)]}
+		p, err := buf.planSample(req, maxBytes)
+		if err != nil {
+			if re, ok := errors.AsType[*RequestError](err); !ok || re.Field == "" {
+				t.Fatalf("plan %+v: %v; want a *RequestError naming a field", req, err)
+			}
+			return
+		}
+		want := int64(p.params.BatchSize)
+		if p.slices {
+			// The exact product, in 128 bits: an overflow shows as hi != 0.
+			hi, lo := bits.Mul64(uint64(p.params.NumSlices), uint64(p.params.SliceLen))
+			if hi != 0 || lo > maxSampleRows {
+				t.Fatalf("plan %+v: %d x %d rows planned", req, p.params.NumSlices, p.params.SliceLen)
+			}
+			want = int64(lo)
+			if p.params.NumSlices < 1 || p.params.SliceLen < 1 || (batch > 0 && int64(batch) != want) {
+				t.Fatalf("plan %+v: slices %d x %d for batch_size %d", req, p.params.NumSlices, p.params.SliceLen, batch)
+			}
+		}
+		if int64(p.rows) != want || p.rows < 1 || p.rows > maxSampleRows {
+			t.Fatalf("plan %+v: %d rows, want %d in [1, %d]", req, p.rows, want, maxSampleRows)
+		}
+	})
 }

@@ -43,6 +43,10 @@ func statusOf(err error) (int, string) {
 		errors.Is(err, storage.ErrInvalidBatch), errors.Is(err, rbd.ErrBadRequest),
 		errors.Is(err, codec.ErrSafetensors), errors.Is(err, storage.ErrNoPriority):
 		return http.StatusBadRequest, ""
+	case errors.Is(err, storage.ErrInsufficientMemory):
+		return http.StatusInsufficientStorage, "insufficient_memory"
+	case errors.Is(err, storage.ErrInsufficientStorage):
+		return http.StatusInsufficientStorage, "insufficient_storage"
 	case errors.Is(err, storage.ErrCorrupt):
 		// Stored bytes failed their checks: the server's fault, not the
 		// request's, and worth a distinct code for alerting.

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/rbdb/rbd/internal/segtree"
 	"github.com/rbdb/rbd/storage/internal/mmapfile"
 )
 
@@ -59,11 +58,10 @@ type Buffer struct {
 	termCol    int    // index of next.terminated, -1 if absent
 	truncCol   int    // index of next.truncated, -1 if absent
 
-	// stamps[slot] is the seq of the complete row in that slot, or -1 while
-	// the slot is empty or being written. Readers check it before and after
-	// copying a row (a seqlock), so they never return a torn row; it lives
-	// on the Go heap, not in the mapping, so reads never dirty file pages.
-	stamps []atomic.Int64
+	// stamps holds the seq of the complete row in each slot (see
+	// stampTable): readers use it as a seqlock, so they never return a torn
+	// row.
+	stamps stampTable
 
 	// life is held shared by every call that touches the mapping and
 	// exclusively by Delete/close, so unmapping never happens under a reader.
@@ -183,18 +181,11 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) (*Buffer, error) {
 	}
 	if spec.Priority != nil {
 		pf := Field{Name: "priority", DType: Float64, Shape: []int{}}
-		b.prio = &priorities{
-			alpha: spec.Priority.Alpha, eps: spec.Priority.Eps, max: 1,
-			col: &column{name: pf.Name, file: "priority.col", role: rolePriority, field: pf, rowBytes: 8, cz: -1},
-			sum: segtree.NewSumTree(int(spec.Capacity)),
-			min: segtree.NewMinTree(int(spec.Capacity)),
-		}
+		b.prio = newPriorities(spec.Priority.Alpha, spec.Priority.Eps, spec.Capacity,
+			&column{name: pf.Name, file: "priority.col", role: rolePriority, field: pf, rowBytes: 8, cz: -1})
 	}
 	b.notify = make(chan struct{})
-	b.stamps = make([]atomic.Int64, spec.Capacity)
-	for i := range b.stamps {
-		b.stamps[i].Store(-1)
-	}
+	b.stamps = newStampTable(spec.Capacity)
 	b.ix.init()
 	b.sync.init()
 	if spec.Storage == KindCompressed {

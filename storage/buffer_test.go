@@ -30,7 +30,7 @@ func TestRingOverwrite(t *testing.T) {
 		}
 		// Slots hold seq 5,6,2,3,4.
 		for slot, want := range []int64{5, 6, 2, 3, 4} {
-			if got := b.stamps[slot].Load(); got != want {
+			if got := b.stamps.Load(int64(slot)); got != want {
 				t.Errorf("slot %d holds seq %d, want %d", slot, got, want)
 			}
 		}

@@ -1319,7 +1319,7 @@ func (cs *chunkStore) checkChunks() []string {
 	seen := map[cacheKey]bool{}
 	for slot := range cs.loc {
 		l := cs.loc[slot]
-		if l.c == nil || cs.b.stamps[slot].Load() < 0 {
+		if l.c == nil || cs.b.stamps.Load(int64(slot)) < 0 {
 			continue
 		}
 		for fi := range cs.fields {

@@ -36,6 +36,44 @@ var (
 	ErrInvalidName = errors.New("storage: invalid buffer name")
 )
 
+// These errors are returned when the machine cannot hold what a call asks
+// for. Test for them with errors.Is; errors.As with *ResourceError gives
+// the figures.
+var (
+	// ErrInsufficientMemory is returned by CreateBuffer when the buffer,
+	// once full, would not fit in the memory left to buffers
+	// (Options.MemoryLimit).
+	ErrInsufficientMemory = errors.New("storage: insufficient memory")
+	// ErrInsufficientStorage is returned when the disk cannot hold what
+	// a call must write.
+	ErrInsufficientStorage = errors.New("storage: insufficient storage")
+)
+
+// ResourceError says how much of a resource a call needed and how much was
+// available.
+type ResourceError struct {
+	Op        string // what was attempted, e.g. `create buffer "x"`
+	Err       error  // ErrInsufficientMemory or ErrInsufficientStorage
+	Needed    int64  // bytes
+	Available int64  // bytes
+	Hint      string // what to change, if anything
+}
+
+func (e *ResourceError) Error() string {
+	what := "memory"
+	if e.Err == ErrInsufficientStorage {
+		what = "disk space"
+	}
+	msg := fmt.Sprintf("%s: needs %d bytes of %s, %d available", e.Op, e.Needed, what, e.Available)
+	if e.Hint != "" {
+		msg += " (" + e.Hint + ")"
+	}
+	return msg
+}
+
+// Unwrap returns the sentinel.
+func (e *ResourceError) Unwrap() error { return e.Err }
+
 // ErrInvalidBatch is wrapped by every error that rejects an extend because
 // of its content (missing, extra, mis-typed or mis-shaped field, bad flags).
 // Nothing is written when it is returned.

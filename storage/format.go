@@ -278,3 +278,14 @@ func recordCRC(b []byte, seq int64) uint32 {
 	c := crc32.Update(0, castagnoli, s[:])
 	return crc32.Update(c, castagnoli, b[8:recCRC])
 }
+
+// recordNeverWritten reports whether a record is all zeros, as the sparse
+// file (or anonymous memory) gives a slot no write ever reached.
+func recordNeverWritten(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}

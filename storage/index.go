@@ -194,7 +194,7 @@ func (b *Buffer) ReadIndex(fn func(Index)) error {
 func (v Index) Row(seq int64) (RowMeta, bool) {
 	b := v.b
 	wc := b.writeCount.Load()
-	if seq < 0 || seq >= wc || seq < wc-b.capacity || b.stamps[seq%b.capacity].Load() != seq {
+	if seq < 0 || seq >= wc || seq < wc-b.capacity || b.stamps.Load(seq%b.capacity) != seq {
 		return RowMeta{Seq: -1, TrajID: -1, Step: -1, PrevSeq: -1, NextSeq: -1}, false
 	}
 	// No checksum here: an indexed row's record was checked when it was
@@ -228,7 +228,7 @@ func (v Index) Position(m RowMeta) (*Trajectory, int) {
 // SlotSeq returns the seq of the indexed row in slot, or -1 when the slot is
 // empty, a hole, or holds a row not yet published.
 func (v Index) SlotSeq(slot int64) int64 {
-	seq := v.b.stamps[slot].Load()
+	seq := v.b.stamps.Load(slot)
 	if seq < 0 || seq >= v.b.writeCount.Load() {
 		return -1
 	}

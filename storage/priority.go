@@ -16,8 +16,32 @@ type priorities struct {
 	alpha, eps float64
 	max        float64 // largest raw priority ever set; new rows get it (1 before any)
 	col        *column
-	sum        *segtree.SumTree
-	min        *segtree.MinTree
+	// The trees cover the slots written so far, not the capacity: they
+	// grow by doubling (up to capacity) as the ring first fills, so an
+	// empty buffer of a billion rows costs nothing here.
+	capacity int64
+	sum      *segtree.SumTree
+	min      *segtree.MinTree
+}
+
+// prioTreeMin is the smallest tree allocated: below it, doubling would
+// rebuild too often for nothing.
+const prioTreeMin = 1024
+
+func newPriorities(alpha, eps float64, capacity int64, col *column) *priorities {
+	n := int(min(capacity, prioTreeMin))
+	return &priorities{alpha: alpha, eps: eps, max: 1, col: col, capacity: capacity,
+		sum: segtree.NewSumTree(n), min: segtree.NewMinTree(n)}
+}
+
+// cover grows the trees so that slot is a leaf.
+func (p *priorities) cover(slot int64) {
+	if int(slot) < p.sum.Len() {
+		return
+	}
+	n := int(min(p.capacity, max(2*int64(p.sum.Len()), slot+1)))
+	p.sum.Grow(n)
+	p.min.Grow(n)
 }
 
 func (p *priorities) q(raw float64) float64 { return math.Pow(raw+p.eps, p.alpha) }
@@ -35,6 +59,7 @@ func (p *priorities) set(slot int64, raw float64) {
 // setTrees updates the trees only (read-only stores must not write the
 // mapping).
 func (p *priorities) setTrees(slot int64, raw float64) {
+	p.cover(slot)
 	q := p.q(raw)
 	p.sum.Set(int(slot), q)
 	if q > 0 {
@@ -47,6 +72,9 @@ func (p *priorities) setTrees(slot int64, raw float64) {
 }
 
 func (p *priorities) clear(slot int64) {
+	if int(slot) >= p.sum.Len() {
+		return // never set
+	}
 	p.sum.Set(int(slot), 0)
 	p.min.Clear(int(slot))
 }
@@ -86,7 +114,7 @@ func (b *Buffer) UpdatePriorities(seqs []int64, prios []float64) (updated, stale
 	defer b.imu.Unlock()
 	wc := b.writeCount.Load()
 	for i, seq := range seqs {
-		if seq < 0 || seq >= wc || seq < wc-b.capacity || b.stamps[seq%b.capacity].Load() != seq {
+		if seq < 0 || seq >= wc || seq < wc-b.capacity || b.stamps.Load(seq%b.capacity) != seq {
 			stale++
 			continue
 		}
@@ -115,7 +143,7 @@ func (v Index) PriorityFind(mass float64) int64 {
 	if slot < 0 {
 		return -1
 	}
-	return v.b.stamps[slot].Load()
+	return v.b.stamps.Load(int64(slot))
 }
 
 // PriorityQ returns q = (p + eps)^alpha of a live row.

@@ -57,7 +57,7 @@ func (b *Buffer) Live(seq int64) bool {
 	if seq < 0 || seq >= wc || seq < wc-b.capacity {
 		return false
 	}
-	return b.stamps[seq%b.capacity].Load() == seq
+	return b.stamps.Load(seq%b.capacity) == seq
 }
 
 // Gather copies the rows named by seqs into dst: dst[i] receives column
@@ -96,7 +96,7 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 	for j, seq := range seqs {
 		slots[j] = -1
 		if seq >= 0 && seq < wc && seq >= lo {
-			if slot := seq % b.capacity; b.stamps[slot].Load() == seq {
+			if slot := seq % b.capacity; b.stamps.Load(slot) == seq {
 				slots[j] = slot
 			}
 		}
@@ -129,7 +129,7 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 	for j, slot := range slots {
 		// CompareAndSwap, not Load: it is a full barrier, so the copies
 		// above cannot be reordered after this check on weakly ordered CPUs.
-		if slot < 0 || !b.stamps[slot].CompareAndSwap(seqs[j], seqs[j]) || (chunkErrs != nil && chunkErrs[j] == errSlotMoving) {
+		if slot < 0 || !b.stamps.CompareAndSwap(slot, seqs[j], seqs[j]) || (chunkErrs != nil && chunkErrs[j] == errSlotMoving) {
 			missing = append(missing, j)
 			for i, c := range cols {
 				clear(dst[i][j*c.RowBytes : (j+1)*c.RowBytes])
@@ -234,7 +234,7 @@ func (b *Buffer) LiveSeqs(fromSeq int64, count int) []int64 {
 	fromSeq = max(fromSeq, wc-b.capacity, 0)
 	var out []int64
 	for s := fromSeq; s < wc && len(out) < count; s++ {
-		if b.stamps[s%b.capacity].Load() == s {
+		if b.stamps.Load(s%b.capacity) == s {
 			out = append(out, s)
 		}
 	}

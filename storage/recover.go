@@ -19,6 +19,48 @@ import (
 // previous step. Everything else is either a hole (above the durable
 // watermark: what a crash leaves) or damage (below it: reported, never
 // served).
+// scanRecords calls fn with the record of every slot that may have been
+// written, in slot order. It reads through the file descriptor in blocks
+// and skips the holes of the sparse file, so opening a large ring that
+// holds little costs what it holds, not its capacity (the records are not
+// mapped into the process). Past the seq reservation, the first slot never
+// written ends the scan: seqs are reserved before use and the ring fills
+// its slots in order (a running writer may be ahead of a snapshot's
+// reservation, hence the test rather than a bound).
+func (b *Buffer) scanRecords(reserved int64, fn func(slot int64, rec []byte) error) error {
+	const block = 1 << 20
+	buf := make([]byte, block)
+	perBlock := int64(block / recordSize)
+	for slot := int64(0); slot < b.capacity; {
+		off := headerSize + slot*recordSize
+		if next := b.meta.NextData(off); next > off {
+			// [slot, skip) lie in a hole: never written.
+			skip := min(b.capacity, (next-headerSize)/recordSize)
+			if max(slot, reserved) < skip {
+				return nil
+			}
+			slot = skip
+			continue
+		}
+		n := min(perBlock, b.capacity-slot)
+		chunk := buf[:n*recordSize]
+		if _, err := b.meta.ReadAt(chunk, headerSize+slot*recordSize); err != nil {
+			return fmt.Errorf("read %s: %w", metaFile(b.dir), err)
+		}
+		for i := int64(0); i < n; i++ {
+			rec := chunk[i*recordSize : (i+1)*recordSize]
+			if slot+i >= reserved && recordNeverWritten(rec) {
+				return nil
+			}
+			if err := fn(slot+i, rec); err != nil {
+				return err
+			}
+		}
+		slot += n
+	}
+	return nil
+}
+
 func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos) (int64, error) {
 	capacity := b.capacity
 	durable, ok := readWatermark(b.hdr)
@@ -29,8 +71,8 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		b.damage = append(b.damage, fmt.Sprintf("durable watermark block of %s is torn; using the last checkpoint's write count %d", metaFile(b.dir), durable))
 	}
 	maxSeq := int64(-1)
-	for slot := int64(0); slot < capacity; slot++ {
-		r, ok := decodeRecord(b.rec(slot))
+	err := b.scanRecords(st.SeqReserved, func(slot int64, rec []byte) error {
+		r, ok := decodeRecord(rec)
 		if !ok {
 			// A write cut short still moved the ring: its seq counts,
 			// and the rows it was overwriting are gone.
@@ -39,12 +81,16 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 			if m := markedSeq(r.Seq); m >= 0 && m%capacity == slot && m < st.SeqReserved {
 				maxSeq = max(maxSeq, m)
 			}
-			continue
+			return nil
 		}
 		if r.Seq%capacity != slot {
-			return -1, corruptf(metaFile(b.dir), headerSize+slot*recordSize, "record in slot %d holds seq %d (slot %d)", slot, r.Seq, r.Seq%capacity)
+			return corruptf(metaFile(b.dir), headerSize+slot*recordSize, "record in slot %d holds seq %d (slot %d)", slot, r.Seq, r.Seq%capacity)
 		}
 		maxSeq = max(maxSeq, r.Seq)
+		return nil
+	})
+	if err != nil {
+		return -1, err
 	}
 	wc := max(st.WriteCount, maxSeq+1)
 	switch {
@@ -163,7 +209,7 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		if r.Flags&flagDone == 0 {
 			ok2[seq] = accepted{r.TrajID, r.Step}
 		}
-		b.stamps[slot].Store(seq)
+		b.stamps.Store(slot, seq)
 		maxTraj = max(maxTraj, r.TrajID)
 		if b.prio != nil {
 			raw := b.prio.raw(slot)
@@ -258,7 +304,7 @@ func (b *Buffer) dropScanned(traj int64) {
 		if b.ix.evict(traj, seq, false) != nil {
 			return
 		}
-		b.stamps[seq%b.capacity].CompareAndSwap(seq, -1)
+		b.stamps.CompareAndSwap(seq%b.capacity, seq, -1)
 		if t.Len() == 0 {
 			return
 		}

@@ -29,6 +29,13 @@ type Options struct {
 	ReadOnly bool
 	// Logger receives operational events. Nil discards them.
 	Logger *slog.Logger
+	// MemoryLimit bounds what all buffers together may hold in memory once
+	// full (rows of memory buffers, per-row structures of every kind; see
+	// Store.MemoryUse): a create past it fails with ErrInsufficientMemory.
+	// Zero means three quarters of the machine's memory or of the
+	// process's cgroup limit, whichever is smaller; negative means no
+	// limit.
+	MemoryLimit int64
 }
 
 func (o *Options) withDefaults() Options {
@@ -240,6 +247,9 @@ func (s *Store) createLocked(name string, spec Spec) (b *Buffer, created bool, e
 			return old, false, nil
 		}
 		return nil, false, fmt.Errorf("create buffer %q: %w", name, ErrSpecConflict)
+	}
+	if err := s.checkMemoryLocked(name, spec); err != nil {
+		return nil, false, err
 	}
 	var u [8]byte
 	if _, err := rand.Read(u[:]); err != nil {

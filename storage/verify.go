@@ -99,7 +99,7 @@ func (b *Buffer) checkIndex() []string {
 			seq := t.Seq(i)
 			rows++
 			slot := seq % b.capacity
-			if b.stamps[slot].Load() != seq {
+			if b.stamps.Load(slot) != seq {
 				probs = append(probs, fmt.Sprintf("trajectory %d: row %d is indexed but not stored", t.id, seq))
 				continue
 			}

@@ -299,7 +299,7 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	b.imu.Lock()
 	for s := max(0, first-capacity); s < end-capacity; s++ {
 		slot := s % capacity
-		if b.stamps[slot].Load() != s {
+		if b.stamps.Load(slot) != s {
 			continue // a hole
 		}
 		r, _ := decodeRecord(b.rec(slot))
@@ -310,7 +310,7 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 		if b.prio != nil {
 			b.prio.clear(slot)
 		}
-		b.stamps[slot].Store(-1)
+		b.stamps.Store(slot, -1)
 	}
 	b.imu.Unlock()
 
@@ -373,7 +373,7 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 	le := binary.LittleEndian
 	// Swap, not Store: a full barrier, so on weakly ordered CPUs the row's
 	// plain stores below cannot become visible before the stamp is void.
-	b.stamps[slot].Swap(-1)
+	b.stamps.Swap(slot, -1)
 	// Mark the slot as being written with this seq: after a crash here,
 	// recovery knows the ring had moved this far, so the row this slot
 	// held is gone (overwritten), not lost from the middle of the window.
@@ -409,7 +409,7 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 	encodeRecord(sc, rec)
 	copy(rb[recSeq+8:], sc[recSeq+8:])
 	le.PutUint64(rb[recSeq:], uint64(rec.Seq))
-	b.stamps[slot].Store(rec.Seq)
+	b.stamps.Store(slot, rec.Seq)
 	b.store.crash.at("after-meta")
 }
 

@@ -34,3 +34,42 @@ func checkIndex(i, n int) {
 		panic(fmt.Sprintf("tree: leaf index %d out of range [0,%d)", i, n))
 	}
 }
+
+// rebuild recomputes every internal node above the n allocated leaves from
+// its children with combine. Nodes whose subtree holds no allocated leaf
+// keep the identity value they were initialised with.
+func rebuild(nodes []float64, size, n int, combine func(l, r float64) float64) {
+	lo, hi := size, size+n+n&1 // allocated leaves of the current level
+	for lo > 1 {
+		for k := lo / 2; k < (hi+1)/2; k++ {
+			if 2*k+1 < len(nodes) {
+				nodes[k] = combine(nodes[2*k], nodes[2*k+1])
+			} else if 2*k < len(nodes) {
+				nodes[k] = nodes[2*k]
+			}
+		}
+		lo, hi = lo/2, (hi+1)/2
+	}
+}
+
+// regrow returns the layout of a tree of n leaves (n >= oldN) holding the
+// leaves of the old one, the new leaves and every node without a leaf below
+// it set to identity, and the internal nodes recomputed with combine.
+func regrow(old []float64, oldSize, oldN, n int, identity float64, combine func(l, r float64) float64) (int, []float64) {
+	if n < oldN {
+		panic(fmt.Sprintf("tree: Grow(%d) below %d leaves", n, oldN))
+	}
+	if n == oldN {
+		return oldSize, old
+	}
+	size, slots := layout(n)
+	nodes := make([]float64, slots)
+	if identity != 0 {
+		for k := range nodes {
+			nodes[k] = identity
+		}
+	}
+	copy(nodes[size:size+oldN], old[oldSize:oldSize+oldN])
+	rebuild(nodes, size, n, combine)
+	return size, nodes
+}

@@ -70,3 +70,10 @@ func (t *MinTree) Get(i int) float64 {
 
 // Min returns the smallest leaf, or +Inf when every leaf is unset.
 func (t *MinTree) Min() float64 { return t.nodes[1] }
+
+// Grow extends the tree to n leaves (n >= Len()); the new leaves are unset.
+// Like SumTree.Grow it costs O(n).
+func (t *MinTree) Grow(n int) {
+	t.size, t.nodes = regrow(t.nodes, t.size, t.n, n, math.Inf(1), math.Min)
+	t.n = n
+}

@@ -95,3 +95,12 @@ func (t *SumTree) Find(mass float64) int {
 	}
 	return k - t.size
 }
+
+// Grow extends the tree to n leaves (n >= Len()); the new leaves are zero.
+// It rebuilds the tree in O(n), so a caller that grows by doubling pays O(1)
+// per leaf over the tree's life. It lets per-row trees follow the rows a
+// ring has actually written instead of its capacity.
+func (t *SumTree) Grow(n int) {
+	t.size, t.nodes = regrow(t.nodes, t.size, t.n, n, 0, func(l, r float64) float64 { return l + r })
+	t.n = n
+}

@@ -12,6 +12,7 @@ package mmapfile
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 
 	mmap "github.com/edsrzf/mmap-go"
@@ -111,6 +112,42 @@ func mapFile(f *os.File, path string, size int64, writable bool) (*Region, error
 		return nil, fmt.Errorf("mmap %s: %w", path, err)
 	}
 	return &Region{f: f, m: m, path: path}, nil
+}
+
+// ReadAt reads the file behind the region through its descriptor, not the
+// mapping: a scan of a large file then leaves no pages mapped into this
+// process (they stay in the page cache, which the kernel reclaims). It is
+// io.ReaderAt; anonymous regions read from memory.
+func (r *Region) ReadAt(p []byte, off int64) (int, error) {
+	if r.f == nil {
+		if off >= int64(len(r.m)) {
+			return 0, io.EOF
+		}
+		n := copy(p, r.m[off:])
+		if n < len(p) {
+			return n, io.EOF
+		}
+		return n, nil
+	}
+	return r.f.ReadAt(p, off)
+}
+
+// NextData returns the offset of the first byte at or after off that may
+// hold data, skipping holes of a sparse file (lseek SEEK_DATA), or size
+// when there is none. Where the filesystem cannot tell, it returns off.
+func (r *Region) NextData(off int64) int64 {
+	size := int64(len(r.m))
+	if r.f == nil || off >= size {
+		return min(off, size)
+	}
+	next, err := unix.Seek(int(r.f.Fd()), off, unix.SEEK_DATA)
+	switch {
+	case err == unix.ENXIO:
+		return size // no data past off
+	case err != nil:
+		return off
+	}
+	return min(next, size)
 }
 
 // Bytes returns the mapped memory.
