@@ -18,6 +18,8 @@ require (
 
 require github.com/klauspost/compress v1.20.3
 
+require golang.org/x/sync v0.25.0 // indirect
+
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect

@@ -39,3 +39,11 @@ func (p *bytePool) put(b []byte) {
 	b = b[:cap(b)]
 	p.classes[c].Put(&b)
 }
+
+// pooledBytes is the memory the pool hands out for a request of n bytes.
+func pooledBytes(n int64) int64 {
+	if n <= 0 {
+		return 0
+	}
+	return 1 << sizeClass(int(n))
+}

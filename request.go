@@ -169,6 +169,9 @@ type plan struct {
 	fillNaN   bool
 	slices    bool
 	rows      int // output rows (B or S*L)
+	// answerBytes bounds the memory of the answer's tensors as the
+	// buffer's pool hands it out (sizes rounded up to powers of two).
+	answerBytes int64
 }
 
 // maxSampleRows bounds one answer; larger batches are a 400.
@@ -285,10 +288,30 @@ func (b *Buffer) planSample(req *SampleRequest, maxBytes int64) (*plan, error) {
 		}
 	}
 	var rowBytes int64 = 8 * 3
+	// Per-row bytes of every tensor the answer holds, and of the scratch
+	// gathers beside them: seq, traj_id, step; weight, slice_end, mask;
+	// the n-step columns; the valid flags.
+	perTensor := []int64{8, 8, 8, 4, 1, 1, 8, 4, 8}
 	for _, k := range p.outKeys {
 		if c, ok := b.columnFor(k); ok {
 			rowBytes += int64(c.RowBytes)
+			perTensor = append(perTensor, int64(c.RowBytes))
 		}
+	}
+	for _, k := range p.recon {
+		c, _ := b.columnFor(k)
+		perTensor = append(perTensor, 1, int64(c.RowBytes)) // valid flags, tail gather
+	}
+	if p.nstep != nil {
+		// window rewards (n per row), original and n-step rewards
+		perTensor = append(perTensor, 8*min(int64(p.nstep.N), spec.Capacity), 8, 8)
+	}
+	for _, per := range perTensor {
+		if per > math.MaxInt64/2/int64(p.rows) || p.answerBytes > math.MaxInt64/2 {
+			p.answerBytes = math.MaxInt64 // no budget holds it
+			break
+		}
+		p.answerBytes += pooledBytes(per * int64(p.rows))
 	}
 	if maxBytes > 0 && (rowBytes > maxBytes/int64(p.rows) || rowBytes*int64(p.rows) > maxBytes) {
 		return nil, reqErr("batch_size", "the answer would hold %d rows of %d bytes, more than the %d bytes allowed (--max-response)", p.rows, rowBytes, maxBytes)

@@ -24,6 +24,11 @@ var ErrNotReady = sampler.ErrNotReady
 // rate); retrying usually succeeds.
 var ErrContention = errors.New("rbd: sampled rows were overwritten while being copied")
 
+// ErrStopped is returned by a sample that was waiting for data when its
+// caller's Stop channel closed (the server shutting down: HTTP 503,
+// "shutting_down").
+var ErrStopped = errors.New("rbd: stopped while waiting for data")
+
 // Tensor is one named array of a batch, little-endian, C order.
 type Tensor struct {
 	Name  string
@@ -73,6 +78,14 @@ type SampleOptions struct {
 	MaxResponseBytes int64
 	// MaxTimeout caps the request's timeout_ms (0: no cap).
 	MaxTimeout time.Duration
+	// Reserve, when set, is called once per sample with the bytes the
+	// answer will take, after the draw and before that memory is taken
+	// (the server counts it against its memory budget); its error is
+	// returned as is and nothing is allocated.
+	Reserve func(bytes int64) error
+	// Stop, when closed, ends a sample waiting for data with ErrStopped
+	// (a server shutting down answers its waiters at once).
+	Stop <-chan struct{}
 }
 
 // drawn is a selection resolved against the index: every row's metadata,
@@ -133,12 +146,21 @@ func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOpt
 			case <-ctx.Done():
 				t.Stop()
 				return nil, ctx.Err()
+			case <-o.Stop:
+				t.Stop()
+				return nil, fmt.Errorf("sample %q: %w", b.Name(), ErrStopped)
 			}
 			t.Stop()
 			continue
 		}
 		if err != nil {
 			return nil, fmt.Errorf("sample %q: %w", b.Name(), err)
+		}
+		if o.Reserve != nil {
+			if err := o.Reserve(p.answerBytes); err != nil {
+				return nil, err
+			}
+			o.Reserve = nil // once: retries reuse the same amount
 		}
 		batch, ok, err := b.assemble(p, d)
 		if err != nil {

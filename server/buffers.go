@@ -1,10 +1,13 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"strings"
 
@@ -21,27 +24,37 @@ func (s *Server) buffer(r *http.Request) (*rbd.Buffer, error) {
 	return s.db.Buffer(name)
 }
 
-// readBody reads the whole body. The declared Content-Length sizes the
-// buffer up front, but never beyond limit (the body cap): a client cannot
-// make the server reserve memory it does not send.
-func readBody(r *http.Request, limit int64) ([]byte, error) {
-	return readBodyInto(r, limit, nil)
+// readBody reads the whole body into memory reserved from the budget as
+// the bytes arrive: a declared Content-Length reserves nothing, so a
+// client cannot make the server hold memory it does not send.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	return readBodyInto(w, r, nil)
 }
 
+// bodyStartCap is the first buffer size of a body read (it then doubles).
+const bodyStartCap = 64 << 10
+
 // readBodyInto is readBody appending to buf[:0], so that callers can reuse
-// memory across requests.
-func readBodyInto(r *http.Request, limit int64, buf []byte) ([]byte, error) {
-	n := min(r.ContentLength, limit, 64<<20)
-	if n < 0 {
-		n = 0
-	}
-	if int64(cap(buf)) < n {
-		buf = make([]byte, 0, n)
+// memory across requests; buf's capacity counts against the request's
+// lease for as long as the request runs.
+func readBodyInto(w http.ResponseWriter, r *http.Request, buf []byte) ([]byte, error) {
+	l := leaseOf(w)
+	ctx := r.Context()
+	if err := l.grow(ctx, int64(cap(buf)), "the request body"); err != nil {
+		return nil, err
 	}
 	buf = buf[:0]
 	for {
 		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
+			old := int64(cap(buf))
+			next := max(bodyStartCap, 2*old)
+			if err := l.grow(ctx, next, "the request body"); err != nil {
+				return nil, err
+			}
+			nb := make([]byte, len(buf), next)
+			copy(nb, buf)
+			buf = nb
+			l.shrink(old) // the old buffer is garbage now
 		}
 		m, err := r.Body.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+m]
@@ -49,9 +62,27 @@ func readBodyInto(r *http.Request, limit int64, buf []byte) ([]byte, error) {
 			return buf, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("read body: %w", err)
+			return nil, bodyError(ctx, err)
 		}
 	}
+}
+
+// bodyError classifies a failed body read: too large (413), too slow
+// (408), or the client gone (400 client_gone). None of them is the
+// server's fault, and none is counted as a 5xx.
+func bodyError(ctx context.Context, err error) error {
+	var mbe *http.MaxBytesError
+	var ne net.Error
+	switch {
+	case errors.As(err, &mbe):
+		return err
+	case errors.As(err, &ne) && ne.Timeout():
+		return &apiError{status: http.StatusRequestTimeout, code: "body_timeout", cause: err,
+			msg: "read body: the body did not arrive within the server's read timeout"}
+	case ctx.Err() != nil:
+		return clientGone(ctx.Err())
+	}
+	return clientGone(fmt.Errorf("read body: %w", err))
 }
 
 // mediaType returns the request's content type without parameters.
@@ -76,11 +107,11 @@ func isJSONBody(r *http.Request) error {
 
 // readJSONBody reads a control body, refusing content types that are not
 // JSON (415).
-func (s *Server) readJSONBody(r *http.Request) ([]byte, error) {
+func (s *Server) readJSONBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	if err := isJSONBody(r); err != nil {
 		return nil, err
 	}
-	return readBody(r, s.opts.MaxBody)
+	return readBody(w, r)
 }
 
 func wantsJSON(r *http.Request) bool {
@@ -109,7 +140,7 @@ func (s *Server) createBuffer(w http.ResponseWriter, r *http.Request) error {
 	if err := storage.ValidateBufferName(name); err != nil {
 		return err
 	}
-	body, err := s.readJSONBody(r)
+	body, err := s.readJSONBody(w, r)
 	if err != nil {
 		return err
 	}
@@ -176,8 +207,13 @@ func (s *Server) priorities(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	body, err := s.readJSONBody(r)
+	body, err := s.readJSONBody(w, r)
 	if err != nil {
+		return err
+	}
+	// seq and priority decode to 8 bytes per value each, twice (bytes,
+	// then typed slices), from at least 2 bytes of JSON per value.
+	if err := leaseOf(w).grow(r.Context(), 8*int64(len(body)), "decoding the priorities"); err != nil {
 		return err
 	}
 	var raw map[string]json.RawMessage

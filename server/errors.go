@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 
@@ -16,9 +17,20 @@ type apiError struct {
 	status int
 	code   string // e.g. "not_ready", "shutting_down"
 	msg    string
+	cause  error // for errors.Is; not shown
 }
 
 func (e *apiError) Error() string { return e.msg }
+
+func (e *apiError) Unwrap() error { return e.cause }
+
+// clientGone is the answer to a request whose client hung up (or whose
+// context ended) before it was complete: a 4xx, never counted as the
+// server's fault. Nobody reads it, but it is logged and counted.
+func clientGone(cause error) error {
+	return &apiError{status: http.StatusBadRequest, code: "client_gone", cause: cause,
+		msg: fmt.Sprintf("the client went away before the request was complete: %v", cause)}
+}
 
 func badRequest(msg string) error { return &apiError{status: http.StatusBadRequest, msg: msg} }
 
@@ -35,6 +47,8 @@ func statusOf(err error) (int, string) {
 		return http.StatusNotFound, ""
 	case errors.Is(err, storage.ErrSpecConflict):
 		return http.StatusConflict, ""
+	case errors.Is(err, rbd.ErrStopped):
+		return http.StatusServiceUnavailable, "shutting_down"
 	case errors.Is(err, rbd.ErrNotReady):
 		return http.StatusServiceUnavailable, "not_ready"
 	case errors.Is(err, rbd.ErrContention):

@@ -13,6 +13,9 @@ import (
 	"github.com/rbdb/rbd/storage"
 )
 
+// maxPooledBody is the largest extend body buffer kept for reuse.
+const maxPooledBody = 8 << 20
+
 func (s *Server) extend(w http.ResponseWriter, r *http.Request) error {
 	b, err := s.buffer(r)
 	if err != nil {
@@ -24,11 +27,15 @@ func (s *Server) extend(w http.ResponseWriter, r *http.Request) error {
 	if bp == nil {
 		bp = new([]byte)
 	}
-	body, err := readBodyInto(r, s.opts.MaxBody, *bp)
+	body, err := readBodyInto(w, r, *bp)
 	// Safetensors tensors alias the body until Extend has copied them.
+	// Large bodies are not kept: an idle pool must not hold what the
+	// memory budget no longer counts.
 	defer func() {
-		*bp = body[:0]
-		s.bodies.Put(bp)
+		if cap(body) <= maxPooledBody {
+			*bp = body[:0]
+			s.bodies.Put(bp)
+		}
 	}()
 	if err != nil {
 		return err
@@ -41,6 +48,11 @@ func (s *Server) extend(w http.ResponseWriter, r *http.Request) error {
 		if err := isJSONBody(r); err != nil {
 			return &apiError{status: http.StatusUnsupportedMediaType,
 				msg: fmt.Sprintf("Content-Type %q: extend takes application/octet-stream (safetensors) or application/json", mt)}
+		}
+		// Decoded values take at most 4x the body: the shortest JSON
+		// element ("0,") is 2 bytes and the widest dtype 8.
+		if err := leaseOf(w).grow(r.Context(), 4*int64(len(body)), "decoding the JSON body"); err != nil {
+			return err
 		}
 		batch, err = jsonBatch(b, body)
 	}

@@ -16,7 +16,7 @@ type metrics struct {
 	sampled  *prometheus.CounterVec
 }
 
-func newMetrics(reg *prometheus.Registry, db *rbd.DB) *metrics {
+func newMetrics(reg *prometheus.Registry, db *rbd.DB, bud *budget) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rbd_http_requests_total", Help: "HTTP requests by endpoint and status code.",
@@ -32,7 +32,22 @@ func newMetrics(reg *prometheus.Registry, db *rbd.DB) *metrics {
 			Name: "rbd_sampler_rows_sampled_total", Help: "Rows returned by sample requests, by buffer.",
 		}, []string{"buffer"}),
 	}
-	reg.MustRegister(m.requests, m.duration, m.written, m.sampled, &bufferCollector{db: db})
+	reg.MustRegister(m.requests, m.duration, m.written, m.sampled, &bufferCollector{db: db},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rbd_memory_budget_bytes", Help: "Memory requests may hold in flight together (--max-memory).",
+		}, func() float64 { return float64(bud.total) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rbd_memory_in_flight_bytes", Help: "Memory reserved by requests in flight (bodies, decoded rows, answers).",
+		}, func() float64 { return float64(bud.used()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "rbd_memory_refused_total", Help: "Requests refused because the memory budget stayed in use (503 busy) or was too small for them (413).",
+		}, func() float64 { return float64(bud.refused.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rbd_store_memory_bytes", Help: "Memory the open buffers may hold once full (rows of memory buffers, per-row structures).",
+		}, func() float64 { u, _ := db.Store().MemoryUse(); return float64(u) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rbd_store_memory_limit_bytes", Help: "Memory left to buffers; a create past it is a 507.",
+		}, func() float64 { _, l := db.Store().MemoryUse(); return float64(l) }))
 	return m
 }
 

@@ -17,7 +17,7 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	body, err := s.readJSONBody(r)
+	body, err := s.readJSONBody(w, r)
 	if err != nil {
 		return err
 	}
@@ -25,8 +25,14 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	batch, err := b.Sample(r.Context(), req, &rbd.SampleOptions{MaxResponseBytes: s.opts.MaxResponse, MaxTimeout: s.opts.MaxWait})
+	ctx := r.Context()
+	l := leaseOf(w)
+	batch, err := b.Sample(ctx, req, &rbd.SampleOptions{MaxResponseBytes: s.opts.MaxResponse, MaxTimeout: s.opts.MaxWait,
+		Reserve: func(n int64) error { return l.grow(ctx, n, "the sample answer") }, Stop: s.stopping})
 	if err != nil {
+		if ctx.Err() != nil {
+			return clientGone(ctx.Err())
+		}
 		return err
 	}
 	defer batch.Release() // the answer is written by then: its memory serves the next sample
@@ -143,6 +149,11 @@ func (s *Server) rows(w http.ResponseWriter, r *http.Request) error {
 		rowBytes += c.RowBytes
 	}
 	limit := min(count, maxRowsPerAnswer, int64(max(1, maxRowsAnswerByte/max(rowBytes, 1))))
+	// The rows are gathered, then copied into the answer: twice their
+	// bytes, plus 5 metadata columns of 8 bytes per row.
+	if err := leaseOf(w).grow(r.Context(), limit*(2*int64(rowBytes)+48), "the rows answer"); err != nil {
+		return err
+	}
 	seqs := b.LiveSeqs(from, int(limit))
 	dst := make([][]byte, len(cols))
 	for i, c := range cols {
@@ -208,8 +219,11 @@ func (s *Server) setWeights(w http.ResponseWriter, r *http.Request) error {
 	if s.opts.Weights == nil {
 		return &apiError{status: http.StatusNotFound, msg: fmt.Sprintf("no collector %q runs in this server (start it with --demo)", name)}
 	}
-	body, err := readBody(r, s.opts.MaxBody)
+	body, err := readBody(w, r)
 	if err != nil {
+		return err
+	}
+	if err := leaseOf(w).grow(r.Context(), int64(len(body)), "decoding the weights"); err != nil {
 		return err
 	}
 	tensors, _, err := codec.DecodeSafetensors(body)

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/rbdb/rbd"
+	"github.com/rbdb/rbd/internal/sysmem"
 )
 
 // Options configures a Server. The zero value gives the defaults.
@@ -29,6 +30,14 @@ type Options struct {
 	// MaxWait caps a sample request's timeout_ms; keep it below the HTTP
 	// server's write timeout. Zero means 30s.
 	MaxWait time.Duration
+	// MaxMemory bounds the memory all requests hold in flight together:
+	// bodies being read, decoded rows, answers being built and written.
+	// Zero means a quarter of the machine's memory or of the process's
+	// cgroup limit, whichever is smaller.
+	MaxMemory int64
+	// BusyWait is how long a request waits for its share of MaxMemory
+	// before it is answered 503 busy. Zero means 2s.
+	BusyWait time.Duration
 	// Logger receives one line per request and operational events. Nil
 	// discards them.
 	Logger *slog.Logger
@@ -63,6 +72,12 @@ func (o *Options) withDefaults() Options {
 	if c.MaxWait <= 0 {
 		c.MaxWait = 30 * time.Second
 	}
+	if c.MaxMemory <= 0 {
+		c.MaxMemory = DefaultMaxMemory()
+	}
+	if c.BusyWait <= 0 {
+		c.BusyWait = 2 * time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -72,6 +87,16 @@ func (o *Options) withDefaults() Options {
 	return c
 }
 
+// DefaultMaxMemory is Options.MaxMemory's default: a quarter of the
+// machine's memory or of the process's cgroup limit, whichever is smaller
+// (1 GiB when neither can be read).
+func DefaultMaxMemory() int64 {
+	if m := sysmem.Limit(); m > 0 {
+		return m / 4
+	}
+	return 1 << 30
+}
+
 // Server serves one DB over HTTP.
 type Server struct {
 	db       *rbd.DB
@@ -79,7 +104,12 @@ type Server struct {
 	log      *slog.Logger
 	mux      *http.ServeMux
 	metrics  *metrics
+	budget   *budget
 	shutting atomic.Bool
+	// stopping is closed by BeginShutdown: samples waiting for data
+	// answer 503 shutting_down at once.
+	stopping chan struct{}
+	stopOnce sync.Once
 	// bodies holds extend bodies (*[]byte) for reuse: a storage extend
 	// copies every byte it keeps, so a body is free once Extend returns.
 	bodies sync.Pool
@@ -88,8 +118,9 @@ type Server struct {
 // New returns a server for db.
 func New(db *rbd.DB, opts *Options) *Server {
 	o := opts.withDefaults()
-	s := &Server{db: db, opts: o, log: o.Logger, mux: http.NewServeMux()}
-	s.metrics = newMetrics(o.Registry, db)
+	s := &Server{db: db, opts: o, log: o.Logger, mux: http.NewServeMux(), budget: newBudget(o.MaxMemory, o.BusyWait),
+		stopping: make(chan struct{})}
+	s.metrics = newMetrics(o.Registry, db, s.budget)
 	s.route("GET /v1/health", "health", s.health)
 	s.mux.Handle("GET /metrics", s.wrap("metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{Registry: o.Registry})))
 	s.route("GET /v1/buffers", "list", s.listBuffers)
@@ -111,9 +142,13 @@ func New(db *rbd.DB, opts *Options) *Server {
 // Handler returns the server's HTTP handler.
 func (s *Server) Handler() http.Handler { return s.mux }
 
-// BeginShutdown makes new requests fail with 503 "shutting_down" while
+// BeginShutdown makes new requests fail with 503 "shutting_down" and
+// answers samples waiting for data the same way at once, while other
 // requests in flight finish (http.Server.Shutdown waits for those).
-func (s *Server) BeginShutdown() { s.shutting.Store(true) }
+func (s *Server) BeginShutdown() {
+	s.shutting.Store(true)
+	s.stopOnce.Do(func() { close(s.stopping) })
+}
 
 // handlerFunc is an HTTP handler that returns its error instead of writing
 // it, so every failure takes the same {"error": ...} path.
@@ -123,12 +158,20 @@ func (s *Server) route(pattern, name string, h handlerFunc) {
 	s.mux.Handle(pattern, s.wrap(name, h))
 }
 
-// statusWriter records the status a handler wrote.
+// statusWriter records the status a handler wrote. It also carries the
+// request's lease on the memory budget, so that handlers reach it without
+// a context allocation per request (see leaseOf).
 type statusWriter struct {
 	http.ResponseWriter
 	status int
 	bytes  int64
+	lease  lease
 }
+
+// leaseOf returns the memory lease of the request w answers. Every
+// handler's writer is a *statusWriter (wrap makes it); anything else is a
+// programming error.
+func leaseOf(w http.ResponseWriter) *lease { return &w.(*statusWriter).lease }
 
 func (w *statusWriter) WriteHeader(code int) {
 	if w.status == 0 {
@@ -154,7 +197,8 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 func (s *Server) wrap(name string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		w := &statusWriter{ResponseWriter: rw}
+		w := &statusWriter{ResponseWriter: rw, lease: lease{b: s.budget}}
+		defer w.lease.release() // runs last: the answer is written by then
 		defer func() {
 			if p := recover(); p != nil {
 				if p == http.ErrAbortHandler {
@@ -197,7 +241,28 @@ func (s *Server) authorized(r *http.Request) bool {
 	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(s.opts.Token)) == 1
 }
 
+// healthAnswer is GET /v1/health: "ok" while the server answers, with the
+// figures an operator checks first when requests are refused.
+type healthAnswer struct {
+	Status string       `json:"status"`
+	Memory healthMemory `json:"memory"`
+}
+
+type healthMemory struct {
+	// Requests in flight against --max-memory.
+	BudgetBytes   int64 `json:"budget_bytes"`
+	InFlightBytes int64 `json:"in_flight_bytes"`
+	RefusedTotal  int64 `json:"refused_total"`
+	// What the buffers may hold once full, against what is left to them.
+	BuffersBytes      int64 `json:"buffers_bytes"`
+	BuffersLimitBytes int64 `json:"buffers_limit_bytes"`
+}
+
 func (s *Server) health(w http.ResponseWriter, _ *http.Request) error {
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	used, limit := s.db.Store().MemoryUse()
+	writeJSON(w, http.StatusOK, healthAnswer{Status: "ok", Memory: healthMemory{
+		BudgetBytes: s.budget.total, InFlightBytes: s.budget.used(), RefusedTotal: s.budget.refused.Load(),
+		BuffersBytes: used, BuffersLimitBytes: limit,
+	}})
 	return nil
 }

@@ -96,6 +96,14 @@ type Buffer struct {
 	// catMu serialises catalog commits of the buffer's state (taken after
 	// wmu when both are held).
 	catMu sync.Mutex
+	// committed is the state last committed to the catalog (nil: unknown),
+	// guarded by catMu: checkpoints skip a commit that would change nothing.
+	committed *bufferState
+	// dirty is set by every change a checkpoint must make durable (rows
+	// written, priorities set) and cleared by the checkpoint that starts
+	// after it, so the checkpoint loop skips idle buffers without taking a
+	// lock.
+	dirty atomic.Bool
 	// stateMu guards the catalog-side state below.
 	stateMu   sync.Mutex
 	holes     [][2]int64

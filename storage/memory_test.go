@@ -1,37 +1,28 @@
 package storage
 
 import (
-	"bufio"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/rbdb/rbd/internal/testbin"
 )
 
 // procStatus returns a field of /proc/self/status in bytes ("RssAnon",
 // "RssFile").
 func procStatus(t testing.TB, key string) int64 {
 	t.Helper()
-	f, err := os.Open("/proc/self/status")
+	v, err := testbin.ProcStatus(os.Getpid(), key)
 	if err != nil {
-		t.Skipf("no /proc/self/status: %v", err)
+		t.Skip(err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), key+":"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			if err != nil {
-				t.Fatalf("%s: %q: %v", key, v, err)
-			}
-			return kb << 10
-		}
-	}
-	t.Skipf("no %s in /proc/self/status", key)
-	return 0
+	return v
 }
 
 // TestLargeEmptyBufferCostsWhatItHolds: per-row structures (seq stamps,
@@ -146,4 +137,65 @@ func TestCreateRefusedForMemory(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestIdleBuffersCostNoCPU: a store of many flush-mode buffers that nobody
+// writes does no work at its checkpoints (no sync, no catalog commit, no
+// snapshot), so idle buffers cost no CPU. 400 idle buffers once took 10% of
+// a core. The bound is on CPU seconds used, not on time.
+func TestIdleBuffersCostNoCPU(t *testing.T) {
+	const n = 300
+	raiseFDLimit(t, uint64(4*n+256))
+	dir := t.TempDir()
+	s, err := Open(dir, &Options{CheckpointInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	spec := Spec{Capacity: 64, Storage: KindMemmap, Durability: DurabilityFlush,
+		Fields: []Field{{Name: "next.done", DType: Bool, Shape: []int{}}}}
+	for i := range n {
+		b := mustCreate(t, s, fmt.Sprintf("b%03d", i), spec)
+		if _, err := b.Extend("s", &Batch{Rows: 1, Fields: map[string][]byte{"next.done": {0}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // the first checkpoints commit what was written
+	const idle = 2 * time.Second       // 40 checkpoint rounds of n buffers
+	cpu0 := cpuTime(t)
+	time.Sleep(idle)
+	used := cpuTime(t) - cpu0
+	t.Logf("%d idle flush buffers, checkpoint every 50ms: %v of CPU in %v", n, used, idle)
+	if used > idle/20 {
+		t.Fatalf("%d idle buffers used %v of CPU in %v (more than 5%% of a core)", n, used, idle)
+	}
+}
+
+func cpuTime(t testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// raiseFDLimit lifts the soft open-file limit to at least n (up to the
+// hard limit), or skips.
+func raiseFDLimit(t testing.TB, n uint64) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Skipf("getrlimit: %v", err)
+	}
+	if lim.Cur >= n {
+		return
+	}
+	if lim.Max < n {
+		t.Skipf("open-file hard limit %d is below the %d this test needs", lim.Max, n)
+	}
+	old := lim.Cur
+	lim.Cur = n
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Skipf("setrlimit: %v", err)
+	}
+	t.Cleanup(func() { lim.Cur = old; syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim) })
 }

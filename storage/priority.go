@@ -122,6 +122,9 @@ func (b *Buffer) UpdatePriorities(seqs []int64, prios []float64) (updated, stale
 		b.prio.max = max(b.prio.max, prios[i])
 		updated++
 	}
+	if updated > 0 {
+		b.dirty.Store(true)
+	}
 	return updated, stale, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"hash/crc32"
 	"slices"
 	"sort"
+	"time"
 )
 
 // recover rebuilds the in-memory state of a persistent buffer from its
@@ -64,6 +65,12 @@ func (b *Buffer) scanRecords(reserved int64, fn func(slot int64, rec []byte) err
 func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos) (int64, error) {
 	capacity := b.capacity
 	durable, ok := readWatermark(b.hdr)
+	// Next to a running writer the block may be read between its two
+	// stores (seq, then checksum): read it again before calling it torn.
+	for try := 0; !ok && !b.store.snapAt.IsZero() && try < 100; try++ {
+		time.Sleep(time.Millisecond)
+		durable, ok = readWatermark(b.hdr)
+	}
 	if !ok {
 		// The last checkpoint's write count is a safe lower bound: a
 		// checkpoint syncs the rows before it commits the count.

@@ -6,12 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -82,6 +85,10 @@ type Store struct {
 
 	stop chan struct{}
 	done chan struct{}
+	// stateChanged is set by every catalog commit of a buffer's state; the
+	// checkpoint loop publishes the snapshot only when it is set, so idle
+	// buffers cost no disk write.
+	stateChanged atomic.Bool
 }
 
 // Open opens (creating if needed) the data dir. It recovers every buffer
@@ -373,15 +380,21 @@ func (s *Store) checkpointLoop() {
 		case <-s.stop:
 			return
 		case <-t.C:
-			for _, b := range s.Buffers() {
-				if b.spec.Durability != DurabilityFlush {
+			s.mu.Lock()
+			bufs := slices.AppendSeq(make([]*Buffer, 0, len(s.buffers)), maps.Values(s.buffers))
+			s.mu.Unlock()
+			for _, b := range bufs {
+				if b.spec.Durability != DurabilityFlush || !b.dirty.Swap(false) {
 					continue
 				}
 				if err := b.checkpoint(); err != nil && !errors.Is(err, ErrClosed) {
+					b.dirty.Store(true) // try again next time
 					s.log.Error("checkpoint failed", "buffer", b.name, "err", err)
 				}
 			}
-			s.publishSnapshot()
+			if s.stateChanged.Swap(false) {
+				s.publishSnapshot()
+			}
 		}
 	}
 }

@@ -3,6 +3,7 @@ package storage
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 )
 
@@ -129,7 +130,7 @@ func (b *Buffer) reserveSeqs(end int64) error {
 	defer b.catMu.Unlock()
 	old := b.seqRes.Load()
 	b.seqRes.Store(end + b.seqBlock())
-	if err := b.store.cat.putState(b.name, b.state(false), nil, false); err != nil {
+	if _, err := b.commitStateLocked(false, nil, false, false); err != nil {
 		b.seqRes.Store(old)
 		return fmt.Errorf("reserve seqs: %w", err)
 	}
@@ -142,11 +143,34 @@ func (b *Buffer) reserveSeqs(end int64) error {
 func (b *Buffer) commitState(clean bool, streams map[string]map[int64]streamPos, setStreams bool) error {
 	b.catMu.Lock()
 	defer b.catMu.Unlock()
+	_, err := b.commitStateLocked(clean, streams, setStreams, false)
+	return err
+}
+
+// commitStateLocked commits the state unless onlyIfChanged and it equals
+// the last one committed (an idle buffer costs no catalog transaction),
+// and reports whether it committed. Called with catMu held.
+func (b *Buffer) commitStateLocked(clean bool, streams map[string]map[int64]streamPos, setStreams, onlyIfChanged bool) (bool, error) {
 	st := b.state(clean)
 	if clean {
 		st.SeqReserved = max(st.SeqReserved, st.WriteCount)
 	}
-	return b.store.cat.putState(b.name, st, streams, setStreams)
+	if onlyIfChanged && !setStreams && b.committed != nil && sameState(*b.committed, st) {
+		return false, nil
+	}
+	if err := b.store.cat.putState(b.name, st, streams, setStreams); err != nil {
+		b.committed = nil // unknown: commit again next time
+		return false, err
+	}
+	b.committed = &st
+	b.store.stateChanged.Store(true)
+	return true, nil
+}
+
+func sameState(a, b bufferState) bool {
+	return a.UID == b.UID && a.WriteCount == b.WriteCount && a.SeqReserved == b.SeqReserved &&
+		a.Clean == b.Clean && a.MaxPriority == b.MaxPriority && a.CreatedAt.Equal(b.CreatedAt) &&
+		slices.Equal(a.Holes, b.Holes)
 }
 
 // checkpoint makes the buffer's rows durable and commits its counters.
@@ -163,7 +187,10 @@ func (b *Buffer) checkpoint() error {
 	}
 	b.pruneHoles()
 	b.store.crash.at("before-commit")
-	if err := b.commitState(false, nil, false); err != nil {
+	b.catMu.Lock()
+	_, err := b.commitStateLocked(false, nil, false, true)
+	b.catMu.Unlock()
+	if err != nil {
 		return fmt.Errorf("checkpoint %q: %w", b.name, err)
 	}
 	return nil

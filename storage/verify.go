@@ -103,10 +103,18 @@ func (b *Buffer) checkIndex() []string {
 				probs = append(probs, fmt.Sprintf("trajectory %d: row %d is indexed but not stored", t.id, seq))
 				continue
 			}
-			r, _ := decodeRecord(b.rec(slot))
-			if r.Seq != seq && live && b.overwrittenMeanwhile(seq) {
+			r, ok := decodeRecord(b.rec(slot))
+			if (!ok || r.Seq != seq) && live && b.overwrittenMeanwhile(seq) {
+				// The running writer moved past it since the scan. The
+				// checksum matters: a read racing the overwrite can see
+				// the old seq next to the new row's fields.
 				prev = seq
-				continue // the running writer moved past it since the scan
+				continue
+			}
+			if !ok {
+				probs = append(probs, fmt.Sprintf("trajectory %d: row %d's record fails its checksum", t.id, seq))
+				prev = seq
+				continue
 			}
 			if r.TrajID != t.id || r.Step != t.firstStep+int64(i) {
 				probs = append(probs, fmt.Sprintf("trajectory %d: row %d has trajectory %d step %d, index says step %d", t.id, seq, r.TrajID, r.Step, t.firstStep+int64(i)))

@@ -343,6 +343,7 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	}
 	b.writeCount.Store(end)
 	b.imu.Unlock()
+	b.dirty.Store(true)
 	b.notifyMu.Lock()
 	close(b.notify)
 	b.notify = make(chan struct{})

@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -16,6 +18,7 @@ import (
 	"github.com/rbdb/rbd"
 	"github.com/rbdb/rbd/collector"
 	"github.com/rbdb/rbd/collector/envs"
+	"github.com/rbdb/rbd/internal/sysmem"
 	"github.com/rbdb/rbd/server"
 	"github.com/rbdb/rbd/storage"
 )
@@ -31,6 +34,9 @@ type serveOptions struct {
 	maxResponse int64
 	checkpoint  time.Duration
 	addrFile    string
+	maxMemory   int64
+	// shutdownTimeout bounds the drain of requests in flight at shutdown.
+	shutdownTimeout time.Duration
 }
 
 func newServeCommand() *cobra.Command {
@@ -66,6 +72,8 @@ PUT /v1/collectors/demo/weights (safetensors w float32 [4,2], b float32 [2]).`,
 	f.Int64Var(&o.maxBody, "max-body", 64<<20, "largest request body in bytes (413 above)")
 	f.Int64Var(&o.maxResponse, "max-response", 1<<30, "largest sample answer in bytes (400 above)")
 	f.DurationVar(&o.checkpoint, "checkpoint-interval", time.Second, "how often flush-mode buffers are synced")
+	f.Int64Var(&o.maxMemory, "max-memory", 0, "memory all requests may hold in flight together, in bytes (503 busy past it); 0 means a quarter of the machine's or cgroup's memory")
+	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM or SIGINT, how long requests in flight may take to finish before their connections are cut")
 	f.StringVar(&o.addrFile, "addr-file", "", "write the listening address (host:port) to this file once serving (useful with --addr 127.0.0.1:0)")
 	return cmd
 }
@@ -107,16 +115,39 @@ var errBadWeights = fmt.Errorf("bad weights: %w", storage.ErrInvalidBatch)
 
 // runServe serves until ctx ends. ready, if set, receives the listening
 // address (tests use --addr 127.0.0.1:0).
+//
+// Shutdown (ctx ends: SIGINT or SIGTERM): new requests and samples waiting
+// for data get 503 shutting_down at once, requests in flight get up to
+// --shutdown-timeout to finish, then every connection is cut and the store
+// is closed. A second signal cuts at once. The exit code is 0 unless the
+// store failed to close cleanly.
 func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func(addr string)) error {
 	if !isLoopback(o.addr) && o.token == "" && !o.insecure {
 		return fmt.Errorf("refusing to listen on non-loopback %s without a token: set --token or RBD_TOKEN (or --insecure)", o.addr)
 	}
+	if o.maxMemory < 0 {
+		return fmt.Errorf("--max-memory %d: must not be negative (0 means the default)", o.maxMemory)
+	}
 	log := slog.New(slog.NewJSONHandler(stderr, nil))
-	db, err := rbd.Open(o.data, &rbd.Options{Logger: log, CheckpointInterval: o.checkpoint})
+	// The address first: a port that is taken must fail before the data
+	// dir is touched (or a demo buffer created in it).
+	ln, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", o.addr, err)
+	}
+	defer ln.Close()
+	maxMemory := o.maxMemory
+	if maxMemory == 0 {
+		maxMemory = server.DefaultMaxMemory()
+	}
+	if o.maxBody > maxMemory {
+		return fmt.Errorf("--max-body %d is larger than --max-memory %d: no such body could ever be read", o.maxBody, maxMemory)
+	}
+	db, err := rbd.Open(o.data, &rbd.Options{Logger: log, CheckpointInterval: o.checkpoint, MemoryLimit: storeMemoryLimit(maxMemory)})
 	if err != nil {
 		return err
 	}
-	opts := &server.Options{Token: o.token, MaxBody: o.maxBody, MaxResponse: o.maxResponse, Logger: log}
+	opts := &server.Options{Token: o.token, MaxBody: o.maxBody, MaxResponse: o.maxResponse, MaxMemory: maxMemory, Logger: log}
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	// collectorDone stays nil without --demo: a nil channel never fires in
@@ -152,19 +183,18 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 		return <-collectorDone
 	}
 	srv := server.New(db, opts)
-	ln, err := net.Listen("tcp", o.addr)
-	if err != nil {
-		stopRun()
-		return errors.Join(fmt.Errorf("listen %s: %w", o.addr, err), waitCollector(), db.Close())
-	}
 	hs := &http.Server{
 		Handler:           srv.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       2 * time.Minute,
 		WriteTimeout:      2 * time.Minute,
 		IdleTimeout:       2 * time.Minute,
+		// net/http's own complaints (TLS handshakes, bad requests) go to
+		// the same JSON log as everything else.
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	log.Info("serving", "addr", "http://"+ln.Addr().String(), "data", o.data, "demo", o.demo, "auth", o.token != "")
+	log.Info("serving", "addr", "http://"+ln.Addr().String(), "data", o.data, "demo", o.demo, "auth", o.token != "",
+		"max_memory", maxMemory, "max_body", o.maxBody)
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
@@ -192,12 +222,33 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 		}
 		collectorDone <- nil // for waitCollector below
 	}
-	log.Info("shutting down")
+	// A second signal during the drain cuts it short.
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(again)
+	log.Info("shutting down", "drain_timeout", o.shutdownTimeout.String())
 	srv.BeginShutdown()
 	stopRun()
-	shCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	drainCtx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
 	defer cancel()
-	err = errors.Join(firstErr, hs.Shutdown(shCtx), waitCollector(), db.Close())
+	go func() {
+		select {
+		case <-again:
+			log.Warn("second signal: cutting every connection now")
+			cancel()
+		case <-drainCtx.Done():
+		}
+	}()
+	if err := hs.Shutdown(drainCtx); err != nil {
+		// Requests still running past the drain (a client reading slowly,
+		// say) are cut: that is the point of the timeout, not a failure.
+		log.Warn("drain ended with requests still in flight; closing their connections", "err", err)
+		hs.Close()
+	}
+	err = errors.Join(firstErr, waitCollector())
+	if cerr := db.Close(); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("close store: %w", cerr))
+	}
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}
@@ -205,4 +256,14 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 		log.Info("stopped cleanly")
 	}
 	return err
+}
+
+// storeMemoryLimit is what buffers may hold once full: what this process
+// may use, less the requests' budget.
+func storeMemoryLimit(maxMemory int64) int64 {
+	m := sysmem.Limit()
+	if m <= 0 {
+		return 0 // storage's own default
+	}
+	return max(m-maxMemory, m/4)
 }
