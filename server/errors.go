@@ -57,6 +57,10 @@ func statusOf(err error) (int, string) {
 		errors.Is(err, storage.ErrInvalidBatch), errors.Is(err, rbd.ErrBadRequest),
 		errors.Is(err, codec.ErrSafetensors), errors.Is(err, storage.ErrNoPriority):
 		return http.StatusBadRequest, ""
+	case errors.Is(err, storage.ErrTooManyBuffers):
+		return http.StatusInsufficientStorage, "too_many_buffers"
+	case errors.Is(err, storage.ErrTooManyStreams):
+		return http.StatusTooManyRequests, "too_many_streams"
 	case errors.Is(err, storage.ErrInsufficientMemory):
 		return http.StatusInsufficientStorage, "insufficient_memory"
 	case errors.Is(err, storage.ErrInsufficientStorage):
@@ -76,7 +80,7 @@ type errorBody struct {
 
 func writeError(w http.ResponseWriter, err error) int {
 	status, code := statusOf(err)
-	if status == http.StatusServiceUnavailable {
+	if status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests {
 		w.Header().Set("Retry-After", strconv.Itoa(1))
 	}
 	writeJSON(w, status, errorBody{Error: err.Error(), Code: code})

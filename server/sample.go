@@ -25,6 +25,17 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if req.TimeoutMS > 0 {
+		// A waiting request holds a goroutine and a connection for up
+		// to --max-wait: their number is bounded too.
+		if n := s.waiting.Add(1); n > int64(s.opts.MaxWaiting) {
+			s.waiting.Add(-1)
+			s.budget.refused.Add(1)
+			return &apiError{status: http.StatusServiceUnavailable, code: "busy",
+				msg: fmt.Sprintf("%d sample requests are already waiting for data, the most allowed: retry later, or sample with timeout_ms 0", s.opts.MaxWaiting)}
+		}
+		defer s.waiting.Add(-1)
+	}
 	ctx := r.Context()
 	l := leaseOf(w)
 	batch, err := b.Sample(ctx, req, &rbd.SampleOptions{MaxResponseBytes: s.opts.MaxResponse, MaxTimeout: s.opts.MaxWait,

@@ -38,6 +38,10 @@ type Options struct {
 	// BusyWait is how long a request waits for its share of MaxMemory
 	// before it is answered 503 busy. Zero means 2s.
 	BusyWait time.Duration
+	// MaxWaiting bounds the sample requests that may wait for data
+	// (timeout_ms > 0) at once; more are answered 503 busy. Zero means
+	// 4096.
+	MaxWaiting int
 	// Logger receives one line per request and operational events. Nil
 	// discards them.
 	Logger *slog.Logger
@@ -78,6 +82,9 @@ func (o *Options) withDefaults() Options {
 	if c.BusyWait <= 0 {
 		c.BusyWait = 2 * time.Second
 	}
+	if c.MaxWaiting <= 0 {
+		c.MaxWaiting = 4096
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -110,6 +117,8 @@ type Server struct {
 	// answer 503 shutting_down at once.
 	stopping chan struct{}
 	stopOnce sync.Once
+	// waiting counts sample requests that may wait for data.
+	waiting atomic.Int64
 	// bodies holds extend bodies (*[]byte) for reuse: a storage extend
 	// copies every byte it keeps, so a body is free once Extend returns.
 	bodies sync.Pool

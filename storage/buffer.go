@@ -74,6 +74,7 @@ type Buffer struct {
 	// wmu serialises writers: seq allocation, row copies and stream state.
 	wmu        sync.Mutex
 	streams    map[string]map[int64]*streamPos // guarded by wmu
+	streamUsed map[string]time.Time            // last extend of each stream in streams, guarded by wmu
 	seqRes     atomic.Int64                    // seqs below this may have been handed out; written with wmu and catMu held
 	recScratch [recordSize]byte                // a record being built, guarded by wmu
 
@@ -163,6 +164,7 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) (*Buffer, error) {
 		termCol:    -1,
 		truncCol:   -1,
 		streams:    map[string]map[int64]*streamPos{},
+		streamUsed: map[string]time.Time{},
 	}
 	if b.persistent {
 		b.dir = bufferDir(s.dir, name)

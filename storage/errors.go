@@ -31,6 +31,14 @@ var (
 	// ErrSpecConflict is returned by CreateBuffer when a buffer of that name
 	// exists with a different spec.
 	ErrSpecConflict = errors.New("storage: buffer exists with a different spec")
+	// ErrTooManyBuffers is returned by CreateBuffer when Options.MaxBuffers
+	// buffers are open, or the process has too few file descriptors left
+	// for another persistent buffer.
+	ErrTooManyBuffers = errors.New("storage: too many buffers")
+	// ErrTooManyStreams is returned by Extend when a new stream would
+	// hold an open trajectory while Options.MaxStreams streams of the
+	// buffer already do. Nothing is written.
+	ErrTooManyStreams = errors.New("storage: too many open streams")
 	// ErrInvalidName is returned for a buffer name outside
 	// ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$ (or containing "..").
 	ErrInvalidName = errors.New("storage: invalid buffer name")

@@ -255,6 +255,7 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 			}
 			if len(kept) > 0 {
 				b.streams[name] = kept
+				b.streamUsed[name] = time.Now() // the idle clock restarts at open
 			}
 		}
 	}

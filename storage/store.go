@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -39,6 +40,29 @@ type Options struct {
 	// process's cgroup limit, whichever is smaller; negative means no
 	// limit.
 	MemoryLimit int64
+	// MaxBuffers bounds the buffers of the data dir (a create past it is
+	// ErrTooManyBuffers). Zero means 1024.
+	MaxBuffers int
+	// MaxStreams bounds, per buffer, the streams that hold an open
+	// trajectory (an extend that would add one past it is
+	// ErrTooManyStreams). Zero means 65536.
+	MaxStreams int
+	// StreamIdleTimeout closes a stream that has not extended for this
+	// long, as DELETE .../streams/{stream} would: its open trajectories
+	// end (as truncated) and its state is forgotten; when it returns it
+	// starts new trajectories. Zero means 1 hour; negative means never.
+	StreamIdleTimeout time.Duration
+}
+
+func (o *Options) maxBuffers() int { return cmp.Or(max(o.MaxBuffers, 0), 1024) }
+
+func (o *Options) maxStreams() int { return cmp.Or(max(o.MaxStreams, 0), 65536) }
+
+func (o *Options) streamIdle() time.Duration {
+	if o.StreamIdleTimeout == 0 {
+		return time.Hour
+	}
+	return o.StreamIdleTimeout
 }
 
 func (o *Options) withDefaults() Options {
@@ -255,6 +279,12 @@ func (s *Store) createLocked(name string, spec Spec) (b *Buffer, created bool, e
 		}
 		return nil, false, fmt.Errorf("create buffer %q: %w", name, ErrSpecConflict)
 	}
+	if len(s.buffers) >= s.opts.maxBuffers() {
+		return nil, false, fmt.Errorf("create buffer %q: %d buffers are open, the most allowed: %w (delete one, or raise the limit)", name, len(s.buffers), ErrTooManyBuffers)
+	}
+	if err := s.checkFilesLocked(name, spec); err != nil {
+		return nil, false, err
+	}
 	if err := s.checkMemoryLocked(name, spec); err != nil {
 		return nil, false, err
 	}
@@ -375,11 +405,18 @@ func (s *Store) checkpointLoop() {
 	defer close(s.done)
 	t := time.NewTicker(s.opts.CheckpointInterval)
 	defer t.Stop()
+	idle := s.opts.streamIdle()
+	sweepEvery := min(10*time.Second, max(idle/4, time.Millisecond))
+	lastSweep := time.Now()
 	for {
 		select {
 		case <-s.stop:
 			return
-		case <-t.C:
+		case now := <-t.C:
+			if idle > 0 && now.Sub(lastSweep) >= sweepEvery {
+				lastSweep = now
+				s.expireStreams(idle)
+			}
 			s.mu.Lock()
 			bufs := slices.AppendSeq(make([]*Buffer, 0, len(s.buffers)), maps.Values(s.buffers))
 			s.mu.Unlock()

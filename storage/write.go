@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"time"
 )
 
 // Batch is a set of rows to append, column by column, as raw little-endian
@@ -259,6 +260,10 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 			open[e] = false
 		}
 	}
+	if stream != "" && cur == nil && len(b.streams) >= b.store.opts.maxStreams() && anyOpen(open) {
+		return ExtendResult{}, fmt.Errorf("extend %q: stream %q would be the %dth with an open trajectory: %w (close streams that are done, end trajectories with a done row, or raise the limit)",
+			b.name, stream, len(b.streams)+1, ErrTooManyStreams)
+	}
 	nextID, err := b.store.allocTrajIDs(newTraj)
 	if err != nil {
 		return ExtendResult{}, err
@@ -352,8 +357,10 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	if stream != "" {
 		if len(envs) == 0 {
 			delete(b.streams, stream)
+			delete(b.streamUsed, stream)
 		} else {
 			b.streams[stream] = envs
+			b.streamUsed[stream] = time.Now()
 		}
 	}
 	return ExtendResult{FirstSeq: first, Rows: p.n, WriteCount: end}, nil
@@ -432,6 +439,12 @@ func (b *Buffer) CloseStream(stream string) (int, error) {
 	defer b.leave()
 	b.wmu.Lock()
 	defer b.wmu.Unlock()
+	return b.closeStreamLocked(stream)
+}
+
+// closeStreamLocked closes a stream's open trajectories and forgets it.
+// Called with wmu held.
+func (b *Buffer) closeStreamLocked(stream string) (int, error) {
 	envs := b.streams[stream]
 	var err error
 	if b.cs != nil {
@@ -447,10 +460,38 @@ func (b *Buffer) CloseStream(stream string) (int, error) {
 	}
 	b.imu.Unlock()
 	delete(b.streams, stream)
+	delete(b.streamUsed, stream)
 	if err != nil {
 		return len(envs), fmt.Errorf("close stream %q of %q: %w", stream, b.name, err)
 	}
 	return len(envs), nil
+}
+
+// expireStreams closes the streams that have not extended for idle or
+// longer, as if their writers had closed them: a writer that went away
+// without closing its stream stops holding memory and open trajectories.
+// A stream that comes back after that starts new trajectories. It returns
+// how many streams it closed.
+func (b *Buffer) expireStreams(idle time.Duration) (int, error) {
+	if err := b.enter(); err != nil {
+		return 0, err
+	}
+	defer b.leave()
+	b.wmu.Lock()
+	defer b.wmu.Unlock()
+	cutoff := time.Now().Add(-idle)
+	var n int
+	var errs []error
+	for name, last := range b.streamUsed {
+		if last.After(cutoff) {
+			continue
+		}
+		if _, err := b.closeStreamLocked(name); err != nil {
+			errs = append(errs, err)
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
 }
 
 // Changed returns a channel that is closed when the next rows are
@@ -460,4 +501,13 @@ func (b *Buffer) Changed() <-chan struct{} {
 	b.notifyMu.Lock()
 	defer b.notifyMu.Unlock()
 	return b.notify
+}
+
+func anyOpen(open map[int64]bool) bool {
+	for _, o := range open {
+		if o {
+			return true
+		}
+	}
+	return false
 }

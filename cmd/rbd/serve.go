@@ -35,6 +35,10 @@ type serveOptions struct {
 	checkpoint  time.Duration
 	addrFile    string
 	maxMemory   int64
+	maxBuffers  int
+	maxStreams  int
+	maxWaiting  int
+	streamIdle  time.Duration
 	// shutdownTimeout bounds the drain of requests in flight at shutdown.
 	shutdownTimeout time.Duration
 }
@@ -73,6 +77,10 @@ PUT /v1/collectors/demo/weights (safetensors w float32 [4,2], b float32 [2]).`,
 	f.Int64Var(&o.maxResponse, "max-response", 1<<30, "largest sample answer in bytes (400 above)")
 	f.DurationVar(&o.checkpoint, "checkpoint-interval", time.Second, "how often flush-mode buffers are synced")
 	f.Int64Var(&o.maxMemory, "max-memory", 0, "memory all requests may hold in flight together, in bytes (503 busy past it); 0 means a quarter of the machine's or cgroup's memory")
+	f.IntVar(&o.maxBuffers, "max-buffers", 1024, "buffers the data dir may hold (507 too_many_buffers past it)")
+	f.IntVar(&o.maxStreams, "max-streams", 65536, "streams with an open trajectory per buffer (429 too_many_streams past it)")
+	f.IntVar(&o.maxWaiting, "max-waiting", 4096, "sample requests that may wait for data at once (503 busy past it)")
+	f.DurationVar(&o.streamIdle, "stream-idle-timeout", time.Hour, "close a stream (its open trajectories end as truncated) after this long without an extend; 0 never")
 	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM or SIGINT, how long requests in flight may take to finish before their connections are cut")
 	f.StringVar(&o.addrFile, "addr-file", "", "write the listening address (host:port) to this file once serving (useful with --addr 127.0.0.1:0)")
 	return cmd
@@ -143,11 +151,21 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 	if o.maxBody > maxMemory {
 		return fmt.Errorf("--max-body %d is larger than --max-memory %d: no such body could ever be read", o.maxBody, maxMemory)
 	}
-	db, err := rbd.Open(o.data, &rbd.Options{Logger: log, CheckpointInterval: o.checkpoint, MemoryLimit: storeMemoryLimit(maxMemory)})
+	fdLimit, err := storage.RaiseFileLimit()
+	if err != nil {
+		log.Warn("could not raise the open-file limit", "err", err)
+	}
+	streamIdle := o.streamIdle
+	if streamIdle == 0 {
+		streamIdle = -1 // storage: never
+	}
+	db, err := rbd.Open(o.data, &rbd.Options{Logger: log, CheckpointInterval: o.checkpoint, MemoryLimit: storeMemoryLimit(maxMemory),
+		MaxBuffers: o.maxBuffers, MaxStreams: o.maxStreams, StreamIdleTimeout: streamIdle})
 	if err != nil {
 		return err
 	}
-	opts := &server.Options{Token: o.token, MaxBody: o.maxBody, MaxResponse: o.maxResponse, MaxMemory: maxMemory, Logger: log}
+	opts := &server.Options{Token: o.token, MaxBody: o.maxBody, MaxResponse: o.maxResponse, MaxMemory: maxMemory,
+		MaxWaiting: o.maxWaiting, Logger: log}
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	// collectorDone stays nil without --demo: a nil channel never fires in
@@ -194,7 +212,7 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	log.Info("serving", "addr", "http://"+ln.Addr().String(), "data", o.data, "demo", o.demo, "auth", o.token != "",
-		"max_memory", maxMemory, "max_body", o.maxBody)
+		"max_memory", maxMemory, "max_body", o.maxBody, "open_file_limit", fdLimit)
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
