@@ -65,6 +65,10 @@ func statusOf(err error) (int, string) {
 		return http.StatusInsufficientStorage, "insufficient_memory"
 	case errors.Is(err, storage.ErrInsufficientStorage):
 		return http.StatusInsufficientStorage, "insufficient_storage"
+	case errors.Is(err, storage.ErrIO):
+		// A mapped file faulted (truncated underneath, disk gone): this
+		// buffer refuses calls until the store is reopened.
+		return http.StatusInternalServerError, "io_error"
 	case errors.Is(err, storage.ErrCorrupt):
 		// Stored bytes failed their checks: the server's fault, not the
 		// request's, and worth a distinct code for alerting.

@@ -67,6 +67,9 @@ type Buffer struct {
 	// exclusively by Delete/close, so unmapping never happens under a reader.
 	life   sync.RWMutex
 	closed atomic.Bool
+	// failed is set by guard when touching a mapping faulted: every call
+	// after that returns it (wrapping ErrIO).
+	failed atomic.Pointer[error]
 
 	// cs holds the compressed fields of compressed buffers (nil otherwise).
 	cs *chunkStore
@@ -131,6 +134,10 @@ func (b *Buffer) enter() error {
 	if b.closed.Load() {
 		b.life.RUnlock()
 		return fmt.Errorf("buffer %q: %w", b.name, ErrClosed)
+	}
+	if e := b.failed.Load(); e != nil {
+		b.life.RUnlock()
+		return *e
 	}
 	return nil
 }
@@ -297,11 +304,15 @@ func (b *Buffer) createFiles() (retErr error) {
 }
 
 // openFiles maps the files of an existing persistent buffer and checks
-// every header against the catalog.
+// every header against the catalog. Writable, it also reserves whatever
+// blocks of them are not allocated (files of an older build, or copied
+// sparse), so that no later write through a mapping can fault.
 func (b *Buffer) openFiles(writable bool) (retErr error) {
 	defer func() {
 		if retErr != nil {
 			retErr = errors.Join(retErr, b.unmap())
+		} else if writable {
+			retErr = b.reserveFiles()
 		}
 	}()
 	for _, c := range b.allColumns() {
@@ -397,4 +408,24 @@ func syncDir(dir string) error {
 		return errors.Join(fmt.Errorf("sync dir %s: %w", dir, err), d.Close())
 	}
 	return d.Close()
+}
+
+// reserveFiles allocates the missing blocks of the buffer's mapped files.
+func (b *Buffer) reserveFiles() error {
+	regions := []*mmapfile.Region{b.meta}
+	for _, c := range b.allColumns() {
+		regions = append(regions, c.region)
+	}
+	for _, r := range regions {
+		n, err := r.Unbacked()
+		if err != nil || n == 0 {
+			continue
+		}
+		if err := r.Reserve(); err != nil {
+			err = b.store.asNoSpace(fmt.Sprintf("open buffer %q", b.name), err)
+			return errors.Join(fmt.Errorf("%s has %d bytes not allocated on disk: %w", r.Path(), n, err), b.unmap())
+		}
+		b.log.Info("reserved the missing blocks of a buffer file", "file", r.Path(), "bytes", n)
+	}
+	return nil
 }

@@ -54,7 +54,6 @@ type chunkStore struct {
 	// Writer state, guarded by b.wmu.
 	trajs      map[int64]*trajState
 	nextID     uint64
-	failed     error  // a failed segment write leaves chunk state unknown
 	batchGen   uint64 // counts appendBatch calls
 	scratch    []byte
 	payScratch [][]byte     // per field: the payload being written
@@ -77,7 +76,17 @@ type chunkStore struct {
 
 	cuts    []linkCut // b.wmu
 	cutHead int
+	// undo logs the write in progress (b.wmu), so that a failed one is
+	// taken back whole.
+	undo *chunkUndo
+	// writeFault, set by tests, makes a record write fail (after writing
+	// half of it) when it returns an error.
+	writeFault func() error
 }
+
+// segmentTarget is the size segment files aim for, given the ring's raw
+// bytes of compressed fields.
+func segmentTarget(logical int64) int64 { return min(max(logical/256, 64<<10), 64<<20) }
 
 // errSlotMoving reports a row whose slot an extend in progress is taking
 // over: the row is gone, like one overwritten while being copied.
@@ -196,7 +205,8 @@ func newChunkStore(b *Buffer) (*chunkStore, error) {
 	// Segments of about 1/256 of the ring's raw bytes: with typical
 	// ratios a ring spans tens of segments, so whole-segment deletion
 	// keeps disk use close to what is live.
-	cs.segTarget = min(max(logical/256, 64<<10), 64<<20)
+	cs.segTarget = segmentTarget(logical)
+
 	switch opts.Codec {
 	case "zstd":
 		cs.codec = codecZstd
@@ -246,14 +256,14 @@ func (cs *chunkStore) closeFiles() error {
 // each chunk still open. It runs before the rows' records are written, so
 // a row whose record is whole always has its compressed fields on disk.
 // With closeAll (anonymous streams) every chunk it touched is sealed.
-func (cs *chunkStore) appendBatch(p *plan, recs []record, written int64, closeAll bool) error {
-	if cs.failed != nil {
-		return fmt.Errorf("compressed fields unavailable after an earlier write error (reopen the store): %w", cs.failed)
-	}
+func (cs *chunkStore) appendBatch(p *plan, recs []record, written int64, closeAll bool) (err error) {
+	cs.begin()
+	defer cs.end(&err)
 	var touched []*trajState
 	cs.batchGen++
 	for r := range recs {
 		rec := &recs[r]
+		cs.saveTraj(rec.TrajID)
 		ts := cs.trajs[rec.TrajID]
 		if ts == nil {
 			ts = &trajState{stack: make([][]byte, len(cs.fields))}
@@ -271,7 +281,7 @@ func (cs *chunkStore) appendBatch(p *plan, recs []record, written int64, closeAl
 		cs.appendRow(ts, oc, p, rec, r, written)
 		if rec.Flags&flagDone != 0 || len(oc.seqs) == cs.chunkLen {
 			if err := cs.seal(ts, oc); err != nil {
-				return cs.fail(err)
+				return err
 			}
 		}
 		if rec.Flags&flagDone != 0 {
@@ -290,7 +300,7 @@ func (cs *chunkStore) appendBatch(p *plan, recs []record, written int64, closeAl
 			err = cs.writeFragment(oc)
 		}
 		if err != nil {
-			return cs.fail(err)
+			return err
 		}
 	}
 	if closeAll {
@@ -299,12 +309,6 @@ func (cs *chunkStore) appendBatch(p *plan, recs []record, written int64, closeAl
 		}
 	}
 	return nil
-}
-
-func (cs *chunkStore) fail(err error) error {
-	cs.failed = err
-	cs.b.log.Error("compressed buffer refuses writes until reopened", "err", err)
-	return err
 }
 
 func (cs *chunkStore) newOpenChunk(traj, step int64, prev *chunk) *chunk {
@@ -323,6 +327,7 @@ func (cs *chunkStore) appendRow(ts *trajState, oc *chunk, p *plan, rec *record, 
 	if rec.Flags&flagDone != 0 {
 		tailRow = p.tailRowOf(r)
 	}
+	cs.saveChunk(oc)
 	cs.mu.Lock()
 	for fi, c := range cs.fields {
 		src := p.src[cs.colIdx[fi]][r*c.rowBytes : (r+1)*c.rowBytes]
@@ -352,14 +357,14 @@ func (cs *chunkStore) appendRow(ts *trajState, oc *chunk, p *plan, rec *record, 
 	}
 	oc.seqs = append(oc.seqs, rec.Seq)
 	if rec.Seq >= written {
-		cs.loc[rec.Seq%cs.b.capacity] = rowLoc{oc, len(oc.seqs) - 1}
+		cs.setLoc(rec.Seq%cs.b.capacity, rowLoc{oc, len(oc.seqs) - 1})
 	}
 	cs.mu.Unlock()
-	oc.dieAt = rec.Seq + 1
+	cs.setDieAt(oc, rec.Seq+1)
 	// The first K-1 rows of a chunk rebuild their stacks from the end of
 	// the previous chunk, which must outlive them.
 	if p := oc.prev(); p != nil && int(rec.Step-oc.step0) < cs.maxK-1 {
-		p.dieAt = max(p.dieAt, rec.Seq+1)
+		cs.setDieAt(p, max(p.dieAt, rec.Seq+1))
 	}
 }
 
@@ -424,13 +429,14 @@ func (cs *chunkStore) seal(ts *trajState, oc *chunk) error {
 			crc: rf.CRC, codec: cs.codec, delta: cs.delta}
 	}
 	sc.seg = seg
+	cs.saveChunk(oc)
 	cs.mu.Lock()
 	for i, s := range sc.seqs {
 		slot := s % cs.b.capacity
 		// The slot may since hold a later row (of this chunk, too, in a
 		// ring shorter than a chunk): move only the entry for this row.
 		if l := cs.loc[slot]; l.c == oc && l.i == i {
-			cs.loc[slot] = rowLoc{sc, i}
+			cs.setLoc(slot, rowLoc{sc, i})
 		}
 	}
 	cs.mu.Unlock()
@@ -457,6 +463,7 @@ func (cs *chunkStore) writeFragment(oc *chunk) error {
 	if _, _, err := cs.appendRecord(rec, oc, true); err != nil {
 		return err
 	}
+	cs.saveChunk(oc)
 	oc.fragFrom = to
 	return nil
 }
@@ -486,7 +493,22 @@ func (cs *chunkStore) appendRecord(rec *chunkRecord, c *chunk, frag bool) (*segm
 		_, _ = seg.f.WriteAt(buf[:len(buf)/2], at)
 	}
 	cs.b.store.crash.at("mid-chunk")
+	if cs.writeFault != nil {
+		if err := cs.writeFault(); err != nil {
+			_, _ = seg.f.WriteAt(buf[:len(buf)/2], at) // as a disk that fills mid-record
+			if terr := seg.f.Truncate(at); terr != nil {
+				err = errors.Join(err, terr)
+			}
+			return nil, 0, fmt.Errorf("write chunk record to %s: %w", seg.path, err)
+		}
+	}
 	if _, err := seg.f.WriteAt(buf, at); err != nil {
+		// Take back whatever part of the record reached the file: the
+		// next record is written here (an out-of-space write leaves a
+		// prefix behind).
+		if terr := seg.f.Truncate(at); terr != nil {
+			err = errors.Join(err, terr)
+		}
 		return nil, 0, fmt.Errorf("write chunk record to %s: %w", seg.path, err)
 	}
 	seg.size += int64(len(buf))
@@ -525,19 +547,19 @@ func (cs *chunkStore) createSegment() (*segment, error) {
 
 // closeTrajectory seals the open chunk of a trajectory that ends without a
 // done row (its stream was closed).
-func (cs *chunkStore) closeTrajectory(traj int64) error {
+func (cs *chunkStore) closeTrajectory(traj int64) (err error) {
 	ts := cs.trajs[traj]
 	if ts == nil {
 		return nil
 	}
+	cs.begin()
+	defer cs.end(&err)
+	cs.saveTraj(traj)
 	delete(cs.trajs, traj)
 	if ts.open == nil || len(ts.open.seqs) == 0 {
 		return nil
 	}
-	if err := cs.seal(ts, ts.open); err != nil {
-		return cs.fail(err)
-	}
-	return nil
+	return cs.seal(ts, ts.open)
 }
 
 // ---- durability and space ----
@@ -1121,13 +1143,15 @@ func (cs *chunkStore) load(writable bool) error {
 	}
 	for _, c := range byID {
 		add(c)
-		if l := cs.lastByTr[c.traj]; l == nil || l.step0 < c.step0 {
+		if l := cs.lastByTr[c.traj]; l == nil || l.step0 < c.step0 || (l.step0 == c.step0 && l.id < c.id) {
 			cs.lastByTr[c.traj] = c
 		}
 	}
 	for _, c := range open {
 		add(c)
-		if o := cs.openByTr[c.traj]; o == nil || o.step0 < c.step0 {
+		// The newest id wins a tie: a chunk reissued after a failed
+		// write holds the rows that were kept.
+		if o := cs.openByTr[c.traj]; o == nil || o.step0 < c.step0 || (o.step0 == c.step0 && o.id < c.id) {
 			cs.openByTr[c.traj] = c
 		}
 	}

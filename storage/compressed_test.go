@@ -175,7 +175,16 @@ func (w *pixelWriter) batch(n int, envs int) *Batch {
 func gatherAll(t testing.TB, b *Buffer) ([]int64, map[string][]byte, []RowMeta) {
 	t.Helper()
 	seqs := b.LiveSeqs(0, int(b.Capacity()))
-	names := []string{"observation", "features", "small", "action", "next.reward", "next.done", "next.observation"}
+	var names []string
+	spec := b.Spec()
+	for _, f := range spec.Fields {
+		names = append(names, f.Name)
+	}
+	if spec.CompactObs {
+		for _, k := range spec.ObsKeys {
+			names = append(names, "next."+k)
+		}
+	}
 	cols := make([]Column, len(names))
 	dst := make([][]byte, len(names))
 	for i, n := range names {

@@ -73,6 +73,9 @@ func (e *ResourceError) Error() string {
 		what = "disk space"
 	}
 	msg := fmt.Sprintf("%s: needs %d bytes of %s, %d available", e.Op, e.Needed, what, e.Available)
+	if e.Needed <= 0 {
+		msg = fmt.Sprintf("%s: out of %s, %d bytes available", e.Op, what, e.Available)
+	}
 	if e.Hint != "" {
 		msg += " (" + e.Hint + ")"
 	}

@@ -177,11 +177,12 @@ func (v Index) OpenTrajectories() int { return v.ix.open }
 
 // ReadIndex calls fn with a consistent view of the trajectory index. Writers
 // wait while fn runs, so fn should only choose rows, not copy them.
-func (b *Buffer) ReadIndex(fn func(Index)) error {
+func (b *Buffer) ReadIndex(fn func(Index)) (err error) {
 	if err := b.enter(); err != nil {
 		return err
 	}
 	defer b.leave()
+	defer b.guard(&err)()
 	b.imu.RLock()
 	defer b.imu.RUnlock()
 	fn(Index{&b.ix, b})

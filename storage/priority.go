@@ -107,6 +107,7 @@ func (b *Buffer) UpdatePriorities(seqs []int64, prios []float64) (updated, stale
 		return 0, 0, err
 	}
 	defer b.leave()
+	defer b.guard(&err)()
 	if b.store.readOnly {
 		return 0, 0, fmt.Errorf("update priorities %q: %w", b.name, ErrReadOnly)
 	}

@@ -86,6 +86,7 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 		return nil, err
 	}
 	defer b.leave()
+	defer b.guard(&err)()
 	// Three passes instead of one per row: check every stamp, copy column
 	// by column (one tight loop per field width), then re-check every
 	// stamp. A row whose stamp changed in between was overwritten while we

@@ -62,7 +62,8 @@ func (b *Buffer) scanRecords(reserved int64, fn func(slot int64, rec []byte) err
 	return nil
 }
 
-func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos) (int64, error) {
+func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos) (_ int64, err error) {
+	defer b.guard(&err)()
 	capacity := b.capacity
 	durable, ok := readWatermark(b.hdr)
 	// Next to a running writer the block may be read between its two
@@ -78,7 +79,7 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		b.damage = append(b.damage, fmt.Sprintf("durable watermark block of %s is torn; using the last checkpoint's write count %d", metaFile(b.dir), durable))
 	}
 	maxSeq := int64(-1)
-	err := b.scanRecords(st.SeqReserved, func(slot int64, rec []byte) error {
+	err = b.scanRecords(st.SeqReserved, func(slot int64, rec []byte) error {
 		r, ok := decodeRecord(rec)
 		if !ok {
 			// A write cut short still moved the ring: its seq counts,

@@ -288,6 +288,9 @@ func (s *Store) createLocked(name string, spec Spec) (b *Buffer, created bool, e
 	if err := s.checkMemoryLocked(name, spec); err != nil {
 		return nil, false, err
 	}
+	if err := s.checkDiskLocked(name, spec); err != nil {
+		return nil, false, err
+	}
 	var u [8]byte
 	if _, err := rand.Read(u[:]); err != nil {
 		return nil, false, err
@@ -303,14 +306,14 @@ func (s *Store) createLocked(name string, spec Spec) (b *Buffer, created bool, e
 		err = b.mapMemory()
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("create buffer %q: %w", name, err)
+		return nil, false, s.asNoSpace(fmt.Sprintf("create buffer %q", name), fmt.Errorf("create buffer %q: %w", name, err))
 	}
 	if err := s.cat.createBuffer(name, spec, b.state(false)); err != nil {
 		err = errors.Join(err, b.unmap())
 		if b.persistent {
 			err = errors.Join(err, os.RemoveAll(b.dir))
 		}
-		return nil, false, fmt.Errorf("create buffer %q: %w", name, err)
+		return nil, false, s.asNoSpace(fmt.Sprintf("create buffer %q", name), fmt.Errorf("create buffer %q: %w", name, err))
 	}
 	s.buffers[name] = b
 	s.log.Info("buffer created", "buffer", name, "storage", spec.Storage, "capacity", spec.Capacity)

@@ -60,7 +60,10 @@ func (b *Buffer) syncTo(target int64) error {
 // syncFiles makes every row below goal durable, then records goal as the
 // watermark. Rows go first: a watermark must never claim rows the disk
 // does not hold.
-func (b *Buffer) syncFiles(goal int64) error {
+func (b *Buffer) syncFiles(goal int64) (err error) {
+	// Recovered here, not by the caller: syncTo drops its lock around
+	// this call, and a panic through it would unlock twice.
+	defer b.guard(&err)()
 	var errs []error
 	var sealed int64
 	if b.cs != nil {

@@ -89,8 +89,14 @@ func Verify(dir string, opts *Options) (*VerifyReport, error) {
 // checkIndex cross-checks the trajectory index against the stored rows.
 // Recovery builds the index so that these hold; a failure here is a bug or
 // damage that slipped past the checksums.
-func (b *Buffer) checkIndex() []string {
-	var probs []string
+func (b *Buffer) checkIndex() (probs []string) {
+	var err error
+	defer func() {
+		if err != nil {
+			probs = append(probs, err.Error())
+		}
+	}()
+	defer b.guard(&err)()
 	var rows int64
 	live := !b.store.snapAt.IsZero()
 	for _, t := range b.ix.list {

@@ -197,7 +197,7 @@ func boolAt(b []byte, r int, field string) (bool, error) {
 // that pair's open trajectory; a done row ends it. An empty stream makes the
 // call its own stream, whose open trajectories are closed when it returns.
 // Under DurabilityFsync, Extend returns once the rows are on stable storage.
-func (b *Buffer) Extend(stream string, batch *Batch) (ExtendResult, error) {
+func (b *Buffer) Extend(stream string, batch *Batch) (_ ExtendResult, retErr error) {
 	p, err := b.validate(batch)
 	if err != nil {
 		return ExtendResult{}, fmt.Errorf("extend %q: %w", b.name, err)
@@ -206,12 +206,13 @@ func (b *Buffer) Extend(stream string, batch *Batch) (ExtendResult, error) {
 		return ExtendResult{}, err
 	}
 	defer b.leave()
+	defer b.guard(&retErr)()
 	if b.store.readOnly {
 		return ExtendResult{}, fmt.Errorf("extend %q: %w", b.name, ErrReadOnly)
 	}
 	res, err := b.write(stream, p)
 	if err != nil {
-		return ExtendResult{}, fmt.Errorf("extend %q: %w", b.name, err)
+		return ExtendResult{}, b.store.asNoSpace(fmt.Sprintf("extend %q", b.name), fmt.Errorf("extend %q: %w", b.name, err))
 	}
 	if b.spec.Durability == DurabilityFsync {
 		if err := b.syncTo(res.WriteCount); err != nil {
@@ -301,53 +302,14 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	// Rows this extend overwrites leave the index before their slots are
 	// touched, so samplers stop choosing them; a reader already copying one
 	// sees its stamp change and drops it.
-	b.imu.Lock()
-	for s := max(0, first-capacity); s < end-capacity; s++ {
-		slot := s % capacity
-		if b.stamps.Load(slot) != s {
-			continue // a hole
-		}
-		r, _ := decodeRecord(b.rec(slot))
-		if err := b.ix.evict(r.TrajID, s, r.Flags&flagHasTail != 0); err != nil {
-			b.imu.Unlock()
-			panic(fmt.Sprintf("rbd: buffer %q index out of step with rows: %v", b.name, err))
-		}
-		if b.prio != nil {
-			b.prio.clear(slot)
-		}
-		b.stamps.Store(slot, -1)
-	}
-	b.imu.Unlock()
+	b.evictForWrite(first, end)
 
 	for s := written; s < end; s++ {
 		r := int(s - first)
 		b.writeRow(s%capacity, &recs[r], p, r)
 	}
 
-	b.imu.Lock()
-	for s := written; s < end; s++ {
-		rec := &recs[s-first]
-		if err := b.ix.add(rec.TrajID, rec.Step, s, rec.Flags&flagDone != 0, rec.Flags&flagHasTail != 0); err != nil {
-			b.imu.Unlock()
-			panic(fmt.Sprintf("rbd: buffer %q index out of step with rows: %v", b.name, err))
-		}
-		if b.prio != nil {
-			// New rows get the largest priority seen, so each is sampled
-			// soon after it arrives (TorchRL, PER paper).
-			b.prio.set(s%capacity, b.prio.max)
-		}
-	}
-	if stream == "" {
-		// An anonymous stream ends with its request.
-		for _, pos := range envs {
-			if t := b.ix.byID[pos.TrajID]; t != nil {
-				b.ix.setClosed(t)
-			}
-		}
-		envs = nil
-	}
-	b.writeCount.Store(end)
-	b.imu.Unlock()
+	envs = b.publish(recs, first, written, end, stream, envs)
 	b.dirty.Store(true)
 	b.notifyMu.Lock()
 	close(b.notify)
@@ -364,6 +326,62 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 		}
 	}
 	return ExtendResult{FirstSeq: first, Rows: p.n, WriteCount: end}, nil
+}
+
+// evictForWrite takes the rows that an extend of seqs [first, end) will
+// overwrite out of the index, before their slots are touched, so samplers
+// stop choosing them; a reader already copying one sees its stamp change
+// and drops it. (Unlocks by defer: a memory fault here must not leave the
+// index locked.)
+func (b *Buffer) evictForWrite(first, end int64) {
+	capacity := b.capacity
+	b.imu.Lock()
+	defer b.imu.Unlock()
+	for s := max(0, first-capacity); s < end-capacity; s++ {
+		slot := s % capacity
+		if b.stamps.Load(slot) != s {
+			continue // a hole
+		}
+		r, _ := decodeRecord(b.rec(slot))
+		if err := b.ix.evict(r.TrajID, s, r.Flags&flagHasTail != 0); err != nil {
+			panic(fmt.Sprintf("rbd: buffer %q index out of step with rows: %v", b.name, err))
+		}
+		if b.prio != nil {
+			b.prio.clear(slot)
+		}
+		b.stamps.Store(slot, -1)
+	}
+}
+
+// publish adds the rows [written, end) of an extend to the index and moves
+// the write count, which makes them visible to samplers. An anonymous
+// stream's open trajectories are closed; it returns the stream state to
+// keep (nil for an anonymous stream).
+func (b *Buffer) publish(recs []record, first, written, end int64, stream string, envs map[int64]*streamPos) map[int64]*streamPos {
+	b.imu.Lock()
+	defer b.imu.Unlock()
+	for s := written; s < end; s++ {
+		rec := &recs[s-first]
+		if err := b.ix.add(rec.TrajID, rec.Step, s, rec.Flags&flagDone != 0, rec.Flags&flagHasTail != 0); err != nil {
+			panic(fmt.Sprintf("rbd: buffer %q index out of step with rows: %v", b.name, err))
+		}
+		if b.prio != nil {
+			// New rows get the largest priority seen, so each is sampled
+			// soon after it arrives (TorchRL, PER paper).
+			b.prio.set(s%b.capacity, b.prio.max)
+		}
+	}
+	if stream == "" {
+		// An anonymous stream ends with its request.
+		for _, pos := range envs {
+			if t := b.ix.byID[pos.TrajID]; t != nil {
+				b.ix.setClosed(t)
+			}
+		}
+		envs = nil
+	}
+	b.writeCount.Store(end)
+	return envs
 }
 
 func (p *plan) envAt(r int) int64 {
@@ -439,17 +457,22 @@ func (b *Buffer) CloseStream(stream string) (int, error) {
 	defer b.leave()
 	b.wmu.Lock()
 	defer b.wmu.Unlock()
-	return b.closeStreamLocked(stream)
+	n, err := b.closeStreamLocked(stream)
+	return n, b.store.asNoSpace(fmt.Sprintf("close stream %q of %q", stream, b.name), err)
 }
 
 // closeStreamLocked closes a stream's open trajectories and forgets it.
 // Called with wmu held.
 func (b *Buffer) closeStreamLocked(stream string) (int, error) {
 	envs := b.streams[stream]
-	var err error
 	if b.cs != nil {
+		// The chunks first: if sealing one fails (the disk is full), the
+		// stream stays open as it was, and closing it again later seals
+		// what is left (closeTrajectory of a sealed one does nothing).
 		for _, pos := range envs {
-			err = errors.Join(err, b.cs.closeTrajectory(pos.TrajID))
+			if err := b.cs.closeTrajectory(pos.TrajID); err != nil {
+				return 0, fmt.Errorf("close stream %q of %q: %w", stream, b.name, err)
+			}
 		}
 	}
 	b.imu.Lock()
@@ -461,9 +484,6 @@ func (b *Buffer) closeStreamLocked(stream string) (int, error) {
 	b.imu.Unlock()
 	delete(b.streams, stream)
 	delete(b.streamUsed, stream)
-	if err != nil {
-		return len(envs), fmt.Errorf("close stream %q of %q: %w", stream, b.name, err)
-	}
 	return len(envs), nil
 }
 

@@ -5,6 +5,7 @@ package testbin
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +13,8 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
+	"testing"
 )
 
 // Root returns the repository root (where go.mod is), found from this
@@ -53,4 +56,45 @@ func ProcStatus(pid int, key string) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no %s in /proc/%d/status", key, pid)
+}
+
+// MountTmpfs mounts a tmpfs of size bytes on a new directory for a
+// disk-full test and unmounts it at the end, or skips the test where
+// mounting is impossible (not root).
+func MountTmpfs(t testing.TB, size int64) string {
+	t.Helper()
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs for a disk-full test (needs root): %v %s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", "-l", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v %s", dir, err, out)
+		}
+	})
+	return dir
+}
+
+// FillDisk writes a file in dir until its filesystem has not one byte
+// left, and returns the file's path (remove it to give the space back).
+func FillDisk(t testing.TB, dir string) string {
+	t.Helper()
+	path := filepath.Join(dir, "filler")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, n := range []int{64 << 10, 4096, 512, 1} {
+		chunk := make([]byte, n)
+		for {
+			if _, err := f.Write(chunk); err != nil {
+				if !errors.Is(err, syscall.ENOSPC) {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+	}
+	return path
 }

@@ -59,7 +59,64 @@ func Create(path string, size int64) (r *Region, retErr error) {
 	if err := f.Truncate(size); err != nil {
 		return nil, fmt.Errorf("truncate %s to %d: %w", path, size, err)
 	}
+	if err := reserve(f, size); err != nil {
+		return nil, fmt.Errorf("reserve %d bytes for %s: %w", size, path, err)
+	}
 	return mapFile(f, path, size, true)
+}
+
+// reserve makes the filesystem allocate every block of the file's first
+// size bytes. A write through a mapping to a block the filesystem cannot
+// allocate (the disk is full) is not an error but a SIGBUS that kills the
+// process: with every block reserved up front, the mapping never needs
+// one. fallocate(2) does it in one call; where the filesystem does not
+// support it, a zero byte is written into every block that is not
+// allocated yet (what posix_fallocate does).
+func reserve(f *os.File, size int64) error {
+	err := unix.Fallocate(int(f.Fd()), 0, 0, size)
+	if err == nil || (err != unix.EOPNOTSUPP && err != unix.ENOSYS) {
+		return err
+	}
+	page := int64(os.Getpagesize())
+	var zero [1]byte
+	for off := int64(0); off < size; off += page {
+		// A block that already holds data keeps it: only holes get the
+		// zero byte (reading a hole gives zeros too).
+		if next, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA); err == nil && next == off {
+			continue
+		}
+		if _, err := f.WriteAt(zero[:], off); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Reserve allocates whatever blocks of the file are not allocated yet (a
+// file written by an older rbd, or copied sparse), so that writes through
+// the mapping never fault. It fails with ENOSPC (wrapped) when the disk
+// cannot hold the file; nothing written is lost then.
+func (r *Region) Reserve() error {
+	if r.f == nil {
+		return nil
+	}
+	if err := reserve(r.f, int64(len(r.m))); err != nil {
+		return fmt.Errorf("reserve %d bytes for %s: %w", len(r.m), r.path, err)
+	}
+	return nil
+}
+
+// Unbacked returns how many of the file's bytes are holes (blocks not
+// allocated): 0 for a file reserved with Create or Reserve.
+func (r *Region) Unbacked() (int64, error) {
+	if r.f == nil {
+		return 0, nil
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(r.f.Fd()), &st); err != nil {
+		return 0, fmt.Errorf("stat %s: %w", r.path, err)
+	}
+	return max(0, int64(len(r.m))-st.Blocks*512), nil
 }
 
 // Open maps an existing file. The file must be exactly size bytes long: a
