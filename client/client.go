@@ -564,3 +564,58 @@ func (c *Client) SetWeights(ctx context.Context, collector string, tensors []cod
 	discard(resp)
 	return nil
 }
+
+// CheckpointResult says what a hot checkpoint holds (see
+// storage.CheckpointResult): the rows below WriteCount from FirstSeq on,
+// less the Overwritten ones writers took before the copy reached them.
+type CheckpointResult struct {
+	Buffer      string  `json:"buffer"`
+	Dir         string  `json:"dir"`
+	WriteCount  int64   `json:"write_count"`
+	FirstSeq    int64   `json:"first_seq"`
+	Rows        int64   `json:"rows"`
+	Overwritten int64   `json:"overwritten"`
+	Bytes       int64   `json:"bytes"`
+	Seconds     float64 `json:"seconds"`
+}
+
+// Checkpoint asks the server for a hot checkpoint of a buffer into dir,
+// under its --checkpoint-root (POST /v1/buffers/{name}/checkpoint), and
+// waits for it; progress, when set, is called as the copy goes on with the
+// bytes done and in all. Cancelling ctx cancels the checkpoint.
+func (c *Client) Checkpoint(ctx context.Context, name, dir string, progress func(done, total int64)) (CheckpointResult, error) {
+	path, err := bufferPath(name, "/checkpoint")
+	if err != nil {
+		return CheckpointResult{}, fmt.Errorf("checkpoint: %w", err)
+	}
+	b, err := jsonBody(map[string]string{"dir": dir})
+	if err != nil {
+		return CheckpointResult{}, err
+	}
+	resp, err := c.send(ctx, http.MethodPost, path, nil, b, "application/x-ndjson")
+	if err != nil {
+		return CheckpointResult{}, fmt.Errorf("checkpoint %s: %w", name, err)
+	}
+	defer discard(resp)
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var line struct {
+			Done   int64             `json:"done_bytes"`
+			Total  int64             `json:"total_bytes"`
+			Result *CheckpointResult `json:"result"`
+			Error  string            `json:"error"`
+			Code   string            `json:"code"`
+		}
+		if err := dec.Decode(&line); err != nil {
+			return CheckpointResult{}, fmt.Errorf("checkpoint %s: the answer ended before the result: %w", name, err)
+		}
+		switch {
+		case line.Result != nil:
+			return *line.Result, nil
+		case line.Error != "":
+			return CheckpointResult{}, fmt.Errorf("checkpoint %s: %w", name, &APIError{Status: http.StatusInternalServerError, Code: line.Code, Message: line.Error})
+		case progress != nil:
+			progress(line.Done, line.Total)
+		}
+	}
+}

@@ -85,6 +85,21 @@ func ctRegisterDecoders() {
 		}
 		openapi3filter.RegisterBodyDecoder("application/x-www-form-urlencoded", jsonish)
 		openapi3filter.RegisterBodyDecoder("text/plain", jsonish)
+		// NDJSON progress streams (checkpoint): every line must be a JSON
+		// object; the spec types the stream as a string.
+		openapi3filter.RegisterBodyDecoder("application/x-ndjson", func(body io.Reader, h http.Header, s *openapi3.SchemaRef, enc openapi3filter.EncodingFn) (any, error) {
+			data, err := io.ReadAll(body)
+			if err != nil {
+				return nil, err
+			}
+			for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
+				var obj map[string]any
+				if err := json.Unmarshal(line, &obj); err != nil {
+					return nil, fmt.Errorf("NDJSON line %q: %w", line, err)
+				}
+			}
+			return string(data), nil
+		})
 	})
 }
 
@@ -257,7 +272,8 @@ func ctServers(t *testing.T) (live, shut *httptest.Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := server.New(db, &server.Options{Token: ctToken, MaxBody: ctMaxBody, MaxResponse: ctMaxResp, Weights: ctWeights{}})
+	s := server.New(db, &server.Options{Token: ctToken, MaxBody: ctMaxBody, MaxResponse: ctMaxResp, Weights: ctWeights{},
+		CheckpointRoot: t.TempDir()})
 	live = httptest.NewServer(s.Handler())
 	down := server.New(db, &server.Options{Token: ctToken, MaxBody: ctMaxBody})
 	down.BeginShutdown()
@@ -449,6 +465,14 @@ func ctCases(t *testing.T) []ctCase {
 		{name: "close stream", method: "DELETE", path: "/v1/buffers/cp/streams/open", want: 200},
 		{name: "close unknown stream", method: "DELETE", path: "/v1/buffers/cp/streams/never", want: 200},
 		{name: "close stream of unknown buffer", method: "DELETE", path: "/v1/buffers/nope/streams/open", want: 404},
+
+		// checkpoints
+		{name: "checkpoint", method: "POST", path: "/v1/buffers/cp/checkpoint", ctype: js, body: []byte(`{"dir": "a/cp"}`), want: 200},
+		{name: "checkpoint NDJSON", method: "POST", path: "/v1/buffers/cp/checkpoint", ctype: js, accept: "application/x-ndjson", body: []byte(`{"dir": "b"}`), want: 200},
+		{name: "checkpoint exists", method: "POST", path: "/v1/buffers/cp/checkpoint", ctype: js, body: []byte(`{"dir": "a/cp"}`), want: 409, code: "exists"},
+		{name: "checkpoint outside the root", method: "POST", path: "/v1/buffers/cp/checkpoint", ctype: js, body: []byte(`{"dir": "../x"}`), want: 400},
+		{name: "checkpoint unknown key", method: "POST", path: "/v1/buffers/cp/checkpoint", ctype: js, body: []byte(`{"path": "x"}`), want: 400, invalid: true},
+		{name: "checkpoint unknown buffer", method: "POST", path: "/v1/buffers/nope/checkpoint", ctype: js, body: []byte(`{"dir": "x"}`), want: 404},
 
 		// collectors
 		{name: "weights", method: "PUT", path: "/v1/collectors/demo/weights", ctype: bin, body: weights, want: 200},

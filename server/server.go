@@ -38,6 +38,9 @@ type Options struct {
 	// BusyWait is how long a request waits for its share of MaxMemory
 	// before it is answered 503 busy. Zero means 2s.
 	BusyWait time.Duration
+	// CheckpointRoot is where POST .../checkpoint writes checkpoints (the
+	// request names a dir under it). Empty turns checkpoints off (404).
+	CheckpointRoot string
 	// MaxWaiting bounds the sample requests that may wait for data
 	// (timeout_ms > 0) at once; more are answered 503 busy. Zero means
 	// 4096.
@@ -141,6 +144,7 @@ func New(db *rbd.DB, opts *Options) *Server {
 	s.route("POST /v1/buffers/{name}/priorities", "priorities", s.priorities)
 	s.route("GET /v1/buffers/{name}/rows", "rows", s.rows)
 	s.route("DELETE /v1/buffers/{name}/streams/{stream}", "close_stream", s.closeStream)
+	s.route("POST /v1/buffers/{name}/checkpoint", "checkpoint", s.checkpoint)
 	s.route("PUT /v1/collectors/{name}/weights", "weights", s.setWeights)
 	s.mux.Handle("/", s.wrap("not_found", handlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{status: http.StatusNotFound, msg: "no such endpoint: " + r.Method + " " + r.URL.Path}

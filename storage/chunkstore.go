@@ -61,6 +61,7 @@ type chunkStore struct {
 	sealed     atomic.Int64 // chunks sealed so far
 
 	segMu     sync.Mutex
+	pins      int        // checkpoints copying the segments: none is deleted meanwhile (segMu)
 	segs      []*segment // oldest first; new records go to the last
 	nextSeg   uint64
 	segTarget int64
@@ -630,7 +631,7 @@ func (cs *chunkStore) collect(lo, sealedDurable int64) error {
 		for s.dead < len(s.recs) && recDead(s.recs[s.dead], lo, sealedDurable) {
 			s.dead++
 		}
-		if i == len(cs.segs)-1 || s.dead < len(s.recs) {
+		if i == len(cs.segs)-1 || s.dead < len(s.recs) || cs.pins > 0 {
 			kept = append(kept, s)
 			continue
 		}

@@ -20,6 +20,8 @@ import (
 //	before-commit  a checkpoint is about to commit counters to the catalog
 //	mid-chunk      half of a chunk record is written (compressed buffers)
 //	after-chunk    a chunk record is written, the rows' records not yet
+//	checkpoint-copy  a block of a hot checkpoint's rows is copied, the copy
+//	               not finished
 type crasher struct {
 	point string
 	left  atomic.Int64

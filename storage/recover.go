@@ -187,7 +187,7 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 				continue
 			}
 		}
-		if r.PrevSeq >= lo {
+		if r.PrevSeq >= lo && !inOldHole(r.PrevSeq) {
 			p, ok := ok2[r.PrevSeq]
 			switch {
 			case !ok && live && b.overwrittenMeanwhile(r.PrevSeq):
@@ -245,8 +245,10 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 				t := b.ix.byID[pos.TrajID]
 				switch {
 				case t != nil && t.open && t.Seq(t.Len()-1) == pos.LastSeq:
-				case t == nil && pos.LastSeq < lo:
-					// Every row of it was overwritten; it still continues.
+				case t == nil && (pos.LastSeq < lo || inOldHole(pos.LastSeq)):
+					// Every row of it was overwritten (or, in a
+					// checkpoint, left out as overwritten while it was
+					// copied); it still continues.
 				default:
 					continue
 				}

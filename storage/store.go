@@ -109,6 +109,9 @@ type Store struct {
 
 	stop chan struct{}
 	done chan struct{}
+	// restored lists the memory buffers loaded from checkpoint files at
+	// open; the files go once the catalog has recorded the load.
+	restored []string
 	// stateChanged is set by every catalog commit of a buffer's state; the
 	// checkpoint loop publishes the snapshot only when it is set, so idle
 	// buffers cost no disk write.
@@ -121,6 +124,9 @@ type Store struct {
 // after a clean close.
 func Open(dir string, opts *Options) (_ *Store, retErr error) {
 	o := opts.withDefaults()
+	if err := checkComplete(dir); err != nil {
+		return nil, fmt.Errorf("open %s: %w", dir, err)
+	}
 	s := &Store{dir: dir, opts: o, log: o.Logger, readOnly: o.ReadOnly, buffers: map[string]*Buffer{}, crash: newCrasher()}
 	if !o.ReadOnly {
 		if err := os.MkdirAll(filepath.Join(dir, "buffers"), 0o755); err != nil {
@@ -176,6 +182,7 @@ func Open(dir string, opts *Options) (_ *Store, retErr error) {
 		if err := s.commitRecovery(); err != nil {
 			return nil, fmt.Errorf("open %s: %w", dir, err)
 		}
+		s.dropRestoredFiles()
 		s.publishSnapshot()
 		s.stop, s.done = make(chan struct{}), make(chan struct{})
 		go s.checkpointLoop()
@@ -194,6 +201,9 @@ func (s *Store) openBuffer(e catalogEntry) (*Buffer, int64, error) {
 	b.createdAt = e.state.CreatedAt
 	if b.prio != nil && e.state.MaxPriority > 0 {
 		b.prio.max = e.state.MaxPriority
+	}
+	if !b.persistent && fileExists(metaFile(bufferDir(s.dir, e.name))) {
+		return s.restoreMemory(b, e)
 	}
 	if !b.persistent {
 		if err := b.mapMemory(); err != nil {

@@ -25,10 +25,15 @@ type VerifyReport struct {
 	// check used the snapshot it published (rows keep changing meanwhile).
 	SnapshotAt time.Time      `json:"snapshot_at,omitzero"`
 	Buffers    []BufferReport `json:"buffers"`
+	// Problems are the data dir's own (an incomplete checkpoint).
+	Problems []string `json:"problems,omitempty"`
 }
 
 // OK reports whether no buffer has a problem.
 func (r *VerifyReport) OK() bool {
+	if len(r.Problems) > 0 {
+		return false
+	}
 	for _, b := range r.Buffers {
 		if len(b.Problems) > 0 {
 			return false
@@ -47,6 +52,11 @@ func (r *VerifyReport) OK() bool {
 func Verify(dir string, opts *Options) (*VerifyReport, error) {
 	o := opts.withDefaults()
 	o.ReadOnly = true
+	if err := checkComplete(dir); err != nil {
+		// Its files may be anything: a copy cut short is not checked,
+		// it is refused.
+		return &VerifyReport{Dir: dir, Problems: []string{err.Error()}}, nil
+	}
 	if _, err := os.Stat(filepath.Join(dir, "catalog.db")); err != nil {
 		return nil, fmt.Errorf("verify %s: %w", dir, err)
 	}

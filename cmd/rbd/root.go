@@ -25,7 +25,7 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newQuickstartCommand(), newServeCommand(), newDumpCommand(), newVerifyCommand(), newCollectCommand())
+	root.AddCommand(newQuickstartCommand(), newServeCommand(), newDumpCommand(), newVerifyCommand(), newCollectCommand(), newCheckpointCommand())
 	return root
 }
 

@@ -90,6 +90,24 @@ var scriptCmds = map[string]func(ts *testscript.TestScript, neg bool, args []str
 	"flipbyte":   cmdFlipByte,
 	"seqpattern": cmdSeqPattern,
 	"checkacks":  cmdCheckAcks,
+	"seturl":     cmdSetURL,
+}
+
+// seturl VAR [FILE]
+// sets the script variable VAR to the base URL (http://host:port) of the
+// server whose address is in FILE (default "addr"), for commands that take
+// --url.
+func cmdSetURL(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) < 1 || len(args) > 2 {
+		ts.Fatalf("usage: seturl VAR [FILE]")
+	}
+	file := "addr"
+	if len(args) == 2 {
+		file = args[1]
+	}
+	u, err := baseURL(ts.MkAbs(file))
+	ts.Check(err)
+	ts.Setenv(args[0], u)
 }
 
 // newFlags returns a quiet flag set for a script command; parseFlags

@@ -65,7 +65,10 @@ func runVerify(out io.Writer, dir string, o *verifyOptions) error {
 				fmt.Fprintf(out, "  - %s\n", p)
 			}
 		}
-		if len(rep.Buffers) == 0 {
+		for _, p := range rep.Problems {
+			fmt.Fprintf(out, "DAMAGED: %s\n", p)
+		}
+		if len(rep.Buffers) == 0 && len(rep.Problems) == 0 {
 			fmt.Fprintln(out, "no buffers")
 		}
 	}

@@ -92,6 +92,15 @@ func reserve(f *os.File, size int64) error {
 	return nil
 }
 
+// Allocate reserves every block of f's first size bytes (see reserve),
+// for files written without a mapping (a checkpoint's copies).
+func Allocate(f *os.File, size int64) error {
+	if err := reserve(f, size); err != nil {
+		return fmt.Errorf("reserve %d bytes for %s: %w", size, f.Name(), err)
+	}
+	return nil
+}
+
 // Reserve allocates whatever blocks of the file are not allocated yet (a
 // file written by an older rbd, or copied sparse), so that writes through
 // the mapping never fault. It fails with ENOSPC (wrapped) when the disk

@@ -1,0 +1,562 @@
+package storage
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/rbdb/rbd/storage/internal/mmapfile"
+)
+
+// A checkpoint is a consistent copy of one buffer, written while writers
+// and samplers go on, into a new data dir that `Open` (and `rbd serve
+// --data`) opens like any other: its catalog, and the buffer's files in
+// the format of docs/format.md, whatever the buffer's kind. A memory
+// buffer's checkpoint loads its rows back into memory when opened.
+//
+// Consistency: the copy is the buffer as of one write count W (the
+// checkpoint's seq): the rows [W-capacity, W) and the stream, priority and
+// trajectory state that goes with them. Writers pause only while W and
+// that state are captured (microseconds); then the rows are copied oldest
+// first, each checked against its seq stamp after the copy (the readers'
+// seqlock), so a row is either copied whole as it was at W or, if a writer
+// overwrote it before the copy reached it, left out: such rows, all at the
+// oldest end, become holes of the copy and are counted in
+// CheckpointResult.Overwritten. Nothing stops the world.
+//
+// Durability: the destination holds checkpointIncomplete from its first
+// byte to its last fsync; Open refuses such a dir (ErrIncompleteCheckpoint),
+// so a checkpoint cut short by a crash is never taken for a good one.
+
+// checkpointIncomplete marks a checkpoint being written.
+const checkpointIncomplete = "checkpoint.incomplete"
+
+// ErrIncompleteCheckpoint is returned by Open for a data dir that a
+// checkpoint was still writing when it stopped (crash, kill).
+var ErrIncompleteCheckpoint = errors.New("storage: incomplete checkpoint (the process writing it stopped before it finished: take it again)")
+
+// ErrCheckpointExists is returned by Checkpoint when the destination
+// exists.
+var ErrCheckpointExists = errors.New("storage: checkpoint destination exists")
+
+// CheckpointOptions configures Buffer.Checkpoint. Nil gives the defaults.
+type CheckpointOptions struct {
+	// Progress, when set, is called as rows and files are copied with the
+	// bytes done and the bytes in all.
+	Progress func(done, total int64)
+}
+
+// CheckpointResult says what a checkpoint holds.
+type CheckpointResult struct {
+	Buffer string `json:"buffer"`
+	Dir    string `json:"dir"`
+	// WriteCount is the checkpoint's seq: it holds the rows written
+	// before it, from FirstSeq on, and none written after.
+	WriteCount int64 `json:"write_count"`
+	FirstSeq   int64 `json:"first_seq"`
+	Rows       int64 `json:"rows"`
+	// Overwritten counts the rows of [WriteCount-capacity, WriteCount)
+	// that writers overwrote before the copy reached them.
+	Overwritten int64   `json:"overwritten"`
+	Bytes       int64   `json:"bytes"`
+	Seconds     float64 `json:"seconds"`
+}
+
+// checkpointState is what Checkpoint captures with writers paused.
+type checkpointState struct {
+	wc      int64
+	streams map[string]map[int64]streamPos
+	maxPrio float64
+	holes   [][2]int64
+	trajN   int64
+	segs    []segCopy
+}
+
+type segCopy struct {
+	f    *os.File
+	no   uint64
+	size int64
+}
+
+// Checkpoint writes a consistent copy of the buffer into dest, a new data
+// dir (ErrCheckpointExists if dest exists). See the comment above for
+// what "consistent" means next to running writers.
+//
+// Cancelling ctx stops the copy and removes what was written.
+func (b *Buffer) Checkpoint(ctx context.Context, dest string, opts *CheckpointOptions) (res CheckpointResult, retErr error) {
+	var o CheckpointOptions
+	if opts != nil {
+		o = *opts
+	}
+	start := time.Now()
+	if err := b.enter(); err != nil {
+		return res, err
+	}
+	defer b.leave()
+	defer b.guard(&retErr)()
+	if err := os.Mkdir(dest, 0o755); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return res, fmt.Errorf("checkpoint %q to %s: %w", b.name, dest, ErrCheckpointExists)
+		}
+		return res, fmt.Errorf("checkpoint %q: %w", b.name, err)
+	}
+	defer func() {
+		if retErr != nil {
+			// Nothing half-valid stays behind: the marker is gone only
+			// once the copy is whole.
+			retErr = errors.Join(fmt.Errorf("checkpoint %q to %s: %w", b.name, dest, retErr), os.RemoveAll(dest))
+		}
+	}()
+	if err := writeSynced(filepath.Join(dest, checkpointIncomplete), []byte("rbd checkpoint in progress\n")); err != nil {
+		return res, err
+	}
+	bdir := bufferDir(dest, b.name)
+	if err := os.MkdirAll(bdir, 0o755); err != nil {
+		return res, err
+	}
+	st := b.captureCheckpoint()
+	if b.cs != nil {
+		defer b.cs.unpin()
+	}
+	res = CheckpointResult{Buffer: b.name, Dir: dest, WriteCount: st.wc, FirstSeq: max(0, st.wc-b.capacity)}
+	cp := &rowCopier{ctx: ctx, b: b, st: st, progress: o.Progress}
+	if err := cp.run(bdir, &res); err != nil {
+		return res, err
+	}
+	if err := cp.copySegments(bdir, &res); err != nil {
+		return res, err
+	}
+	if err := b.writeCheckpointCatalog(dest, st, cp.holes); err != nil {
+		return res, err
+	}
+	if err := syncDir(bdir); err != nil {
+		return res, err
+	}
+	if err := os.Remove(filepath.Join(dest, checkpointIncomplete)); err != nil {
+		return res, err
+	}
+	if err := syncDir(dest); err != nil {
+		return res, err
+	}
+	res.Seconds = time.Since(start).Seconds()
+	b.log.Info("checkpoint written", "dir", dest, "write_count", res.WriteCount, "rows", res.Rows,
+		"overwritten", res.Overwritten, "bytes", res.Bytes, "seconds", res.Seconds)
+	return res, nil
+}
+
+// captureCheckpoint takes, with writers paused, the write count and the
+// state that goes with it; a compressed buffer's segments are pinned (none
+// is deleted until unpin) and their sizes noted.
+func (b *Buffer) captureCheckpoint() checkpointState {
+	b.wmu.Lock()
+	defer b.wmu.Unlock()
+	st := checkpointState{wc: b.writeCount.Load(), streams: map[string]map[int64]streamPos{}}
+	for name, envs := range b.streams {
+		m := make(map[int64]streamPos, len(envs))
+		for e, pos := range envs {
+			m[e] = *pos
+		}
+		st.streams[name] = m
+	}
+	if b.prio != nil {
+		b.imu.RLock()
+		st.maxPrio = b.prio.max
+		b.imu.RUnlock()
+	}
+	b.stateMu.Lock()
+	st.holes = append([][2]int64(nil), b.holes...)
+	b.stateMu.Unlock()
+	b.store.traj.Lock()
+	st.trajN = b.store.traj.next
+	b.store.traj.Unlock()
+	if b.cs != nil {
+		cs := b.cs
+		cs.segMu.Lock()
+		cs.pins++
+		for _, s := range cs.segs {
+			st.segs = append(st.segs, segCopy{f: s.f, no: s.no, size: s.size})
+		}
+		cs.segMu.Unlock()
+	}
+	return st
+}
+
+func (cs *chunkStore) unpin() {
+	cs.segMu.Lock()
+	cs.pins--
+	cs.segMu.Unlock()
+}
+
+// rowCopier copies the rows of a checkpoint block by block.
+type rowCopier struct {
+	ctx      context.Context
+	b        *Buffer
+	st       checkpointState
+	progress func(done, total int64)
+	files    []*os.File // per column of b.allColumns(), then rows.meta
+	cols     []*column
+	holes    [][2]int64
+	done     int64
+	total    int64
+}
+
+// checkpointBlock is how many rows are copied, checked and written at a
+// time: large enough for sequential I/O, small enough that the oldest rows
+// are copied before writers reach them.
+const checkpointBlock = 4096
+
+func (cp *rowCopier) run(bdir string, res *CheckpointResult) (retErr error) {
+	b := cp.b
+	cp.cols = b.allColumns()
+	defer func() {
+		for _, f := range cp.files {
+			if err := f.Close(); err != nil && retErr == nil {
+				retErr = err
+			}
+		}
+	}()
+	for _, c := range cp.cols {
+		f, err := createAllocated(filepath.Join(bdir, c.file), headerSize+b.capacity*int64(c.rowBytes), b.colHeaderFor(c).encode())
+		if err != nil {
+			return err
+		}
+		cp.files = append(cp.files, f)
+		cp.total += (res.WriteCount - res.FirstSeq) * int64(c.rowBytes)
+	}
+	hdr := metaHeader{Version: FormatVersion, RecordSize: recordSize, UID: b.uid, Capacity: uint64(b.capacity), Name: b.name}.encode()
+	putWatermark(hdr, res.WriteCount)
+	meta, err := createAllocated(metaFile(bdir), headerSize+b.capacity*recordSize, hdr)
+	if err != nil {
+		return err
+	}
+	cp.files = append(cp.files, meta)
+	cp.total += (res.WriteCount - res.FirstSeq) * recordSize
+	for _, s := range cp.st.segs {
+		cp.total += s.size
+	}
+	// Newest first. Writers overwrite the oldest rows first, so the rows
+	// they take before the copy reaches them are always a prefix of the
+	// window: once a block has lost one, every older row is lost too and
+	// need not be read. A contiguous loss at the oldest end is what a
+	// ring that moved on looks like: trajectories keep contiguous runs of
+	// their newest rows, as they always do.
+	for hi := res.WriteCount; hi > res.FirstSeq; {
+		lo := max(res.FirstSeq, hi-checkpointBlock)
+		// A block must not wrap around the ring's end.
+		lo = max(lo, (hi-1)-(hi-1)%b.capacity)
+		if err := cp.ctx.Err(); err != nil {
+			return err
+		}
+		kept, overwritten, err := cp.copyBlock(lo, hi)
+		if err != nil {
+			return err
+		}
+		res.Rows += kept
+		res.Overwritten += overwritten
+		hi = lo
+		if overwritten > 0 && hi > res.FirstSeq {
+			for seq := res.FirstSeq; seq < hi; seq++ {
+				if !inHoles(cp.st.holes, seq) {
+					res.Overwritten++
+				}
+			}
+			cp.addHoleRange(res.FirstSeq, hi)
+			cp.advance((hi - res.FirstSeq) * cp.rowBytes())
+			break
+		}
+	}
+	res.Bytes = cp.done
+	for _, f := range cp.files {
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("sync %s: %w", f.Name(), err)
+		}
+	}
+	return nil
+}
+
+// copyBlock copies rows [lo, hi) (contiguous slots): every column's bytes
+// and the records, then keeps the rows whose stamps still hold their seq
+// (a row overwritten meanwhile, or a hole, gets a zero record: missing).
+func (cp *rowCopier) copyBlock(lo, hi int64) (kept, overwritten int64, err error) {
+	b := cp.b
+	n := hi - lo
+	s0 := lo % b.capacity
+	bufs := make([][]byte, len(cp.cols)+1)
+	for i, c := range cp.cols {
+		rb := int64(c.rowBytes)
+		bufs[i] = append([]byte(nil), c.data[s0*rb:(s0+n)*rb]...)
+	}
+	recs := append([]byte(nil), b.recs[s0*recordSize:(s0+n)*recordSize]...)
+	bufs[len(cp.cols)] = recs
+	// Newest first: writers overwrite the block from its oldest row up, so
+	// once one row is found overwritten, every older one is (or is about
+	// to be) too, whatever its stamp says at the moment it is read.
+	lost := false
+	for i := n - 1; i >= 0; i-- {
+		seq := lo + i
+		rec := recs[i*recordSize : (i+1)*recordSize]
+		hole := inHoles(cp.st.holes, seq)
+		if lost || b.stamps.Load(s0+i) != seq {
+			// A hole of the source, or overwritten since the capture (a
+			// row below the capture's write count was complete then):
+			// missing from the copy either way.
+			if !hole {
+				overwritten++
+				lost = true
+			}
+			clear(rec)
+			cp.addHole(seq)
+			continue
+		}
+		if !b.persistent {
+			cp.sealRecord(rec, bufs, i)
+		}
+		kept++
+	}
+	for i, c := range cp.cols {
+		if _, err := cp.files[i].WriteAt(bufs[i], headerSize+s0*int64(c.rowBytes)); err != nil {
+			return 0, 0, err
+		}
+		cp.advance(int64(len(bufs[i])))
+	}
+	if _, err := cp.files[len(cp.cols)].WriteAt(recs, headerSize+s0*recordSize); err != nil {
+		return 0, 0, err
+	}
+	cp.advance(int64(len(recs)))
+	b.store.crash.at("checkpoint-copy")
+	return kept, overwritten, nil
+}
+
+// sealRecord gives a memory buffer's row the data checksum persistent
+// kinds keep in the record (memory rows skip it), so that the copy is
+// checked like any file.
+func (cp *rowCopier) sealRecord(rec []byte, bufs [][]byte, i int64) {
+	r, _ := decodeRecord(rec)
+	var crc uint32
+	for k, c := range cp.cols {
+		if c.role == rolePriority || (c.role == roleTail && r.Flags&flagHasTail == 0) || c.cz >= 0 {
+			continue
+		}
+		rb := int64(c.rowBytes)
+		crc = crc32.Update(crc, castagnoli, bufs[k][i*rb:(i+1)*rb])
+	}
+	r.DataCRC = crc
+	encodeRecord(rec, &r)
+}
+
+func (cp *rowCopier) addHole(seq int64) { cp.addHoleRange(seq, seq+1) }
+
+// addHoleRange notes [lo, hi) as missing from the copy (mergeHoles sorts
+// and joins the ranges).
+func (cp *rowCopier) addHoleRange(lo, hi int64) {
+	cp.holes = append(cp.holes, [2]int64{lo, hi})
+}
+
+// rowBytes is what one row takes in all the copied files.
+func (cp *rowCopier) rowBytes() int64 {
+	n := int64(recordSize)
+	for _, c := range cp.cols {
+		n += int64(c.rowBytes)
+	}
+	return n
+}
+
+func (cp *rowCopier) advance(n int64) {
+	cp.done += n
+	if cp.progress != nil {
+		cp.progress(cp.done, cp.total)
+	}
+}
+
+// copySegments copies the pinned segments of a compressed buffer up to the
+// sizes they had at the capture: every chunk record of the rows below the
+// checkpoint's seq, none after.
+func (cp *rowCopier) copySegments(bdir string, res *CheckpointResult) error {
+	for _, s := range cp.st.segs {
+		if err := cp.ctx.Err(); err != nil {
+			return err
+		}
+		path := filepath.Join(bdir, segName(s.no))
+		out, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(out, io.NewSectionReader(s.f, 0, s.size))
+		if err == nil {
+			err = out.Sync()
+		}
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("copy segment %s: %w", path, err)
+		}
+		cp.advance(s.size)
+		res.Bytes += s.size
+	}
+	return nil
+}
+
+// writeCheckpointCatalog makes the destination's catalog: the buffer's
+// spec, its state as of the checkpoint (a clean close, so that its streams
+// continue), the streams, and the trajectory id counter.
+func (b *Buffer) writeCheckpointCatalog(dest string, st checkpointState, missing [][2]int64) error {
+	cat, err := openCatalog(filepath.Join(dest, "catalog.db"), false, time.Second)
+	if err != nil {
+		return err
+	}
+	holes := mergeHoles(st.holes, missing, st.wc-b.capacity)
+	state := bufferState{UID: b.uid, WriteCount: st.wc, SeqReserved: st.wc, Clean: true, MaxPriority: st.maxPrio,
+		Holes: holes, CreatedAt: b.createdAt}
+	err = cat.createBuffer(b.name, b.spec, state)
+	if err == nil {
+		err = cat.putState(b.name, state, st.streams, true)
+	}
+	if err == nil {
+		err = cat.putTrajNext(st.trajN)
+	}
+	return errors.Join(err, cat.close())
+}
+
+func inHoles(holes [][2]int64, seq int64) bool {
+	for _, h := range holes {
+		if seq >= h[0] && seq < h[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// mergeHoles joins two hole lists, dropping what lies below lo.
+func mergeHoles(a, b [][2]int64, lo int64) [][2]int64 {
+	var all [][2]int64
+	for _, h := range slices.Concat(a, b) {
+		if h[1] > lo {
+			all = append(all, h)
+		}
+	}
+	slices.SortFunc(all, func(x, y [2]int64) int { return cmp.Compare(x[0], y[0]) })
+	return mergeRanges(all)
+}
+
+// restoreMemory opens a memory buffer whose rows a checkpoint left in
+// files: they are recovered and checked like a memmap buffer's, then
+// copied into memory (a read-only open keeps them mapped). The files are
+// deleted once the catalog has recorded the open (dropRestoredFiles): a
+// memory buffer's rows live in memory only, and a later restart must not
+// bring back the checkpoint's.
+func (s *Store) restoreMemory(b *Buffer, e catalogEntry) (*Buffer, int64, error) {
+	b.persistent, b.dir = true, bufferDir(s.dir, e.name)
+	if err := b.openFiles(!s.readOnly); err != nil {
+		return nil, 0, err
+	}
+	maxTraj, err := b.recover(e.state, e.streams)
+	if err != nil {
+		return nil, 0, errors.Join(err, b.unmap())
+	}
+	if s.readOnly {
+		return b, maxTraj, nil
+	}
+	if err := b.moveToMemory(); err != nil {
+		return nil, 0, errors.Join(err, b.unmap())
+	}
+	s.restored = append(s.restored, b.dir)
+	b.persistent, b.dir, b.hdr = false, "", nil
+	s.log.Info("memory buffer restored from checkpoint files", "buffer", b.name, "rows", b.ix.rows, "write_count", b.writeCount.Load())
+	return b, maxTraj, nil
+}
+
+// moveToMemory replaces every file mapping of the buffer by anonymous
+// memory holding the same bytes.
+func (b *Buffer) moveToMemory() error {
+	move := func(r *mmapfile.Region, data []byte) (*mmapfile.Region, []byte, error) {
+		anon, err := mmapfile.Anonymous(int64(len(data)))
+		if err != nil {
+			return nil, nil, err
+		}
+		copy(anon.Bytes(), data)
+		return anon, anon.Bytes(), r.Close()
+	}
+	for _, c := range b.allColumns() {
+		r, data, err := move(c.region, c.data)
+		if err != nil {
+			return err
+		}
+		c.region, c.data = r, data
+	}
+	r, recs, err := move(b.meta, b.recs)
+	if err != nil {
+		return err
+	}
+	b.meta, b.recs = r, recs
+	return nil
+}
+
+// dropRestoredFiles deletes the checkpoint files of memory buffers loaded
+// at open.
+func (s *Store) dropRestoredFiles() {
+	for _, dir := range s.restored {
+		if err := os.RemoveAll(dir); err != nil {
+			s.log.Warn("remove the checkpoint files of a restored memory buffer", "dir", dir, "err", err)
+		}
+	}
+	s.restored = nil
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// checkComplete refuses a data dir that a checkpoint did not finish.
+func checkComplete(dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, checkpointIncomplete)); err == nil {
+		return ErrIncompleteCheckpoint
+	}
+	return nil
+}
+
+// createAllocated creates a file of size bytes with every block reserved
+// and hdr at its start.
+func createAllocated(path string, size int64, hdr []byte) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.Truncate(size); err != nil {
+		return nil, errors.Join(err, f.Close())
+	}
+	if err := mmapfile.Allocate(f, size); err != nil {
+		return nil, errors.Join(err, f.Close())
+	}
+	if _, err := f.WriteAt(hdr, 0); err != nil {
+		return nil, errors.Join(err, f.Close())
+	}
+	return f, nil
+}
+
+// writeSynced writes a small file and syncs it and its directory.
+func writeSynced(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
