@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,6 +39,10 @@ type Options struct {
 	// BusyWait is how long a request waits for its share of MaxMemory
 	// before it is answered 503 busy. Zero means 2s.
 	BusyWait time.Duration
+	// Pprof serves Go's runtime profiles under /debug/pprof/ (behind the
+	// token, like every endpoint but health). Off by default: a profile
+	// costs CPU and shows the program's internals.
+	Pprof bool
 	// CheckpointRoot is where POST .../checkpoint writes checkpoints (the
 	// request names a dir under it). Empty turns checkpoints off (404).
 	CheckpointRoot string
@@ -146,6 +151,13 @@ func New(db *rbd.DB, opts *Options) *Server {
 	s.route("DELETE /v1/buffers/{name}/streams/{stream}", "close_stream", s.closeStream)
 	s.route("POST /v1/buffers/{name}/checkpoint", "checkpoint", s.checkpoint)
 	s.route("PUT /v1/collectors/{name}/weights", "weights", s.setWeights)
+	if o.Pprof {
+		s.mux.Handle("GET /debug/pprof/", s.wrap("pprof", http.HandlerFunc(pprof.Index)))
+		s.mux.Handle("GET /debug/pprof/cmdline", s.wrap("pprof", http.HandlerFunc(pprof.Cmdline)))
+		s.mux.Handle("GET /debug/pprof/profile", s.wrap("pprof", http.HandlerFunc(pprof.Profile)))
+		s.mux.Handle("GET /debug/pprof/symbol", s.wrap("pprof", http.HandlerFunc(pprof.Symbol)))
+		s.mux.Handle("GET /debug/pprof/trace", s.wrap("pprof", http.HandlerFunc(pprof.Trace)))
+	}
 	s.mux.Handle("/", s.wrap("not_found", handlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{status: http.StatusNotFound, msg: "no such endpoint: " + r.Method + " " + r.URL.Path}
 	})))

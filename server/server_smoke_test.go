@@ -135,3 +135,21 @@ func TestSmokeAuth(t *testing.T) {
 		t.Fatal("good token refused")
 	}
 }
+
+// TestPprof: --pprof serves Go's profiles behind the token; without it
+// there is no such endpoint.
+func TestPprof(t *testing.T) {
+	ts, _ := newTestServer(t, &Options{Token: "k", Pprof: true})
+	if code, _ := do(t, "GET", ts.URL+"/debug/pprof/", "", ""); code != http.StatusUnauthorized {
+		t.Fatalf("pprof without the token: %d, want 401", code)
+	}
+	for _, p := range []string{"/debug/pprof/", "/debug/pprof/heap", "/debug/pprof/goroutine?debug=1"} {
+		if code, body := do(t, "GET", ts.URL+p, "", "", "Authorization", "Bearer k"); code != 200 || len(body) == 0 {
+			t.Fatalf("%s: %d (%d bytes)", p, code, len(body))
+		}
+	}
+	off, _ := newTestServer(t, nil)
+	if code, body := do(t, "GET", off.URL+"/debug/pprof/", "", ""); code != http.StatusNotFound || !bytes.Contains(body, []byte(`"error"`)) {
+		t.Fatalf("pprof off: %d %s", code, body)
+	}
+}

@@ -40,6 +40,7 @@ type serveOptions struct {
 	maxWaiting  int
 	streamIdle  time.Duration
 	cpRoot      string
+	pprof       bool
 	// shutdownTimeout bounds the drain of requests in flight at shutdown.
 	shutdownTimeout time.Duration
 }
@@ -83,6 +84,7 @@ PUT /v1/collectors/demo/weights (safetensors w float32 [4,2], b float32 [2]).`,
 	f.IntVar(&o.maxWaiting, "max-waiting", 4096, "sample requests that may wait for data at once (503 busy past it)")
 	f.DurationVar(&o.streamIdle, "stream-idle-timeout", time.Hour, "close a stream (its open trajectories end as truncated) after this long without an extend; 0 never")
 	f.StringVar(&o.cpRoot, "checkpoint-root", "./rbd-checkpoints", "where POST .../checkpoint writes hot checkpoints (the request names a dir under it); empty turns them off")
+	f.BoolVar(&o.pprof, "pprof", false, "serve Go's profiles under /debug/pprof/ (behind the token)")
 	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM or SIGINT, how long requests in flight may take to finish before their connections are cut")
 	f.StringVar(&o.addrFile, "addr-file", "", "write the listening address (host:port) to this file once serving (useful with --addr 127.0.0.1:0)")
 	return cmd
@@ -167,7 +169,7 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 		return err
 	}
 	opts := &server.Options{Token: o.token, MaxBody: o.maxBody, MaxResponse: o.maxResponse, MaxMemory: maxMemory,
-		MaxWaiting: o.maxWaiting, CheckpointRoot: o.cpRoot, Logger: log}
+		MaxWaiting: o.maxWaiting, CheckpointRoot: o.cpRoot, Pprof: o.pprof, Logger: log}
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	// collectorDone stays nil without --demo: a nil channel never fires in
