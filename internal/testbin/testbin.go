@@ -13,8 +13,10 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // Root returns the repository root (where go.mod is), found from this
@@ -97,4 +99,107 @@ func FillDisk(t testing.TB, dir string) string {
 		}
 	}
 	return path
+}
+
+// Server is a real `rbd serve` process on a loopback port.
+type Server struct {
+	Cmd    *exec.Cmd
+	URL    string // http://127.0.0.1:port
+	Data   string
+	Stderr *SyncBuffer
+	done   chan struct{}
+	err    error
+}
+
+// SyncBuffer is a bytes.Buffer safe for a process's output and readers.
+type SyncBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (b *SyncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	return len(p), nil
+}
+
+// String returns what was written so far.
+func (b *SyncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
+}
+
+// StartServer runs `bin serve --addr 127.0.0.1:0 --data data args...` and
+// waits (up to timeout) until it listens.
+func StartServer(bin, data string, timeout time.Duration, args ...string) (*Server, error) {
+	dir, err := os.MkdirTemp("", "rbd-addr-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	addrFile := filepath.Join(dir, "addr")
+	cmd := exec.Command(bin, append([]string{"serve", "--addr", "127.0.0.1:0", "--addr-file", addrFile, "--data", data}, args...)...)
+	s := &Server{Cmd: cmd, Data: data, Stderr: &SyncBuffer{}, done: make(chan struct{})}
+	cmd.Stderr = s.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { s.err = cmd.Wait(); close(s.done) }()
+	deadline := time.Now().Add(timeout)
+	for {
+		if b, err := os.ReadFile(addrFile); err == nil && len(b) > 0 {
+			s.URL = "http://" + strings.TrimSpace(string(b))
+			return s, nil
+		}
+		select {
+		case <-s.done:
+			return nil, fmt.Errorf("rbd serve exited before listening: %v\n%s", s.err, s.Stderr.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			s.Kill()
+			return nil, fmt.Errorf("rbd serve did not listen within %v:\n%s", timeout, s.Stderr.String())
+		}
+	}
+}
+
+// Memory returns the server's RssAnon and VmRSS.
+func (s *Server) Memory() (anon, total int64, err error) {
+	if anon, err = ProcStatus(s.Cmd.Process.Pid, "RssAnon"); err != nil {
+		return 0, 0, err
+	}
+	total, err = ProcStatus(s.Cmd.Process.Pid, "VmRSS")
+	return anon, total, err
+}
+
+// Stop sends sig and waits up to timeout for the exit; it returns the exit
+// code (-1 when killed by a signal).
+func (s *Server) Stop(sig syscall.Signal, timeout time.Duration) (int, error) {
+	_ = s.Cmd.Process.Signal(sig)
+	select {
+	case <-s.done:
+		return s.Cmd.ProcessState.ExitCode(), nil
+	case <-time.After(timeout):
+		_ = s.Cmd.Process.Signal(syscall.SIGQUIT)
+		<-s.done
+		return -1, fmt.Errorf("rbd serve did not exit within %v of %v", timeout, sig)
+	}
+}
+
+// Kill ends the server with SIGKILL and waits for it.
+func (s *Server) Kill() {
+	_ = s.Cmd.Process.Kill()
+	<-s.done
+}
+
+// Exited reports whether the process has ended.
+func (s *Server) Exited() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
 }
