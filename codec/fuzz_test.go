@@ -3,8 +3,10 @@ package codec
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -168,6 +170,12 @@ func FuzzDecodeJSONTensor(f *testing.F) {
 		dtype := allDTypes[int(dt)%len(allDTypes)]
 		inner := fuzzShapes[int(shape)%len(fuzzShapes)]
 		data, n, err := DecodeJSONTensor(raw, dtype, inner)
+		// The streaming decoder accepts exactly what encoding/json (the
+		// boxed decoder it replaced) accepts, with the same values.
+		ref, refN, refErr := decodeJSONTensorBoxed(raw, dtype, inner)
+		if (err == nil) != (refErr == nil) || (err == nil && (n != refN || !bytes.Equal(data, ref))) {
+			t.Fatalf("%s %v %q: streaming decoder %x, %d, %v; encoding/json %x, %d, %v", dtype, inner, raw, data, n, err, ref, refN, refErr)
+		}
 		if err != nil {
 			return
 		}
@@ -193,6 +201,57 @@ func FuzzDecodeJSONTensor(f *testing.F) {
 		tt.Data = data2
 		if text2, err := AppendJSONTensor(nil, &tt); err != nil || !bytes.Equal(text, text2) {
 			t.Fatalf("second encoding %s differs from the first %s (err %v)", text2, text, err)
+		}
+	})
+}
+
+// go test ./codec -run '^$' -fuzz FuzzScanJSONObject -fuzztime 60s
+//
+// ScanJSONObject accepts what encoding/json reads as an object (except a
+// key given twice, which it refuses), and hands out the same members.
+func FuzzScanJSONObject(f *testing.F) {
+	for _, s := range []string{`{}`, `{"a": [1, 2], "b": {"c": "d"}}`, `{"a":1,"a":2}`, `{"\u0061": true}`,
+		`[1]`, `{"a": 1} x`, `{"a" 1}`, `{"a": [1,]}`, ` { "x" : null } `, `{"a": "\"}"}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got := map[string]string{}
+		dup := false
+		err := ScanJSONObject(data, func(k string, v []byte) error {
+			if _, ok := got[k]; ok {
+				t.Fatalf("%q: key %q handed out twice", data, k)
+			}
+			got[k] = string(v)
+			return nil
+		})
+		var want map[string]json.RawMessage
+		refErr := json.Unmarshal(data, &want)
+		if refErr == nil && want == nil {
+			refErr = errors.New("null")
+		}
+		if err != nil && refErr == nil {
+			// Only a repeated key may be refused that encoding/json takes.
+			var keys []string
+			_ = ScanJSONObject(data, func(k string, v []byte) error { keys = append(keys, k); return nil })
+			dup = len(keys) != len(want) || strings.Contains(err.Error(), "given twice")
+			if !dup {
+				t.Fatalf("%q: refused (%v), encoding/json reads it", data, err)
+			}
+			return
+		}
+		if err == nil && refErr != nil {
+			t.Fatalf("%q: accepted, encoding/json says %v", data, refErr)
+		}
+		if err != nil {
+			return
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%q: %d members, encoding/json %d", data, len(got), len(want))
+		}
+		for k, v := range want {
+			if got[k] != string(v) {
+				t.Fatalf("%q: member %q is %q, encoding/json %q", data, k, got[k], v)
+			}
 		}
 	})
 }

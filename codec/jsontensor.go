@@ -1,10 +1,10 @@
 package codec
 
 import (
-	"bytes"
 	"encoding/binary"
-	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math"
 	"strconv"
 )
@@ -15,32 +15,60 @@ import (
 
 // AppendJSONTensor appends t's values as nested JSON arrays.
 func AppendJSONTensor(dst []byte, t *Tensor) ([]byte, error) {
+	err := walkJSONTensor(t, func(b []byte) { dst = append(dst, b...) })
+	return dst, err
+}
+
+// JSONTensorSize returns the length of t's JSON text, without making it.
+func JSONTensorSize(t *Tensor) (int64, error) {
+	var n int64
+	err := walkJSONTensor(t, func(b []byte) { n += int64(len(b)) })
+	return n, err
+}
+
+// WriteJSONTensor writes t's JSON text to w as it is made (w should
+// buffer), so a large answer never exists whole in memory.
+func WriteJSONTensor(w io.Writer, t *Tensor) error {
+	var werr error
+	err := walkJSONTensor(t, func(b []byte) {
+		if werr == nil {
+			_, werr = w.Write(b)
+		}
+	})
+	return errors.Join(err, werr)
+}
+
+// walkJSONTensor emits t's JSON text piece by piece; each piece is valid
+// only during the call.
+func walkJSONTensor(t *Tensor, emit func([]byte)) error {
 	size := dtypeSize[t.DType]
 	if size == 0 {
-		return nil, fmt.Errorf("tensor %q: unknown dtype %q", t.Name, t.DType)
+		return fmt.Errorf("tensor %q: unknown dtype %q", t.Name, t.DType)
 	}
 	if err := checkShape(t.Name, t.Shape, size, len(t.Data)); err != nil {
-		return nil, err
+		return err
 	}
+	var scratch [48]byte
 	i := 0
-	var walk func(dim int) []byte
-	walk = func(dim int) []byte {
+	open, close, comma := []byte{'['}, []byte{']'}, []byte{','}
+	var walk func(dim int)
+	walk = func(dim int) {
 		if dim == len(t.Shape) {
-			dst = appendValue(dst, t.DType, t.Data[i*size:(i+1)*size])
+			emit(appendValue(scratch[:0], t.DType, t.Data[i*size:(i+1)*size]))
 			i++
-			return dst
+			return
 		}
-		dst = append(dst, '[')
+		emit(open)
 		for k := 0; k < t.Shape[dim]; k++ {
 			if k > 0 {
-				dst = append(dst, ',')
+				emit(comma)
 			}
 			walk(dim + 1)
 		}
-		dst = append(dst, ']')
-		return dst
+		emit(close)
 	}
-	return walk(0), nil
+	walk(0)
+	return nil
 }
 
 func appendFloat(dst []byte, f float64, bits int) []byte {
@@ -82,166 +110,58 @@ func appendValue(dst []byte, dtype string, b []byte) []byte {
 	return dst
 }
 
-// DecodeJSONTensor parses nested arrays of shape [N, inner...] into
-// little-endian bytes of dtype and returns N. Errors name the element path.
-func DecodeJSONTensor(raw json.RawMessage, dtype string, inner []int) ([]byte, int, error) {
-	size := dtypeSize[dtype]
-	if size == 0 {
-		return nil, 0, fmt.Errorf("unknown dtype %q", dtype)
+// nonFinite reads the strings that stand for non-finite floats.
+func nonFinite(v string) (float64, error) {
+	switch v {
+	case "NaN":
+		return math.NaN(), nil
+	case "Infinity":
+		return math.Inf(1), nil
+	case "-Infinity":
+		return math.Inf(-1), nil
 	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return nil, 0, fmt.Errorf("not JSON: %v", err)
-	}
-	if rest := bytes.TrimSpace(raw[dec.InputOffset():]); len(rest) > 0 {
-		return nil, 0, fmt.Errorf("data after the array")
-	}
-	top, ok := v.([]any)
-	if !ok {
-		return nil, 0, fmt.Errorf("want an array of rows, got %s", jsonKind(v))
-	}
-	out := make([]byte, 0, len(top)*size*prod(inner))
-	var walk func(v any, dim int, path string) error
-	walk = func(v any, dim int, path string) error {
-		if dim == len(inner) {
-			b, err := encodeValue(v, dtype)
-			if err != nil {
-				return fmt.Errorf("element %s: %v", path, err)
-			}
-			out = append(out, b...)
-			return nil
-		}
-		arr, ok := v.([]any)
-		if !ok || len(arr) != inner[dim] {
-			return fmt.Errorf("element %s: want an array of %d, got %s", path, inner[dim], describe(v))
-		}
-		for k, x := range arr {
-			if err := walk(x, dim+1, fmt.Sprintf("%s[%d]", path, k)); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	for r, row := range top {
-		if err := walk(row, 0, fmt.Sprintf("[%d]", r)); err != nil {
-			return nil, 0, err
-		}
-	}
-	return out, len(top), nil
+	return 0, fmt.Errorf("the only strings allowed are \"NaN\", \"Infinity\" and \"-Infinity\", got %q", v)
 }
 
-func prod(s []int) int {
-	n := 1
-	for _, d := range s {
-		n *= d
-	}
-	return n
-}
-
-func describe(v any) string {
-	if a, ok := v.([]any); ok {
-		return fmt.Sprintf("an array of %d", len(a))
-	}
-	return jsonKind(v)
-}
-
-func jsonKind(v any) string {
-	switch v.(type) {
-	case nil:
-		return "null"
-	case bool:
-		return "a boolean"
-	case json.Number:
-		return "a number"
-	case string:
-		return "a string"
-	case []any:
-		return "an array"
-	}
-	return "an object"
-}
-
-func encodeValue(v any, dtype string) ([]byte, error) {
+// appendFloatAs appends f in a float dtype (float16 and bfloat16 round to
+// nearest even from the float64, as numpy does).
+func appendFloatAs(dst []byte, dtype string, f float64) []byte {
 	le := binary.LittleEndian
-	if dtype == "bool" {
-		switch x := v.(type) {
-		case bool:
-			return []byte{b2u(x)}, nil
-		case json.Number:
-			if x == "0" || x == "1" {
-				return []byte{b2u(x == "1")}, nil
-			}
-		}
-		return nil, fmt.Errorf("want true, false, 0 or 1, got %s", describe(v))
-	}
-	var f float64
-	isFloat := dtype == "float16" || dtype == "bfloat16" || dtype == "float32" || dtype == "float64"
-	switch x := v.(type) {
-	case json.Number:
-		if !isFloat {
-			i, err := strconv.ParseInt(string(x), 10, 64)
-			if err != nil {
-				return nil, fmt.Errorf("want an integer, got %s", x)
-			}
-			return encodeInt(i, dtype)
-		}
-		var err error
-		if f, err = strconv.ParseFloat(string(x), 64); err != nil {
-			return nil, fmt.Errorf("bad number %s", x)
-		}
-	case string:
-		switch {
-		case !isFloat:
-			return nil, fmt.Errorf("want an integer, got string %q", x)
-		case x == "NaN":
-			f = math.NaN()
-		case x == "Infinity":
-			f = math.Inf(1)
-		case x == "-Infinity":
-			f = math.Inf(-1)
-		default:
-			return nil, fmt.Errorf("the only strings allowed are \"NaN\", \"Infinity\" and \"-Infinity\", got %q", x)
-		}
-	default:
-		return nil, fmt.Errorf("want a number, got %s", describe(v))
-	}
-	b := make([]byte, dtypeSize[dtype])
 	switch dtype {
 	case "float16":
-		le.PutUint16(b, Float64ToFloat16(f))
+		return le.AppendUint16(dst, Float64ToFloat16(f))
 	case "bfloat16":
-		le.PutUint16(b, Float64ToBFloat16(f))
+		return le.AppendUint16(dst, Float64ToBFloat16(f))
 	case "float32":
-		le.PutUint32(b, math.Float32bits(float32(f)))
-	case "float64":
-		le.PutUint64(b, math.Float64bits(f))
+		return le.AppendUint32(dst, math.Float32bits(float32(f)))
 	}
-	return b, nil
+	return le.AppendUint64(dst, math.Float64bits(f))
 }
 
-func encodeInt(i int64, dtype string) ([]byte, error) {
-	lim := map[string][2]int64{
-		"uint8": {0, math.MaxUint8}, "int8": {math.MinInt8, math.MaxInt8},
-		"int16": {math.MinInt16, math.MaxInt16}, "int32": {math.MinInt32, math.MaxInt32},
-		"int64": {math.MinInt64, math.MaxInt64},
-	}[dtype]
+// intRange is the range of each integer dtype.
+var intRange = map[string][2]int64{
+	"uint8": {0, math.MaxUint8}, "int8": {math.MinInt8, math.MaxInt8},
+	"int16": {math.MinInt16, math.MaxInt16}, "int32": {math.MinInt32, math.MaxInt32},
+	"int64": {math.MinInt64, math.MaxInt64},
+}
+
+// appendIntAs appends i in an integer dtype, refusing values out of its
+// range.
+func appendIntAs(dst []byte, dtype string, i int64) ([]byte, error) {
+	lim := intRange[dtype]
 	if i < lim[0] || i > lim[1] {
-		return nil, fmt.Errorf("%d is out of range for %s", i, dtype)
+		return dst, fmt.Errorf("%d is out of range for %s", i, dtype)
 	}
-	b := make([]byte, dtypeSize[dtype])
-	switch len(b) {
+	le := binary.LittleEndian
+	switch dtypeSize[dtype] {
 	case 1:
-		b[0] = byte(i)
+		return append(dst, byte(i)), nil
 	case 2:
-		binary.LittleEndian.PutUint16(b, uint16(i))
+		return le.AppendUint16(dst, uint16(i)), nil
 	case 4:
-		binary.LittleEndian.PutUint32(b, uint32(i))
-	case 8:
-		binary.LittleEndian.PutUint64(b, uint64(i))
+		return le.AppendUint32(dst, uint32(i)), nil
 	}
-	return b, nil
+	return le.AppendUint64(dst, uint64(i)), nil
 }
 
 func b2u(b bool) byte {

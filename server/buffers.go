@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -216,14 +215,19 @@ func (s *Server) priorities(w http.ResponseWriter, r *http.Request) error {
 	if err := leaseOf(w).grow(r.Context(), 8*int64(len(body)), "decoding the priorities"); err != nil {
 		return err
 	}
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(body, &raw); err != nil {
-		return badRequest("body: not a JSON object: " + err.Error())
-	}
-	for k := range raw {
+	raw := map[string][]byte{}
+	err = codec.ScanJSONObject(body, func(k string, v []byte) error {
 		if k != "seq" && k != "priority" {
 			return badRequest(fmt.Sprintf("%s: unknown key (want seq and priority)", k))
 		}
+		raw[k] = v
+		return nil
+	})
+	if err != nil {
+		if _, ok := errors.AsType[*apiError](err); ok {
+			return err
+		}
+		return badRequest("body: not a JSON object: " + err.Error())
 	}
 	if raw["seq"] == nil || raw["priority"] == nil {
 		return badRequest("seq and priority are required")

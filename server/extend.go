@@ -2,7 +2,7 @@ package server
 
 import (
 	"encoding/binary"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -151,33 +151,39 @@ func envOf(dtype string, shape []int, data []byte) ([]int64, error) {
 	return nil, badRequest(fmt.Sprintf("field \"env\": dtype %s, want int32 or int64", dtype))
 }
 
+// jsonBatch decodes a JSON extend body field by field, each straight
+// into its column's bytes (codec.ScanJSONObject hands out the fields'
+// text in place; nothing is boxed).
 func jsonBatch(b *rbd.Buffer, body []byte) (*storage.Batch, error) {
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(body, &raw); err != nil {
-		return nil, badRequest("body: not a JSON object of fields: " + err.Error())
-	}
 	batch := &storage.Batch{Fields: map[string][]byte{}}
 	rows := map[string]int{}
-	for name, v := range raw {
+	err := codec.ScanJSONObject(body, func(name string, v []byte) error {
 		if name == "env" {
 			data, n, err := codec.DecodeJSONTensor(v, "int64", nil)
 			if err != nil {
-				return nil, badRequest(fmt.Sprintf("field \"env\": %v", err))
+				return badRequest(fmt.Sprintf("field \"env\": %v", err))
 			}
 			batch.Env = int64s(data)
 			rows["env"] = n
-			continue
+			return nil
 		}
 		c, err := column(b, name)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		data, n, err := codec.DecodeJSONTensor(v, c.DType.String(), c.Shape)
 		if err != nil {
-			return nil, badRequest(fmt.Sprintf("field %q (%s %v per row): %v", name, c.DType, c.Shape, err))
+			return badRequest(fmt.Sprintf("field %q (%s %v per row): %v", name, c.DType, c.Shape, err))
 		}
 		batch.Fields[name] = data
 		rows[name] = n
+		return nil
+	})
+	if err != nil {
+		if _, ok := errors.AsType[*apiError](err); ok {
+			return nil, err
+		}
+		return nil, badRequest("body: not a JSON object of fields: " + err.Error())
 	}
 	return batch, setRows(b, batch, rows)
 }

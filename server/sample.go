@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bufio"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -70,42 +71,16 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 			extra[k] = v
 		}
 	}
-	return writeTensors(w, r, tensors, batch.Metadata, extra)
+	return s.writeTensors(w, r, tensors, batch.Metadata, extra)
 }
 
 // writeTensors answers with safetensors (the default) or, when the client
 // accepts application/json, a JSON object of nested arrays. The batch was
 // gathered once into its own memory, so writers overwriting the rows
 // meanwhile cannot tear what is sent.
-func writeTensors(w http.ResponseWriter, r *http.Request, tensors []codec.Tensor, meta map[string]string, extra map[string]any) error {
+func (s *Server) writeTensors(w http.ResponseWriter, r *http.Request, tensors []codec.Tensor, meta map[string]string, extra map[string]any) error {
 	if wantsJSON(r) {
-		out := []byte{'{'}
-		for i, t := range tensors {
-			if i > 0 {
-				out = append(out, ',')
-			}
-			out = strconv.AppendQuote(out, t.Name)
-			out = append(out, ':')
-			var err error
-			if out, err = codec.AppendJSONTensor(out, &t); err != nil {
-				return err
-			}
-		}
-		for k, v := range extra {
-			out = append(out, ',')
-			out = strconv.AppendQuote(out, k)
-			out = append(out, ':')
-			js, err := json.Marshal(v)
-			if err != nil {
-				return err
-			}
-			out = append(out, js...)
-		}
-		out = append(out, '}', '\n')
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Content-Length", strconv.Itoa(len(out)))
-		_, err := w.Write(out)
-		return ignoreWriteErr(err)
+		return s.writeJSONTensors(w, tensors, extra)
 	}
 	hdr, total, err := codec.SafetensorsHeader(tensors, meta)
 	if err != nil {
@@ -122,6 +97,66 @@ func writeTensors(w http.ResponseWriter, r *http.Request, tensors []codec.Tensor
 		}
 	}
 	return nil
+}
+
+// jsonAnswerBuf is the buffer a JSON answer is written through.
+const jsonAnswerBuf = 64 << 10
+
+// writeJSONTensors answers a JSON object of nested arrays. Its exact size
+// is computed first (without making the text), so an answer over
+// --max-response is refused before anything is sent, and the text is then
+// streamed through a small buffer: JSON is several times the binary size,
+// and it never exists whole in memory.
+func (s *Server) writeJSONTensors(w http.ResponseWriter, tensors []codec.Tensor, extra map[string]any) error {
+	// The small parts: each key, and each extra value's JSON.
+	keys := make([][]byte, len(tensors))
+	size := int64(2) // the braces
+	for i, t := range tensors {
+		keys[i] = append(strconv.AppendQuote(nil, t.Name), ':')
+		n, err := codec.JSONTensorSize(&t)
+		if err != nil {
+			return err
+		}
+		size += int64(len(keys[i])) + n
+	}
+	var extras [][]byte
+	for k, v := range extra {
+		js, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		extras = append(extras, append(append(strconv.AppendQuote(nil, k), ':'), js...))
+		size += int64(len(extras[len(extras)-1]))
+	}
+	if parts := len(tensors) + len(extras); parts > 1 {
+		size += int64(parts - 1) // commas
+	}
+	size++ // the newline after "}"
+	if size > s.opts.MaxResponse {
+		return &apiError{status: http.StatusBadRequest, code: "response_too_large",
+			msg: fmt.Sprintf("the JSON answer would be %d bytes, more than --max-response %d: ask for safetensors (Accept: application/octet-stream) or fewer rows", size, s.opts.MaxResponse)}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	bw := bufio.NewWriterSize(w, int(min(size, jsonAnswerBuf)))
+	bw.WriteByte('{')
+	for i := range tensors {
+		if i > 0 {
+			bw.WriteByte(',')
+		}
+		bw.Write(keys[i])
+		if err := codec.WriteJSONTensor(bw, &tensors[i]); err != nil {
+			return ignoreWriteErr(err)
+		}
+	}
+	for i, e := range extras {
+		if i > 0 || len(tensors) > 0 {
+			bw.WriteByte(',')
+		}
+		bw.Write(e)
+	}
+	bw.WriteString("}\n")
+	return ignoreWriteErr(bw.Flush())
 }
 
 // ignoreWriteErr drops errors from writing an answer: the status is sent,
@@ -211,7 +246,7 @@ func (s *Server) rows(w http.ResponseWriter, r *http.Request) error {
 		}
 		tensors = append(tensors, codec.Tensor{Name: m.name, DType: "int64", Shape: []int{n}, Data: data})
 	}
-	return writeTensors(w, r, tensors, nil, nil)
+	return s.writeTensors(w, r, tensors, nil, nil)
 }
 
 func intParam(v string, def int64, name string) (int64, error) {

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -153,3 +154,53 @@ func TestPprof(t *testing.T) {
 		t.Fatalf("pprof off: %d %s", code, body)
 	}
 }
+
+// TestJSONAnswerLimit: a JSON answer counts against MaxResponse at its
+// exact encoded size (JSON is several times the binary size): over it is a
+// 400 response_too_large that points to safetensors, and the server goes
+// on; an answer that fits carries an exact Content-Length.
+func TestJSONAnswerLimit(t *testing.T) {
+	const limit = 64 << 10
+	ts, _ := newTestServer(t, &Options{MaxResponse: limit})
+	if code, body := do(t, "PUT", ts.URL+"/v1/buffers/cp", "application/json", cartpoleSpec); code != 201 {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	var rows []string
+	for i := range 2000 {
+		rows = append(rows, fmt.Sprintf("[%d.123456,0.25,0.5,0.75]", i))
+	}
+	body := fmt.Sprintf(`{"observation": [%s], "action": [%s], "next.reward": [%s], "next.done": [%s], "next.terminated": [%s], "next.truncated": [%s]}`,
+		strings.Join(rows, ","), rep("1", 2000), rep("0.5", 2000), rep("false", 2000), rep("false", 2000), rep("false", 2000))
+	if code, b := do(t, "POST", ts.URL+"/v1/buffers/cp/extend?stream=s", "application/json", body); code != 200 {
+		t.Fatalf("extend: %d %s", code, b)
+	}
+	// 800 rows: 57 KB of safetensors (under the limit at plan time),
+	// several times that as JSON.
+	code, b := do(t, "POST", ts.URL+"/v1/buffers/cp/sample", "application/json", `{"batch_size": 800, "seed": 1, "include_incomplete": true}`, "Accept", "application/json")
+	if code != 400 || !bytes.Contains(b, []byte(`"code":"response_too_large"`)) || !bytes.Contains(b, []byte("application/octet-stream")) {
+		t.Fatalf("JSON answer over the limit: %d %s", code, b)
+	}
+	// The same as safetensors fits.
+	if code, b := do(t, "POST", ts.URL+"/v1/buffers/cp/sample", "application/json", `{"batch_size": 800, "seed": 1, "include_incomplete": true}`); code != 200 {
+		t.Fatalf("safetensors answer: %d %.200s", code, b)
+	}
+	// A smaller JSON answer: its declared length is its length.
+	resp, err := http.Post(ts.URL+"/v1/buffers/cp/sample", "application/json", strings.NewReader(`{"batch_size": 100, "seed": 1, "include_incomplete": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	req, _ := http.NewRequest("POST", ts.URL+"/v1/buffers/cp/sample", strings.NewReader(`{"batch_size": 100, "seed": 1, "include_incomplete": true}`))
+	req.Header.Set("Accept", "application/json")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || resp.ContentLength != int64(len(got)) || !json.Valid(got) {
+		t.Fatalf("JSON answer: %d, Content-Length %d, %d bytes read (%v), valid %v", resp.StatusCode, resp.ContentLength, len(got), err, json.Valid(got))
+	}
+}
+
+func rep(v string, n int) string { return strings.TrimSuffix(strings.Repeat(v+",", n), ",") }

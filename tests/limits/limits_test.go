@@ -7,9 +7,11 @@ package limits
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strings"
@@ -456,5 +458,88 @@ func TestStreamNameFlood(t *testing.T) {
 	}
 	if !strings.Contains(s.stderr.String(), "closed idle streams") {
 		t.Error("no log line about closed idle streams")
+	}
+}
+
+// TestJSONAnswersCountAgainstMaxResponse: a JSON sample answer is refused
+// at its encoded size before it is built. At --max-response 32 MiB one
+// JSON answer of 74 MiB once cost the server 246 MiB.
+func TestJSONAnswersCountAgainstMaxResponse(t *testing.T) {
+	s := startServer(t, "", "--max-response", fmt.Sprint(32<<20))
+	createImages(t, s, "img", 2000)
+	fillImages(t, s, "img", 2000)
+	base := s.rss()
+	peak := s.peakRSS()
+	// 700 rows: 19 MiB of safetensors, about 4x that as JSON.
+	req, _ := http.NewRequest("POST", s.url+"/v1/buffers/img/sample", strings.NewReader(`{"batch_size": 700}`))
+	req.Header.Set("Accept", "application/json")
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	msg, code := errorCode(t, body)
+	if resp.StatusCode != 400 || code != "response_too_large" || !strings.Contains(msg, "application/octet-stream") {
+		t.Fatalf("JSON answer over --max-response: %d %s %q", resp.StatusCode, code, msg)
+	}
+	grew := peak() - base
+	t.Logf("a refused 4x19 MiB JSON answer: RssAnon +%d MiB", grew>>20)
+	if grew > 48<<20 {
+		t.Fatalf("a refused JSON answer grew the server by %d MiB", grew>>20)
+	}
+	if st, _ := s.do("POST", "/v1/buffers/img/sample", "application/json", []byte(`{"batch_size": 700}`)); st != 200 {
+		t.Fatalf("the same answer as safetensors: %d", st)
+	}
+}
+
+// TestJSONExtendDecodesInPlace: a JSON extend body costs about what the
+// same rows sent as safetensors cost, plus a few times the body: JSON once
+// amplified 38 times (one 56 MiB body took 2.16 GB).
+func TestJSONExtendDecodesInPlace(t *testing.T) {
+	const n = 1_000_000 // CartPole rows: 42 MiB of JSON, 29 MB of safetensors
+	var js bytes.Buffer
+	js.WriteString(`{"observation": [`)
+	obs := make([]byte, 0, 16*n)
+	for i := range n {
+		if i > 0 {
+			js.WriteByte(',')
+		}
+		v := float32(i%1000) + 0.25
+		fmt.Fprintf(&js, "[%g,0.5,-0.75,1]", v)
+		for _, f := range []float32{v, 0.5, -0.75, 1} {
+			obs = binary.LittleEndian.AppendUint32(obs, math.Float32bits(f))
+		}
+	}
+	ones := strings.TrimSuffix(strings.Repeat("1,", n), ",")
+	js.WriteString(`], "action": [` + ones + `], "next.reward": [` + ones + `], "next.done": [` + strings.TrimSuffix(strings.Repeat("0,", n), ",") + `]}`)
+	act, rew := make([]byte, 0, 8*n), make([]byte, 0, 4*n)
+	for range n {
+		act = binary.LittleEndian.AppendUint64(act, 1)
+		rew = binary.LittleEndian.AppendUint32(rew, math.Float32bits(1))
+	}
+	bin := safetensors(map[string]tensor{
+		"observation": {"F32", []int{n, 4}, obs}, "action": {"I64", []int{n}, act},
+		"next.reward": {"F32", []int{n}, rew}, "next.done": {"BOOL", []int{n}, make([]byte, n)},
+	})
+	growth := func(ctype string, body []byte) int64 {
+		s := startServer(t, "")
+		if st, b := s.do("PUT", "/v1/buffers/b", "application/json", spec(2*n, "memmap", "")); st != 201 {
+			t.Fatalf("create: %d %s", st, b)
+		}
+		base := s.rss()
+		peak := s.peakRSS()
+		st, b := s.do("POST", "/v1/buffers/b/extend?stream=s", ctype, body)
+		grew := peak() - base
+		if st != 200 {
+			t.Fatalf("extend %s: %d %.300s", ctype, st, b)
+		}
+		return grew
+	}
+	gBin := growth("application/octet-stream", bin)
+	gJSON := growth("application/json", js.Bytes())
+	t.Logf("%d rows: safetensors body %d MiB grew the server by %d MiB; JSON body %d MiB by %d MiB", n, len(bin)>>20, gBin>>20, js.Len()>>20, gJSON>>20)
+	if bound := gBin + int64(3*js.Len()); gJSON > bound {
+		t.Fatalf("the JSON extend grew the server by %d MiB, more than the binary one (%d MiB) plus 3x its body (bound %d MiB)", gJSON>>20, gBin>>20, bound>>20)
 	}
 }
