@@ -20,6 +20,9 @@ import (
 const snapshotFile = "catalog.snapshot.json"
 
 type snapshot struct {
+	// Seq grows by one with every snapshot a store writes: a reader can
+	// tell a newer one from an older one.
+	Seq       uint64           `json:"seq"`
 	WrittenAt time.Time        `json:"written_at"`
 	Format    uint32           `json:"format"`
 	PID       int              `json:"pid"`
@@ -34,11 +37,21 @@ type snapshotBuffer struct {
 
 // publishSnapshot writes the catalog snapshot. Failures are logged, not
 // returned: the snapshot only serves read-only tools.
+//
+// One writer at a time (snapMu), so the content is taken and the file
+// renamed in the same order, and an older snapshot never replaces a newer
+// one. Each write goes to its own temporary file, created exclusively
+// (os.CreateTemp: O_EXCL, so a symlink planted in the dir is never
+// followed), synced, then renamed over the snapshot: a reader sees the
+// old file or the new one, whole.
 func (s *Store) publishSnapshot() {
 	if s.readOnly {
 		return
 	}
-	snap := snapshot{WrittenAt: time.Now().UTC(), Format: FormatVersion, PID: os.Getpid()}
+	s.snapMu.Lock()
+	defer s.snapMu.Unlock()
+	s.snapSeq++
+	snap := snapshot{Seq: s.snapSeq, WrittenAt: time.Now().UTC(), Format: FormatVersion, PID: os.Getpid()}
 	for _, b := range s.Buffers() {
 		spec, err := b.spec.MarshalJSON()
 		if err != nil {
@@ -46,15 +59,50 @@ func (s *Store) publishSnapshot() {
 		}
 		snap.Buffers = append(snap.Buffers, snapshotBuffer{Name: b.name, Spec: spec, State: b.state(false)})
 	}
+	if err := writeSnapshotFile(s.dir, snap); err != nil {
+		s.log.Warn("publish catalog snapshot", "err", err)
+	}
+}
+
+// snapshotTempPattern names the temporary files of snapshot writes.
+const snapshotTempPattern = snapshotFile + ".*.tmp"
+
+func writeSnapshotFile(dir string, snap snapshot) (retErr error) {
 	data, err := json.MarshalIndent(snap, "", "  ")
-	if err == nil {
-		tmp := filepath.Join(s.dir, snapshotFile+".tmp")
-		if err = os.WriteFile(tmp, data, 0o644); err == nil {
-			err = os.Rename(tmp, filepath.Join(s.dir, snapshotFile))
+	if err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, snapshotTempPattern)
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer func() {
+		if retErr != nil {
+			retErr = errors.Join(retErr, os.Remove(tmp))
 		}
+	}()
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
 	if err != nil {
-		s.log.Warn("publish catalog snapshot", "err", err)
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, snapshotFile))
+}
+
+// removeSnapshotTemps deletes temporary snapshot files a crash left.
+func removeSnapshotTemps(dir string, log interface{ Warn(string, ...any) }) {
+	paths, _ := filepath.Glob(filepath.Join(dir, snapshotTempPattern))
+	paths = append(paths, filepath.Join(dir, snapshotFile+".tmp")) // the fixed name of older builds
+	for _, p := range paths {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			log.Warn("remove a stale snapshot file", "path", p, "err", err)
+		}
 	}
 }
 

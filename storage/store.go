@@ -109,6 +109,12 @@ type Store struct {
 
 	stop chan struct{}
 	done chan struct{}
+	// trash empties <data>/trash in the background (see delete.go).
+	trash trashWorker
+	hooks storeHooks // tests make delete steps fail
+	// snapMu orders snapshot writes; snapSeq numbers them.
+	snapMu  sync.Mutex
+	snapSeq uint64
 	// restored lists the memory buffers loaded from checkpoint files at
 	// open; the files go once the catalog has recorded the load.
 	restored []string
@@ -183,9 +189,11 @@ func Open(dir string, opts *Options) (_ *Store, retErr error) {
 			return nil, fmt.Errorf("open %s: %w", dir, err)
 		}
 		s.dropRestoredFiles()
+		removeSnapshotTemps(dir, s.log)
 		s.publishSnapshot()
 		s.stop, s.done = make(chan struct{}), make(chan struct{})
 		go s.checkpointLoop()
+		s.startTrash()
 	}
 	return s, nil
 }
@@ -219,6 +227,9 @@ func (s *Store) openBuffer(e catalogEntry) (*Buffer, int64, error) {
 		b.seqRes.Store(wc)
 		b.sync.durable = wc
 		return b, -1, nil
+	}
+	if !fileExists(b.dir) {
+		s.restoreFromTrash(b)
 	}
 	if err := b.openFiles(!s.readOnly); err != nil {
 		return nil, 0, err
@@ -353,37 +364,6 @@ func (s *Store) Buffers() []*Buffer {
 	return out
 }
 
-// DeleteBuffer removes a buffer. New calls on it fail at once; calls in
-// flight finish first (unmapping under a reader would crash the process);
-// then its catalog entry and files are removed.
-func (s *Store) DeleteBuffer(name string) error {
-	if s.readOnly {
-		return fmt.Errorf("delete buffer %q: %w", name, ErrReadOnly)
-	}
-	s.mu.Lock()
-	b, ok := s.buffers[name]
-	if ok {
-		delete(s.buffers, name)
-	}
-	s.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("delete buffer %q: %w", name, ErrNotFound)
-	}
-	b.closed.Store(true)
-	b.life.Lock()
-	defer b.life.Unlock()
-	err := errors.Join(b.unmap(), s.cat.deleteBuffer(name))
-	if b.persistent {
-		err = errors.Join(err, os.RemoveAll(b.dir))
-	}
-	if err != nil {
-		return fmt.Errorf("delete buffer %q: %w", name, err)
-	}
-	s.log.Info("buffer deleted", "buffer", name)
-	s.publishSnapshot()
-	return nil
-}
-
 // allocTrajIDs hands out k consecutive trajectory ids, reserving a new
 // block in the catalog first when the current one runs out.
 func (s *Store) allocTrajIDs(k int) (int64, error) {
@@ -466,6 +446,7 @@ func (s *Store) Close() error {
 	if s.stop != nil {
 		close(s.stop)
 		<-s.done
+		s.stopTrash()
 	}
 	var errs []error
 	for _, b := range bufs {
