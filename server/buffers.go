@@ -30,8 +30,9 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	return readBodyInto(w, r, nil)
 }
 
-// bodyStartCap is the first buffer size of a body read (it then doubles).
-const bodyStartCap = 64 << 10
+// bodyStartCap is the first buffer size of a body read (it then doubles):
+// small, so that many slow uploads hold little of the memory budget.
+const bodyStartCap = 4 << 10
 
 // readBodyInto is readBody appending to buf[:0], so that callers can reuse
 // memory across requests; buf's capacity counts against the request's

@@ -32,7 +32,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -45,82 +44,20 @@ import (
 	"time"
 
 	"github.com/rbdb/rbd/codec"
+	"github.com/rbdb/rbd/internal/loadgen"
 	"github.com/rbdb/rbd/internal/testbin"
 )
 
 const (
 	capacity  = 20000
-	trajLen   = 25
 	batchRows = 64
 )
 
-const fsSpec = `{"capacity": 20000, "storage": "memmap", "durability": "fsync",
- "fields": {"observation": {"dtype": "float32", "shape": [4]}, "action": {"dtype": "int64", "shape": []},
-            "next.reward": {"dtype": "float32", "shape": []}, "next.done": {"dtype": "bool", "shape": []}},
- "compact_obs": true}`
-
-const memSpec = `{"capacity": 5000, "storage": "memory", "priority": {},
- "fields": {"observation": {"dtype": "float32", "shape": [4]}, "action": {"dtype": "int64", "shape": []},
-            "next.reward": {"dtype": "float32", "shape": []}, "next.done": {"dtype": "bool", "shape": []}},
- "compact_obs": true}`
-
-const churnSpec = `{"capacity": 500, "storage": "memmap",
- "fields": {"observation": {"dtype": "float32", "shape": [4]}, "action": {"dtype": "int64", "shape": []},
-            "next.reward": {"dtype": "float32", "shape": []}, "next.done": {"dtype": "bool", "shape": []}},
- "compact_obs": true}`
-
-// A row's fields derive from its token: writer w's i-th row has token
-// w<<24 | i.
-func obsOf(tok int64) [4]float32 {
-	f := float32(tok % 1_000_003)
-	return [4]float32{f, f + 0.25, f + 0.5, f + 0.75}
-}
-
-func rewardOf(tok int64) float32 { return float32(tok % 7) }
-
-func doneOf(tok int64) bool { return (tok&(1<<24-1))%trajLen == trajLen-1 }
-
-// batchBody encodes rows with tokens [first, first+n) as a safetensors
-// extend body (final observations of done rows as [D, 4]).
-func batchBody(first int64, n int) []byte {
-	var obs, act, rew, done, final []byte
-	d := 0
-	for k := range n {
-		tok := first + int64(k)
-		for _, v := range obsOf(tok) {
-			obs = binary.LittleEndian.AppendUint32(obs, math.Float32bits(v))
-		}
-		act = binary.LittleEndian.AppendUint64(act, uint64(tok))
-		rew = binary.LittleEndian.AppendUint32(rew, math.Float32bits(rewardOf(tok)))
-		if doneOf(tok) {
-			done = append(done, 1)
-			for _, v := range obsOf(-tok) {
-				final = binary.LittleEndian.AppendUint32(final, math.Float32bits(v))
-			}
-			d++
-		} else {
-			done = append(done, 0)
-		}
-	}
-	ts := []codec.Tensor{
-		{Name: "observation", DType: "float32", Shape: []int{n, 4}, Data: obs},
-		{Name: "action", DType: "int64", Shape: []int{n}, Data: act},
-		{Name: "next.reward", DType: "float32", Shape: []int{n}, Data: rew},
-		{Name: "next.done", DType: "bool", Shape: []int{n}, Data: done},
-	}
-	if d > 0 {
-		ts = append(ts, codec.Tensor{Name: "next.observation", DType: "float32", Shape: []int{d, 4}, Data: final})
-	}
-	hdr, _, err := codec.SafetensorsHeader(ts, nil)
-	if err != nil {
-		panic(err)
-	}
-	out := append([]byte(nil), hdr...)
-	for _, t := range ts {
-		out = append(out, t.Data...)
-	}
-	return out
-}
+var (
+	fsSpec    = loadgen.Spec(capacity, "memmap", `, "durability": "fsync"`)
+	memSpec   = loadgen.Spec(5000, "memory", `, "priority": {}`)
+	churnSpec = loadgen.Spec(500, "memmap", "")
+)
 
 type harness struct {
 	bin    string
@@ -172,8 +109,8 @@ func (h *harness) request(method, path, ctype string, body []byte) (int, []byte)
 func (h *harness) writer(ctx context.Context, w int, rows *atomic.Int64) {
 	for ctx.Err() == nil {
 		i := h.next[w].Load()
-		first := int64(w)<<24 | i
-		st, body := h.request("POST", fmt.Sprintf("/v1/buffers/fs/extend?stream=w%d", w), "application/octet-stream", batchBody(first, batchRows))
+		first := loadgen.Token(int64(w), i)
+		st, body := h.request("POST", fmt.Sprintf("/v1/buffers/fs/extend?stream=w%d", w), "application/octet-stream", loadgen.Body(first, batchRows))
 		switch st {
 		case 200:
 		case -1, 503:
@@ -199,37 +136,20 @@ func (h *harness) writer(ctx context.Context, w int, rows *atomic.Int64) {
 	}
 }
 
-// checkRows checks rows of a safetensors answer: each row's fields must
-// derive from its action (its token), and, for rows of "fs", an
-// acknowledged seq must hold the token written there. It returns the
-// number of rows checked.
+// checkRows checks rows of a safetensors answer (loadgen.Check) and, for
+// rows of "fs", that an acknowledged seq holds the token written there.
+// It returns the number of rows checked.
 func (h *harness) checkRows(where string, body []byte, fsRows bool) int {
-	ts, _, err := codec.DecodeSafetensors(body)
+	rows, err := loadgen.Check(body)
 	if err != nil {
 		h.failf("%s: %v", where, err)
-		return 0
 	}
-	by := map[string]codec.Tensor{}
-	for _, t := range ts {
-		by[t.Name] = t
-	}
-	seq, act, obs := by["seq"], by["action"], by["observation"]
-	n := len(seq.Data) / 8
-	for j := range n {
-		s := int64(binary.LittleEndian.Uint64(seq.Data[8*j:]))
-		tok := int64(binary.LittleEndian.Uint64(act.Data[8*j:]))
-		want := obsOf(tok)
-		for k := range 4 {
-			if v := math.Float32frombits(binary.LittleEndian.Uint32(obs.Data[16*j+4*k:])); v != want[k] {
-				h.failf("%s: seq %d token %d: observation[%d] = %v, want %v (torn row)", where, s, tok, k, v, want[k])
-				return j
-			}
-		}
-		if v, ok := h.acked.Load(s); fsRows && ok && v.(int64) != tok {
-			h.failf("%s: seq %d holds token %d, acknowledged as %d", where, s, tok, v)
+	for _, r := range rows {
+		if v, ok := h.acked.Load(r.Seq); fsRows && ok && v.(int64) != r.Token {
+			h.failf("%s: seq %d holds token %d, acknowledged as %d", where, r.Seq, r.Token, v)
 		}
 	}
-	return n
+	return len(rows)
 }
 
 func (h *harness) sampler(ctx context.Context, prioritized bool, n *atomic.Int64) {
@@ -286,10 +206,10 @@ func (h *harness) churn(ctx context.Context, cycle int, ops *atomic.Int64) {
 			body                []byte
 			ok                  []int
 		}{
-			{"POST", "/v1/buffers/mem/extend?stream=" + stream, "application/octet-stream", batchBody(int64(7)<<24|int64(k*8), 8), []int{200}},
+			{"POST", "/v1/buffers/mem/extend?stream=" + stream, "application/octet-stream", loadgen.Body(loadgen.Token(7, int64(k*8)), 8), []int{200}},
 			{"DELETE", "/v1/buffers/mem/streams/" + stream, "", nil, []int{200}},
-			{"PUT", "/v1/buffers/" + name, "application/json", []byte(churnSpec), []int{201}},
-			{"POST", "/v1/buffers/" + name + "/extend", "application/octet-stream", batchBody(int64(8)<<24, 100), []int{200}},
+			{"PUT", "/v1/buffers/" + name, "application/json", churnSpec, []int{201}},
+			{"POST", "/v1/buffers/" + name + "/extend", "application/octet-stream", loadgen.Body(loadgen.Token(8, 0), 100), []int{200}},
 			{"POST", "/v1/buffers/" + name + "/sample", "application/json", []byte(`{"batch_size": 16}`), []int{200}},
 			{"DELETE", "/v1/buffers/" + name, "", nil, []int{204}},
 		}
@@ -330,49 +250,23 @@ func (h *harness) checkpoint(cycle int) (rows int64, ok bool) {
 // readBack reads every live row of "fs" and checks each acknowledged seq
 // in the window is there with its token. It returns rows checked and lost.
 func (h *harness) readBack() (checked, lost int64) {
-	st, body := h.request("GET", "/v1/buffers/fs", "", nil)
-	if st != 200 {
-		h.failf("info after restart: %d %s", st, body)
-		return 0, 0
-	}
-	var info struct {
-		WriteCount int64 `json:"write_count"`
-	}
-	json.Unmarshal(body, &info)
-	lo := max(0, info.WriteCount-capacity)
-	seen := map[int64]bool{}
-	for from := lo; ; {
-		st, body := h.request("GET", fmt.Sprintf("/v1/buffers/fs/rows?from_seq=%d&count=4096", from), "", nil)
-		if st != 200 {
-			h.failf("rows after restart: %d %s", st, body)
-			return checked, lost
-		}
-		ts, _, err := codec.DecodeSafetensors(body)
-		if err != nil {
-			h.failf("rows: %v", err)
-			return checked, lost
-		}
-		var seqs codec.Tensor
-		for _, t := range ts {
-			if t.Name == "seq" {
-				seqs = t
-			}
-		}
-		n := len(seqs.Data) / 8
-		if n == 0 {
-			break
-		}
-		checked += int64(h.checkRows("read back", body, true))
-		for j := range n {
-			seen[int64(binary.LittleEndian.Uint64(seqs.Data[8*j:]))] = true
-		}
-		from = int64(binary.LittleEndian.Uint64(seqs.Data[8*(n-1):])) + 1
+	lo, seen, err := loadgen.ReadWindow(func(path string) (int, []byte, error) {
+		st, body := h.request("GET", path, "", nil)
+		return st, body, nil
+	}, "fs", capacity)
+	if err != nil {
+		h.failf("read back after restart: %v", err)
 	}
 	for s := lo; s <= h.maxAck.Load(); s++ {
-		if _, ok := h.acked.Load(s); ok && !seen[s] {
+		v, ok := h.acked.Load(s)
+		if !ok {
+			continue
+		}
+		checked++
+		if got, present := seen[s]; !present || got != v.(int64) {
 			lost++
 			if lost <= 5 {
-				h.failf("acknowledged seq %d (fsync) is gone after kill -9 (window from %d, write count %d)", s, lo, info.WriteCount)
+				h.failf("acknowledged seq %d (token %d, fsync) read back as %d (present %v) after kill -9 (window from %d)", s, v, got, present, lo)
 			}
 		}
 	}
@@ -474,8 +368,11 @@ func (h *harness) cycle(c int, dur time.Duration) (cycleResult, error) {
 	h.srv = srv
 	r.RestartSecond = time.Since(t0).Seconds()
 	if c == 1 {
-		for _, b := range []struct{ name, spec string }{{"fs", fsSpec}, {"mem", memSpec}} {
-			if st, body := h.request("PUT", "/v1/buffers/"+b.name, "application/json", []byte(b.spec)); st != 201 {
+		for _, b := range []struct {
+			name string
+			spec []byte
+		}{{"fs", fsSpec}, {"mem", memSpec}} {
+			if st, body := h.request("PUT", "/v1/buffers/"+b.name, "application/json", b.spec); st != 201 {
 				srv.Kill()
 				return r, fmt.Errorf("create %s: %d %s", b.name, st, body)
 			}

@@ -232,6 +232,7 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
+	go srv.TuneMemoryLimit(runCtx)
 	var firstErr error
 	select {
 	case <-ctx.Done():
