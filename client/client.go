@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/rbdb/rbd/codec"
+	"github.com/rbdb/rbd/internal/tlsreload"
 )
 
 // Options configures a Client. The zero value (or nil) gives the defaults.
@@ -33,6 +34,11 @@ type Options struct {
 	// accepts. Zero means 1 GiB + 64 MiB, above the server's default
 	// --max-response.
 	MaxResponseBytes int64
+	// CAFile, for an https:// server, holds the PEM CA certificates to
+	// trust instead of the system's (a private CA). CertFile and KeyFile
+	// are a client certificate for servers that require one (mutual
+	// TLS). They apply to the client's own transport, not to HTTPClient.
+	CAFile, CertFile, KeyFile string
 }
 
 const (
@@ -91,7 +97,16 @@ func New(baseURL string, opts *Options) (*Client, error) {
 	if c.hc == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConnsPerHost = 64
+		if o.CAFile != "" || o.CertFile != "" || o.KeyFile != "" {
+			tc, err := tlsreload.ClientConfig(o.CAFile, o.CertFile, o.KeyFile)
+			if err != nil {
+				return nil, fmt.Errorf("new client: %w", err)
+			}
+			tr.TLSClientConfig = tc
+		}
 		c.hc = &http.Client{Transport: tr}
+	} else if o.CAFile != "" || o.CertFile != "" || o.KeyFile != "" {
+		return nil, errors.New("new client: CAFile, CertFile and KeyFile need the client's own transport (HTTPClient is set)")
 	}
 	if c.userAgent == "" {
 		c.userAgent = defaultUserAgent

@@ -1,12 +1,11 @@
 package server
 
 import (
-	"crypto/subtle"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/pprof"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,9 +19,13 @@ import (
 
 // Options configures a Server. The zero value gives the defaults.
 type Options struct {
-	// Token, when set, is required as "Authorization: Bearer <token>" on
-	// every endpoint but GET /v1/health.
+	// Token, when set, is an admin token: "Authorization: Bearer <token>"
+	// is then required on every endpoint but GET /v1/health.
 	Token string
+	// Tokens are bearer tokens with their roles (see ParseTokenFile and
+	// endpointRoles); Token is added to them as an admin token. With
+	// neither, no endpoint needs a token. SetTokens replaces them live.
+	Tokens *Tokens
 	// MaxBody caps request bodies (413 above it). Zero means 64 MiB.
 	MaxBody int64
 	// MaxResponse caps sample and rows answers (a 400 for requests that
@@ -127,6 +130,8 @@ type Server struct {
 	stopOnce sync.Once
 	// waiting counts sample requests that may wait for data.
 	waiting atomic.Int64
+	// tokens are the bearer tokens and their roles (SetTokens).
+	tokens atomic.Pointer[Tokens]
 	// bodies holds extend bodies (*[]byte) for reuse: a storage extend
 	// copies every byte it keeps, so a body is free once Extend returns.
 	bodies sync.Pool
@@ -138,6 +143,7 @@ func New(db *rbd.DB, opts *Options) *Server {
 	s := &Server{db: db, opts: o, log: o.Logger, mux: http.NewServeMux(), budget: newBudget(o.MaxMemory, o.BusyWait),
 		stopping: make(chan struct{})}
 	s.metrics = newMetrics(o.Registry, db, s.budget)
+	s.SetTokens(o.Tokens)
 	s.route("GET /v1/health", "health", s.health)
 	s.mux.Handle("GET /metrics", s.wrap("metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{Registry: o.Registry})))
 	s.route("GET /v1/buffers", "list", s.listBuffers)
@@ -220,6 +226,10 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // wrap adds, around every endpoint: the shutdown gate, authentication, the
 // body limit, panic containment, request logs and metrics.
 func (s *Server) wrap(name string, h http.Handler) http.Handler {
+	need, ok := endpointRoles[name]
+	if !ok {
+		panic(fmt.Sprintf("server: endpoint %q has no role in endpointRoles", name))
+	}
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		w := &statusWriter{ResponseWriter: rw, lease: lease{b: s.budget}}
@@ -245,9 +255,11 @@ func (s *Server) wrap(name string, h http.Handler) http.Handler {
 			writeError(w, &apiError{status: http.StatusServiceUnavailable, code: "shutting_down", msg: "server is shutting down"})
 			return
 		}
-		if s.opts.Token != "" && name != "health" && !s.authorized(r) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="rbd"`)
-			writeError(w, &apiError{status: http.StatusUnauthorized, msg: "missing or wrong bearer token (Authorization: Bearer <token>)"})
+		if err := s.authorize(r, need); err != nil {
+			if ae, ok := err.(*apiError); ok && ae.status == http.StatusUnauthorized {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="rbd"`)
+			}
+			writeError(w, err)
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxBody)
@@ -259,11 +271,6 @@ func (h handlerFunc) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := h(w, r); err != nil {
 		writeError(w, err)
 	}
-}
-
-func (s *Server) authorized(r *http.Request) bool {
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(s.opts.Token)) == 1
 }
 
 // healthAnswer is GET /v1/health: "ok" while the server answers, with the

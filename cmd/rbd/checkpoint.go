@@ -22,6 +22,7 @@ type checkpointOptions struct {
 	token   string
 	data    string
 	jsonOut bool
+	tls     tlsClientFlags
 }
 
 func newCheckpointCommand() *cobra.Command {
@@ -52,6 +53,7 @@ counted. A copy cut short (a crash, a kill) is refused when opened.`,
 	f := cmd.Flags()
 	f.StringVar(&o.url, "url", "", "the rbd server to ask (e.g. http://127.0.0.1:7450)")
 	f.StringVar(&o.token, "token", "", "bearer token for --url (default $RBD_TOKEN)")
+	o.tls.addFlags(f)
 	f.StringVar(&o.data, "data", "", "copy from this data dir (no server may have it open)")
 	f.BoolVar(&o.jsonOut, "json", false, "print the result as JSON")
 	return cmd
@@ -74,7 +76,7 @@ func runCheckpoint(ctx context.Context, stdout, stderr io.Writer, buffer, dest s
 	}
 	var res client.CheckpointResult
 	if o.url != "" {
-		c, err := client.New(o.url, &client.Options{Token: o.token})
+		c, err := o.tls.newClient(o.url, o.token)
 		if err != nil {
 			return err
 		}

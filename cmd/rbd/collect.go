@@ -34,6 +34,7 @@ type collectOptions struct {
 	url              string
 	buffer           string
 	token            string
+	tlsClient        tlsClientFlags
 	capacity         int64
 	storage          string
 	frameDedup       bool
@@ -68,6 +69,7 @@ func (o *collectOptions) AddFlags(f *pflag.FlagSet) {
 	f.StringVar(&o.url, "url", "", "write to the rbd server at URL (e.g. http://127.0.0.1:7450)")
 	f.StringVar(&o.buffer, "buffer", "", "buffer name (default: the env's name); created with the env's spec if missing")
 	f.StringVar(&o.token, "token", "", "bearer token for --url (default $RBD_TOKEN)")
+	o.tlsClient.addFlags(f)
 	f.Int64Var(&o.capacity, "capacity", 100_000, "capacity in rows of a buffer this command creates")
 	f.StringVar(&o.storage, "storage", "memmap", "storage kind of a buffer this command creates: memmap, memory or compressed")
 	f.BoolVar(&o.frameDedup, "frame-dedup", false, "compressed storage: store each stacked frame once (catch with --frame-stack > 1)")
@@ -217,7 +219,7 @@ func runCollect(ctx context.Context, stdout, stderr io.Writer, o *collectOptions
 		}
 		w = collector.BufferWriter{Buffer: buf.Buffer}
 	} else {
-		c, err := client.New(o.url, &client.Options{Token: o.token})
+		c, err := o.tlsClient.newClient(o.url, o.token)
 		if err != nil {
 			return err
 		}

@@ -41,6 +41,10 @@ type serveOptions struct {
 	streamIdle  time.Duration
 	cpRoot      string
 	pprof       bool
+	tokenFile   string
+	tlsCert     string
+	tlsKey      string
+	tlsClientCA string
 	// shutdownTimeout bounds the drain of requests in flight at shutdown.
 	shutdownTimeout time.Duration
 }
@@ -84,6 +88,10 @@ PUT /v1/collectors/demo/weights (safetensors w float32 [4,2], b float32 [2]).`,
 	f.IntVar(&o.maxWaiting, "max-waiting", 4096, "sample requests that may wait for data at once (503 busy past it)")
 	f.DurationVar(&o.streamIdle, "stream-idle-timeout", time.Hour, "close a stream (its open trajectories end as truncated) after this long without an extend; 0 never")
 	f.StringVar(&o.cpRoot, "checkpoint-root", "./rbd-checkpoints", "where POST .../checkpoint writes hot checkpoints (the request names a dir under it); empty turns them off")
+	f.StringVar(&o.tokenFile, "token-file", "", "bearer tokens with roles, one \"ROLE TOKEN\" per line (read, write, admin); reloaded on SIGHUP and when it changes")
+	f.StringVar(&o.tlsCert, "tls-cert", "", "serve HTTPS with this PEM certificate (chain); reloaded on SIGHUP and when it changes")
+	f.StringVar(&o.tlsKey, "tls-key", "", "the PEM private key of --tls-cert")
+	f.StringVar(&o.tlsClientCA, "tls-client-ca", "", "require client certificates signed by these PEM CAs (mutual TLS)")
 	f.BoolVar(&o.pprof, "pprof", false, "serve Go's profiles under /debug/pprof/ (behind the token)")
 	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM or SIGINT, how long requests in flight may take to finish before their connections are cut")
 	f.StringVar(&o.addrFile, "addr-file", "", "write the listening address (host:port) to this file once serving (useful with --addr 127.0.0.1:0)")
@@ -134,13 +142,24 @@ var errBadWeights = fmt.Errorf("bad weights: %w", storage.ErrInvalidBatch)
 // is closed. A second signal cuts at once. The exit code is 0 unless the
 // store failed to close cleanly.
 func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func(addr string)) error {
-	if !isLoopback(o.addr) && o.token == "" && !o.insecure {
-		return fmt.Errorf("refusing to listen on non-loopback %s without a token: set --token or RBD_TOKEN (or --insecure)", o.addr)
+	if !isLoopback(o.addr) && o.token == "" && o.tokenFile == "" && !o.insecure {
+		return fmt.Errorf("refusing to listen on non-loopback %s without a token: set --token, RBD_TOKEN or --token-file (or --insecure)", o.addr)
 	}
 	if o.maxMemory < 0 {
 		return fmt.Errorf("--max-memory %d: must not be negative (0 means the default)", o.maxMemory)
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, nil))
+	sec, tokens, err := loadSecrets(o, log)
+	if err != nil {
+		return err
+	}
+	defer signal.Stop(sec.hup)
+	scheme := "http"
+	if sec.tls != nil {
+		scheme = "https"
+	} else if !isLoopback(o.addr) && (o.token != "" || o.tokenFile != "") {
+		log.Warn("tokens travel in clear text: anyone who can read this network sees them; serve with --tls-cert and --tls-key", "addr", o.addr)
+	}
 	// The address first: a port that is taken must fail before the data
 	// dir is touched (or a demo buffer created in it).
 	ln, err := net.Listen("tcp", o.addr)
@@ -168,7 +187,7 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 	if err != nil {
 		return err
 	}
-	opts := &server.Options{Token: o.token, MaxBody: o.maxBody, MaxResponse: o.maxResponse, MaxMemory: maxMemory,
+	opts := &server.Options{Token: o.token, Tokens: tokens, MaxBody: o.maxBody, MaxResponse: o.maxResponse, MaxMemory: maxMemory,
 		MaxWaiting: o.maxWaiting, CheckpointRoot: o.cpRoot, Pprof: o.pprof, Logger: log}
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
@@ -205,6 +224,7 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 		return <-collectorDone
 	}
 	srv := server.New(db, opts)
+	sec.srv = srv
 	hs := &http.Server{
 		Handler:           srv.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -215,7 +235,10 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 		// the same JSON log as everything else.
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	log.Info("serving", "addr", "http://"+ln.Addr().String(), "data", o.data, "demo", o.demo, "auth", o.token != "",
+	if sec.tls != nil {
+		hs.TLSConfig = sec.tls.Config()
+	}
+	log.Info("serving", "addr", scheme+"://"+ln.Addr().String(), "data", o.data, "demo", o.demo, "auth", o.token != "" || tokens.Len() > 0,
 		"max_memory", maxMemory, "max_body", o.maxBody, "open_file_limit", fdLimit)
 	if ready != nil {
 		ready(ln.Addr().String())
@@ -231,8 +254,15 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 		}
 	}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- hs.Serve(ln) }()
+	go func() {
+		if sec.tls != nil {
+			serveErr <- hs.ServeTLS(ln, "", "")
+		} else {
+			serveErr <- hs.Serve(ln)
+		}
+	}()
 	go srv.TuneMemoryLimit(runCtx)
+	go sec.watch(runCtx)
 	var firstErr error
 	select {
 	case <-ctx.Done():

@@ -39,6 +39,30 @@ func BuildRbd(dir string) (string, error) {
 	return bin, nil
 }
 
+// RunWithRbd is a TestMain body for tests of the real binary: it sets *bin
+// to the binary named by the environment variable override (when set: to
+// run the tests against another build, e.g. an older one, to see them fail
+// on the regressions they catch) or to a fresh build, runs the tests and
+// exits with their code (2 if the build failed).
+func RunWithRbd(m *testing.M, override string, bin *string) {
+	dir, err := os.MkdirTemp("", "rbd-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	if *bin = os.Getenv(override); *bin == "" {
+		*bin, err = BuildRbd(dir)
+	}
+	code := 2
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	} else {
+		code = m.Run()
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
 // ProcStatus returns a field of /proc/PID/status in bytes (e.g. "RssAnon",
 // "RssFile", "VmHWM").
 func ProcStatus(pid int, key string) (int64, error) {

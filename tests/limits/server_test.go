@@ -21,26 +21,7 @@ import (
 
 var rbdBin string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "rbd-limits-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	// RBD_LIMITS_BIN runs the tests against another build (an older one,
-	// to see them fail on the regressions they catch).
-	if rbdBin = os.Getenv("RBD_LIMITS_BIN"); rbdBin == "" {
-		rbdBin, err = testbin.BuildRbd(dir)
-	}
-	code := 2
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-	} else {
-		code = m.Run()
-	}
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testbin.RunWithRbd(m, "RBD_LIMITS_BIN", &rbdBin) }
 
 // server is a real `rbd serve` process.
 type server struct {

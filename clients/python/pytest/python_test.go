@@ -7,8 +7,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rbdb/rbd/internal/testbin"
 )
 
 // systemPython is Debian's python3: a pyenv python3 earlier on PATH has no
@@ -148,4 +151,76 @@ assert rbd_client.__file__.startswith(sys.prefix), rbd_client.__file__
 print("installed:", rbd_client.__file__, rbd_client.__version__)`)
 	run(t, tests, env, 2*time.Minute, py, "-m", "unittest", "-v", "test_safetensors",
 		"test_client.ClientTest.test_extend_and_rows_round_trip", "test_client.PrefetchTest.test_yields_batches_then_stops")
+}
+
+// TestPythonClientTLS runs the Python client against an https:// server
+// with a CA, a role token file and then mutual TLS: it works with the CA
+// (and the client certificate), and fails the handshake without them.
+func TestPythonClientTLS(t *testing.T) {
+	t.Parallel()
+	needNumpy(t)
+	watchInputs(t)
+	bin := buildRbd(t)
+	dir := t.TempDir()
+	ca, err := testbin.NewCA("python test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvCert, srvKey, _, err := ca.Issue("rbd", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cliCert, cliKey, _, err := ca.Issue("learner", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := testbin.WriteFiles(dir, map[string][]byte{"ca.crt": ca.CertPEM, "tls.crt": srvCert, "tls.key": srvKey,
+		"client.crt": cliCert, "client.key": cliKey, "tokens": []byte("write py-write-token-0123\nadmin py-admin-token-0123\n")}); err != nil {
+		t.Fatal(err)
+	}
+	f := func(n string) string { return filepath.Join(dir, n) }
+	script := `
+import sys, ssl
+import numpy as np
+import rbd_client
+url, ca, cert, key, mtls = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "1"
+kw = {"cert": cert, "key": key} if mtls else {}
+c = rbd_client.Client(url, token="py-admin-token-0123", ca=ca, **kw)
+c.create_buffer("b", {"capacity": 100, "storage": "memory", "fields": {
+    "observation": {"dtype": "float32", "shape": [2]}, "next.done": {"dtype": "bool", "shape": []}}})
+w = rbd_client.Client(url, token="py-write-token-0123", ca=ca, **kw)
+w.extend("b", {"observation": np.ones((4, 2), np.float32), "next.done": np.array([0, 0, 0, 1], bool)}, stream="s")
+b = w.sample("b", batch_size=4)
+assert b["observation"].shape == (4, 2), b["observation"].shape
+try:
+    w.delete_buffer("b")
+    raise SystemExit("a write token deleted a buffer")
+except rbd_client.RbdError as e:
+    assert e.status == 403, e
+for bad in ([{}] if not mtls else [{}, {"ca": ca}]):
+    try:
+        rbd_client.Client(url, token="py-write-token-0123", **bad).buffers()
+        raise SystemExit("an untrusted or certificate-less client got in: %r" % (bad,))
+    except (ssl.SSLError, rbd_client.ConnectionFailed, OSError):
+        pass
+print("tls ok", "mtls" if mtls else "")
+`
+	for _, mtls := range []bool{false, true} {
+		args := []string{"--tls-cert", f("tls.crt"), "--tls-key", f("tls.key"), "--token-file", f("tokens")}
+		if mtls {
+			args = append(args, "--tls-client-ca", f("ca.crt"))
+		}
+		srv, err := testbin.StartServer(bin, filepath.Join(t.TempDir(), "d"), time.Minute, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		url := "https://" + strings.TrimPrefix(srv.URL, "http://")
+		flag := "0"
+		if mtls {
+			flag = "1"
+		}
+		env := pythonEnv(t, bin, "PYTHONPATH="+filepath.Join(root, "clients", "python"))
+		run(t, root, env, time.Minute, systemPython, "-c", script, url, f("ca.crt"), f("client.crt"), f("client.key"), flag)
+		srv.Stop(syscall.SIGTERM, time.Minute)
+	}
 }

@@ -3,6 +3,7 @@
 import http.client
 import json
 import queue
+import ssl
 import threading
 import time
 import urllib.parse
@@ -73,18 +74,35 @@ class Client:
     shared by an actor loop and a prefetch thread. ``token`` is sent as
     ``Authorization: Bearer <token>``. ``timeout`` (seconds) bounds each
     socket operation; a sample with ``timeout_ms`` gets that much more.
+    For an ``https://`` URL the server's certificate is verified against
+    ``ca`` (a PEM file of CA certificates; default: the system's), and
+    ``cert``/``key`` (PEM files) are presented to servers that require a
+    client certificate (mutual TLS).
 
     Every non-2xx answer raises :class:`RbdError` (a subclass per status:
     BadRequest, NotFound, NotReady, ...) carrying ``status``, ``code`` and
     the server's ``message``.
     """
 
-    def __init__(self, url="http://127.0.0.1:7450", token=None, timeout=60.0):
+    def __init__(self, url="http://127.0.0.1:7450", token=None, timeout=60.0, ca=None, cert=None, key=None):
         u = urllib.parse.urlsplit(url if "://" in url else "http://" + url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError("url %r: want http://host:port" % url)
         if token is not None and ("\r" in token or "\n" in token):
             raise ValueError("token must not contain line breaks")
+        if (ca or cert or key) and u.scheme != "https":
+            raise ValueError("ca, cert and key apply to https:// URLs")
+        if (cert is None) != (key is None):
+            raise ValueError("a client certificate needs both cert and key")
+        self._tls = None
+        if u.scheme == "https":
+            # Server certificates are verified (against ca, a PEM file, or
+            # the system's CAs); cert and key are a client certificate for
+            # servers that require one (mutual TLS).
+            self._tls = ssl.create_default_context(cafile=ca)
+            self._tls.minimum_version = ssl.TLSVersion.TLSv1_2
+            if cert:
+                self._tls.load_cert_chain(cert, key)
         self.url = "%s://%s%s" % (u.scheme, u.netloc, u.path.rstrip("/"))
         self._https = u.scheme == "https"
         self._host = u.hostname
@@ -103,8 +121,10 @@ class Client:
     def _connection(self):
         c = getattr(self._local, "conn", None)
         if c is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            c = cls(self._host, self._port, timeout=self.timeout)
+            if self._https:
+                c = http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout, context=self._tls)
+            else:
+                c = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
             c._rbd_used = False
             self._local.conn = c
             with self._lock:
@@ -251,7 +271,7 @@ class Client:
     # -- buffers ------------------------------------------------------------
 
     def health(self):
-        """``{"status": "ok"}`` when the server is up."""
+        """``{"status": "ok", "memory": {...}}`` when the server is up (memory: the budgets in use)."""
         return self._json("GET", self._path("v1", "health"))
 
     def buffers(self):

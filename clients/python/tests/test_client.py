@@ -88,7 +88,11 @@ class ServerTest(unittest.TestCase):
 
 class ClientTest(ServerTest):
     def test_health_and_list(self):
-        self.assertEqual(self.c.health(), {"status": "ok"})
+        health = self.c.health()
+        self.assertEqual(health["status"], "ok")
+        # The memory section is what an operator watches under --max-memory.
+        for key in ("budget_bytes", "in_flight_bytes", "buffers_bytes", "buffers_limit_bytes", "refused_total"):
+            self.assertIsInstance(health["memory"][key], int, key)
         name = self.buffer()
         self.assertIn(name, [b["name"] for b in self.c.buffers()])
         self.assertIn("rbd_http_requests_total", self.c.metrics())
@@ -499,7 +503,7 @@ class TokenTest(ServerTest):
 
     def test_token(self):
         with Client(self.server.url) as anon, Client(self.server.url, token="wrong") as wrong:
-            self.assertEqual(anon.health(), {"status": "ok"})  # health needs no token
+            self.assertEqual(anon.health()["status"], "ok")  # health needs no token
             with self.assertRaises(Unauthorized) as cm:
                 anon.buffers()
             self.assertEqual(cm.exception.status, 401)
