@@ -27,7 +27,7 @@ var ErrContention = errors.New("rbd: sampled rows were overwritten while being c
 // ErrStopped is returned by a sample that was waiting for data when its
 // caller's Stop channel closed (the server shutting down: HTTP 503,
 // "shutting_down").
-var ErrStopped = errors.New("rbd: stopped while waiting for data")
+var ErrStopped = storage.ErrStopped
 
 // Tensor is one named array of a batch, little-endian, C order.
 type Tensor struct {
@@ -99,9 +99,11 @@ type drawn struct {
 
 // Sample draws a batch. It validates the request against the buffer
 // (ErrBadRequest, naming the field), waits up to the request's timeout for
-// data that can satisfy it (ErrNotReady after that), gathers the rows
+// the buffer's rate limiter to admit it (ratelimit.ErrRateLimited after
+// that) and for data that can satisfy it (ErrNotReady), gathers the rows
 // without holding locks and derives next observations and n-step returns.
-func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOptions) (*Batch, error) {
+// A sample that fails counts nothing against the rate limit.
+func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOptions) (_ *Batch, retErr error) {
 	var o SampleOptions
 	if opts != nil {
 		o = *opts
@@ -121,6 +123,17 @@ func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOpt
 		timeout = min(timeout, o.MaxTimeout)
 	}
 	deadline := time.Now().Add(timeout)
+	// The limiter counts the rows asked for (padding included); a short
+	// last batch of an epoch gives the rest back.
+	grant, err := b.AcquireSamples(ctx, int64(p.rows), deadline, o.Stop)
+	if err != nil {
+		return nil, fmt.Errorf("sample %q: %w", b.Name(), err)
+	}
+	defer func() {
+		if retErr != nil {
+			grant.Refund(grant.Rows())
+		}
+	}()
 	for attempt := 0; ; attempt++ {
 		changed := b.Changed()
 		var d *drawn
@@ -167,6 +180,7 @@ func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOpt
 			return nil, fmt.Errorf("sample %q: %w", b.Name(), err)
 		}
 		if ok {
+			grant.Refund(int64(p.rows - len(d.sel.Seqs)))
 			return batch, nil
 		}
 		if attempt >= 4 {

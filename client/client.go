@@ -16,6 +16,7 @@ import (
 
 	"github.com/rbdb/rbd/codec"
 	"github.com/rbdb/rbd/internal/tlsreload"
+	"github.com/rbdb/rbd/ratelimit"
 )
 
 // Options configures a Client. The zero value (or nil) gives the defaults.
@@ -39,6 +40,11 @@ type Options struct {
 	// are a client certificate for servers that require one (mutual
 	// TLS). They apply to the client's own transport, not to HTTPClient.
 	CAFile, CertFile, KeyFile string
+	// RetryRateLimited, when positive, makes Extend and Sample try again
+	// after a "rate_limited" answer, sleeping the server's Retry-After
+	// between tries, for up to this long per call (the context's deadline
+	// still applies). Zero returns the first ErrRateLimited.
+	RetryRateLimited time.Duration
 }
 
 const (
@@ -60,6 +66,8 @@ type Client struct {
 	token       string
 	userAgent   string
 	maxResponse int64
+	// retryRateLimited is Options.RetryRateLimited.
+	retryRateLimited time.Duration
 }
 
 // New returns a client for the server at baseURL, e.g.
@@ -85,6 +93,9 @@ func New(baseURL string, opts *Options) (*Client, error) {
 	if strings.ContainsAny(o.Token, "\r\n") {
 		errs = append(errs, errors.New("token: must not contain line breaks"))
 	}
+	if o.RetryRateLimited < 0 {
+		errs = append(errs, fmt.Errorf("retry rate limited: %v is negative", o.RetryRateLimited))
+	}
 	if o.MaxResponseBytes < 0 {
 		errs = append(errs, fmt.Errorf("max response bytes: %d is negative", o.MaxResponseBytes))
 	}
@@ -93,7 +104,7 @@ func New(baseURL string, opts *Options) (*Client, error) {
 	}
 	u.Path = strings.TrimRight(u.Path, "/")
 	u.RawPath = ""
-	c := &Client{base: u, hc: o.HTTPClient, token: o.Token, userAgent: o.UserAgent, maxResponse: o.MaxResponseBytes}
+	c := &Client{base: u, hc: o.HTTPClient, token: o.Token, userAgent: o.UserAgent, maxResponse: o.MaxResponseBytes, retryRateLimited: o.RetryRateLimited}
 	if c.hc == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConnsPerHost = 64
@@ -219,17 +230,46 @@ func (c *Client) send(ctx context.Context, method, escapedPath string, query url
 	return nil, apiErrorOf(resp)
 }
 
+// sendRetrying is send, tried again after "rate_limited" answers for up to
+// Options.RetryRateLimited, sleeping Retry-After (capped by what is left)
+// between tries.
+func (c *Client) sendRetrying(ctx context.Context, method, escapedPath string, query url.Values, b *body, accept string) (*http.Response, error) {
+	if c.retryRateLimited <= 0 {
+		return c.send(ctx, method, escapedPath, query, b, accept)
+	}
+	deadline := time.Now().Add(c.retryRateLimited)
+	for {
+		resp, err := c.send(ctx, method, escapedPath, query, b, accept)
+		if !errors.Is(err, ErrRateLimited) {
+			return resp, err
+		}
+		wait, _ := RetryAfter(err)
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, err
+		}
+		t := time.NewTimer(min(wait, left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+	}
+}
+
 // apiErrorOf reads a non-2xx answer into an *APIError and closes it.
 func apiErrorOf(resp *http.Response) error {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 	discard(resp)
 	e := &APIError{Status: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
 	var eb struct {
-		Error string `json:"error"`
-		Code  string `json:"code"`
+		Error     string           `json:"error"`
+		Code      string           `json:"code"`
+		RateLimit *ratelimit.State `json:"rate_limit"`
 	}
 	if json.Unmarshal(raw, &eb) == nil && eb.Error != "" {
-		e.Message, e.Code = eb.Error, eb.Code
+		e.Message, e.Code, e.RateLimit = eb.Error, eb.Code, eb.RateLimit
 	} else {
 		e.Message = strings.TrimSpace(string(raw))
 		if e.Message == "" {
@@ -414,6 +454,33 @@ func (c *Client) DeleteBuffer(ctx context.Context, name string) error {
 	return nil
 }
 
+// SetRateLimit replaces a buffer's rate limit (PUT
+// /v1/buffers/{name}/rate_limit; nil removes it) and returns the limiter's
+// state after the change, nil once removed. The change is durable and
+// judges waiting requests again; the counters restart from the buffer's
+// size (docs/flow-control.md).
+func (c *Client) SetRateLimit(ctx context.Context, name string, limit *RateLimit) (*ratelimit.State, error) {
+	path, err := bufferPath(name, "/rate_limit")
+	if err != nil {
+		return nil, fmt.Errorf("set rate limit: %w", err)
+	}
+	b, err := jsonBody(limit)
+	if err != nil {
+		return nil, fmt.Errorf("set rate limit %s: %w", name, err)
+	}
+	resp, err := c.send(ctx, http.MethodPut, path, nil, b, "application/json")
+	if err != nil {
+		return nil, fmt.Errorf("set rate limit %s: %w", name, err)
+	}
+	var ans struct {
+		RateLimit *ratelimit.State `json:"rate_limit"`
+	}
+	if err := readJSON(resp, &ans); err != nil {
+		return nil, fmt.Errorf("set rate limit %s: %w", name, err)
+	}
+	return ans.RateLimit, nil
+}
+
 // Extend appends rows to a buffer (POST /v1/buffers/{name}/extend), sent as
 // safetensors: every field of the spec as [N, shape...], optionally a
 // tensor named "env" (int32 or int64 [N]) giving each row's env, and for
@@ -421,6 +488,22 @@ func (c *Client) DeleteBuffer(ctx context.Context, name string) error {
 // names the writer whose open trajectories continue across requests; ""
 // makes the request its own stream.
 func (c *Client) Extend(ctx context.Context, name, stream string, tensors []codec.Tensor) (ExtendResult, error) {
+	return c.ExtendWithOptions(ctx, name, stream, tensors, nil)
+}
+
+// ExtendOptions are the optional settings of ExtendWithOptions. The zero
+// value is Extend's behaviour.
+type ExtendOptions struct {
+	// TimeoutMS is how long the server may hold the request waiting for the
+	// buffer's rate limiter (0: answer at once); the server caps it at its
+	// --max-wait.
+	TimeoutMS int64
+}
+
+// ExtendWithOptions is Extend with options: a wait for the buffer's rate
+// limiter. An extend the limiter does not admit in time is ErrRateLimited
+// (retried per Options.RetryRateLimited) and writes nothing.
+func (c *Client) ExtendWithOptions(ctx context.Context, name, stream string, tensors []codec.Tensor, opts *ExtendOptions) (ExtendResult, error) {
 	path, err := bufferPath(name, "/extend")
 	if err != nil {
 		return ExtendResult{}, fmt.Errorf("extend: %w", err)
@@ -433,7 +516,13 @@ func (c *Client) Extend(ctx context.Context, name, stream string, tensors []code
 	if stream != "" {
 		q = url.Values{"stream": {stream}}
 	}
-	resp, err := c.send(ctx, http.MethodPost, path, q, b, "application/json")
+	if opts != nil && opts.TimeoutMS != 0 {
+		if q == nil {
+			q = url.Values{}
+		}
+		q.Set("timeout_ms", strconv.FormatInt(opts.TimeoutMS, 10))
+	}
+	resp, err := c.sendRetrying(ctx, http.MethodPost, path, q, b, "application/json")
 	if err != nil {
 		return ExtendResult{}, fmt.Errorf("extend %s: %w", name, err)
 	}
@@ -460,7 +549,7 @@ func (c *Client) Sample(ctx context.Context, name string, req *SampleRequest) (*
 	if err != nil {
 		return nil, fmt.Errorf("sample %s: %w", name, err)
 	}
-	resp, err := c.send(ctx, http.MethodPost, path, nil, b, acceptTensors)
+	resp, err := c.sendRetrying(ctx, http.MethodPost, path, nil, b, acceptTensors)
 	if err != nil {
 		return nil, fmt.Errorf("sample %s: %w", name, err)
 	}

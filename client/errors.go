@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/rbdb/rbd/ratelimit"
 )
 
 // These errors classify an *APIError by its status (and code). Match them
@@ -36,6 +38,11 @@ var (
 	// chose kept being overwritten while they were copied (a ring small
 	// for its write rate); retrying usually succeeds.
 	ErrContention = errors.New("client: sampled rows were overwritten while copied")
+	// ErrRateLimited matches a 503 with code "rate_limited": the buffer's
+	// rate limiter did not admit the request within its timeout_ms
+	// (APIError.RateLimit says why). It is ratelimit.ErrRateLimited, so
+	// code that writes both in process and over HTTP checks one error.
+	ErrRateLimited = ratelimit.ErrRateLimited
 )
 
 // APIError is an answer with a status outside 2xx.
@@ -52,6 +59,8 @@ type APIError struct {
 	// RetryAfter is the server's Retry-After hint (whole seconds or an
 	// HTTP date), zero if it sent none.
 	RetryAfter time.Duration
+	// RateLimit is the rate limiter's state of a "rate_limited" answer.
+	RateLimit *ratelimit.State
 }
 
 // Error returns "rbd server: <status> [(<code>)]: <message>".
@@ -81,6 +90,8 @@ func (e *APIError) Is(target error) bool {
 		return e.Status == http.StatusServiceUnavailable && e.Code == "shutting_down"
 	case ErrContention:
 		return e.Status == http.StatusServiceUnavailable && e.Code == "contention"
+	case ErrRateLimited:
+		return e.Status == http.StatusServiceUnavailable && e.Code == "rate_limited"
 	}
 	return false
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+
+	"github.com/rbdb/rbd/ratelimit"
 )
 
 // Info is a buffer's state as the server reports it (GET
@@ -35,6 +37,8 @@ type Info struct {
 	DiskBytes int64 `json:"disk_bytes"`
 	// ChunkCache counts decoded-chunk cache lookups of compressed buffers.
 	ChunkCache *CacheStats `json:"chunk_cache,omitempty"`
+	// RateLimit is the rate limiter's live state (nil without one).
+	RateLimit *ratelimit.State `json:"rate_limit,omitempty"`
 }
 
 // CacheStats counts lookups in a compressed buffer's decoded-chunk cache.
@@ -144,6 +148,18 @@ type Spec struct {
 	Durability string
 	// Compression configures compressed buffers; nil means zstd level 1.
 	Compression *Compression
+	// RateLimit is the buffer's flow control between actors and learners;
+	// nil means none (docs/flow-control.md).
+	RateLimit *RateLimit
+}
+
+// RateLimit keeps about SamplesPerInsert sampled rows per inserted row,
+// within ErrorBuffer either way, once the buffer holds MinSize rows. Zero
+// values are left out: no ratio (only MinSize holds), min_size 1.
+type RateLimit struct {
+	SamplesPerInsert float64 `json:"samples_per_insert,omitempty"`
+	MinSize          int64   `json:"min_size,omitempty"`
+	ErrorBuffer      float64 `json:"error_buffer,omitempty"`
 }
 
 // Field is one column of a Spec.
@@ -255,6 +271,7 @@ func (s Spec) MarshalJSON() ([]byte, error) {
 		{"priority", s.Priority != nil, s.Priority},
 		{"durability", s.Durability != "", s.Durability},
 		{"compression", s.Compression != nil, s.Compression},
+		{"rate_limit", s.RateLimit != nil, s.RateLimit},
 	}
 	for _, o := range opt {
 		if o.set {
@@ -282,12 +299,13 @@ func (s *Spec) UnmarshalJSON(data []byte) error {
 		Priority    *Priority       `json:"priority"`
 		Durability  string          `json:"durability"`
 		Compression *Compression    `json:"compression"`
+		RateLimit   *RateLimit      `json:"rate_limit"`
 	}
 	if err := json.Unmarshal(data, &aux); err != nil {
 		return fmt.Errorf("spec: %w", err)
 	}
 	out := Spec{Capacity: aux.Capacity, Storage: aux.Storage, CompactObs: aux.CompactObs, ObsKeys: aux.ObsKeys,
-		Priority: aux.Priority, Durability: aux.Durability, Compression: aux.Compression}
+		Priority: aux.Priority, Durability: aux.Durability, Compression: aux.Compression, RateLimit: aux.RateLimit}
 	if len(aux.Fields) > 0 && string(aux.Fields) != "null" {
 		dec := json.NewDecoder(bytes.NewReader(aux.Fields))
 		if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rbdb/rbd/collector/envs"
+	"github.com/rbdb/rbd/ratelimit"
 	"github.com/rbdb/rbd/storage"
 )
 
@@ -73,6 +74,10 @@ type Config struct {
 	// AfterBatch, if set, runs after each batch is written. An error
 	// stops the run with it.
 	AfterBatch func(b *BatchInfo) error
+	// OnRateLimited, if set, runs each time the buffer's rate limiter
+	// holds a write back (about once per writer wait, a second by
+	// default): the run is waiting for learners. It must not block.
+	OnRateLimited func(st Stats)
 }
 
 // BatchInfo is what AfterBatch sees.
@@ -106,6 +111,15 @@ type Stats struct {
 	// Elapsed is the run's wall time; CollectTime the part spent
 	// stepping envs and policy, WriteTime the part spent in the writer.
 	Elapsed, CollectTime, WriteTime time.Duration
+	// RateLimitWait is the part of WriteTime the buffer's rate limiter
+	// held writes back (waiting for learners); RateLimited tells whether
+	// the batch being written now is held back.
+	RateLimitWait time.Duration
+	RateLimited   bool
+	// HeldBack is the number of frames of the last batch that were not
+	// written because the run was stopped while the rate limiter held
+	// them back.
+	HeldBack int64
 }
 
 // FramesPerSecond is Frames over Elapsed.
@@ -261,6 +275,12 @@ func (r *runner) run(ctx context.Context) (st Stats, err error) {
 		t1 := time.Now()
 		res, err := r.write(ctx)
 		r.stats.WriteTime += time.Since(t1)
+		if errors.Is(err, errHeldBack) {
+			// Stopped while waiting for learners: the batch is not
+			// written, and its trajectories are closed (truncated) below.
+			r.stats.HeldBack = int64(r.st.batch.Rows)
+			return r.stats, nil
+		}
 		if err != nil {
 			return r.stats, fmt.Errorf("collector: write batch %d: %w", r.stats.Batches, err)
 		}
@@ -362,9 +382,42 @@ func (r *runner) collect(ctx context.Context, last bool) (cut bool, err error) {
 	return cut, nil
 }
 
-// write sends the staged batch. Once ctx ends the write may go on for
-// StopGrace, so the batch under way is written rather than lost.
+// errHeldBack ends a run stopped while the rate limiter held its batch.
+var errHeldBack = errors.New("collector: stopped while the rate limiter held the batch back")
+
+// write sends the staged batch, again and again while the buffer's rate
+// limiter holds it back (each writer call waits a while on its own). Once
+// ctx ends the write may go on for StopGrace, so the batch under way is
+// written rather than lost; but a batch the limiter holds back when ctx
+// ends is given up (errHeldBack), since learners may never come.
 func (r *runner) write(ctx context.Context) (storage.ExtendResult, error) {
+	for {
+		t := time.Now()
+		res, err := r.writeOnce(ctx)
+		if !errors.Is(err, ratelimit.ErrRateLimited) {
+			r.stats.RateLimited = false
+			return res, err
+		}
+		r.stats.RateLimitWait += time.Since(t)
+		r.stats.RateLimited = true
+		if r.cfg.OnRateLimited != nil {
+			r.stats.Elapsed = time.Since(r.start)
+			r.cfg.OnRateLimited(r.stats)
+		}
+		if ctx.Err() != nil {
+			return res, errHeldBack
+		}
+		// A writer that answers at once must not make this a busy loop.
+		if wait := time.Since(t); wait < 10*time.Millisecond {
+			select {
+			case <-ctx.Done():
+			case <-time.After(10*time.Millisecond - wait):
+			}
+		}
+	}
+}
+
+func (r *runner) writeOnce(ctx context.Context) (storage.ExtendResult, error) {
 	wctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(nil)
 	stop := context.AfterFunc(ctx, func() {

@@ -1,11 +1,13 @@
 package collector
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/rbdb/rbd/client"
 	"github.com/rbdb/rbd/codec"
@@ -22,13 +24,21 @@ type Writer interface {
 }
 
 // BufferWriter writes into an in-process storage.Buffer (an *rbd.Buffer's
-// embedded Buffer). The context is not consulted: an in-process extend
-// does not block.
-type BufferWriter struct{ Buffer *storage.Buffer }
+// embedded Buffer). A rate-limited buffer makes an extend wait up to Wait
+// (0: one second), or until the context ends; Run calls again while the
+// limiter holds the rows back.
+type BufferWriter struct {
+	Buffer *storage.Buffer
+	Wait   time.Duration
+}
+
+// writerWait is how long one extend of a collector waits for a rate
+// limiter before the run gets to report that it waits.
+const writerWait = time.Second
 
 // Extend implements Writer.
-func (w BufferWriter) Extend(_ context.Context, stream string, b *storage.Batch) (storage.ExtendResult, error) {
-	return w.Buffer.Extend(stream, b)
+func (w BufferWriter) Extend(ctx context.Context, stream string, b *storage.Batch) (storage.ExtendResult, error) {
+	return w.Buffer.ExtendContext(ctx, stream, b, &storage.ExtendOptions{Timeout: cmp.Or(w.Wait, writerWait)})
 }
 
 // CloseStream implements Writer.
@@ -135,7 +145,7 @@ func (w *HTTPWriter) Extend(ctx context.Context, stream string, b *storage.Batch
 	if err != nil {
 		return storage.ExtendResult{}, fmt.Errorf("extend %s: %w", w.buffer, err)
 	}
-	res, err := w.c.Extend(ctx, w.buffer, stream, tensors)
+	res, err := w.c.ExtendWithOptions(ctx, w.buffer, stream, tensors, &client.ExtendOptions{TimeoutMS: writerWait.Milliseconds()})
 	if err != nil {
 		return storage.ExtendResult{}, err
 	}

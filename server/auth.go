@@ -55,6 +55,7 @@ var endpointRoles = map[string]Role{
 	"create":       RoleAdmin,
 	"delete":       RoleAdmin,
 	"checkpoint":   RoleAdmin,
+	"rate_limit":   RoleAdmin,
 	"pprof":        RoleAdmin,
 }
 

@@ -53,6 +53,7 @@ func TestRoleRouteTable(t *testing.T) {
 		{"weights", "PUT", "/v1/collectors/demo/weights", ""},
 		{"create", "PUT", "/v1/buffers/other", cartpoleSpec},
 		{"checkpoint", "POST", "/v1/buffers/cp/checkpoint", `{"dir": "x"}`},
+		{"rate_limit", "PUT", "/v1/buffers/cp/rate_limit", `{"min_size": 1}`},
 		{"pprof", "GET", "/debug/pprof/", ""},
 		{"delete", "DELETE", "/v1/buffers/other", ""},
 	}

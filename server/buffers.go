@@ -12,6 +12,7 @@ import (
 
 	"github.com/rbdb/rbd"
 	"github.com/rbdb/rbd/codec"
+	"github.com/rbdb/rbd/ratelimit"
 	"github.com/rbdb/rbd/storage"
 )
 
@@ -174,6 +175,38 @@ func (s *Server) getBuffer(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	writeJSON(w, http.StatusOK, info)
+	return nil
+}
+
+// rateLimitAnswer is the answer of PUT .../rate_limit: the limiter's state
+// after the change (null once removed).
+type rateLimitAnswer struct {
+	RateLimit *ratelimit.State `json:"rate_limit"`
+}
+
+// setRateLimit replaces a buffer's rate limit (a JSON object like the
+// spec's "rate_limit", or null to remove it); waiters are judged again.
+func (s *Server) setRateLimit(w http.ResponseWriter, r *http.Request) error {
+	b, err := s.buffer(r)
+	if err != nil {
+		return err
+	}
+	body, err := s.readJSONBody(w, r)
+	if err != nil {
+		return err
+	}
+	p, err := storage.ParseRateLimit(body)
+	if err != nil {
+		return err
+	}
+	if err := b.SetRateLimit(p); err != nil {
+		return err
+	}
+	var ans rateLimitAnswer
+	if st, on := b.RateLimit(); on {
+		ans.RateLimit = &st
+	}
+	writeJSON(w, http.StatusOK, ans)
 	return nil
 }
 

@@ -466,6 +466,23 @@ func ctCases(t *testing.T) []ctCase {
 		{name: "close unknown stream", method: "DELETE", path: "/v1/buffers/cp/streams/never", want: 200},
 		{name: "close stream of unknown buffer", method: "DELETE", path: "/v1/buffers/nope/streams/open", want: 404},
 
+		// rate limits (window [6, 10]: at most 2 rows an extend, 4 a sample)
+		{name: "create rate-limited", method: "PUT", path: "/v1/buffers/rl", ctype: js, want: 201,
+			body: []byte(strings.Replace(ctCartPole, `"capacity": 64`, `"capacity": 64, "rate_limit": {"samples_per_insert": 2, "min_size": 4, "error_buffer": 2}`, 1))},
+		{name: "sample rate-limited", method: "POST", path: "/v1/buffers/rl/sample", ctype: js, body: []byte(`{"batch_size": 1}`), want: 503, code: "rate_limited"},
+		{name: "extend with timeout_ms", method: "POST", path: "/v1/buffers/rl/extend?stream=a&timeout_ms=100", ctype: bin, body: ctRows(t, 2), want: 200},
+		{name: "extend too large for the window", method: "POST", path: "/v1/buffers/rl/extend?stream=a&timeout_ms=100", ctype: bin, body: ctRows(t, 6), want: 400},
+		{name: "extend timeout_ms not a number", method: "POST", path: "/v1/buffers/rl/extend?timeout_ms=soon", ctype: bin, body: ctRows(t, 1), want: 400, invalid: true},
+		{name: "extend timeout_ms negative", method: "POST", path: "/v1/buffers/rl/extend?timeout_ms=-1", ctype: bin, body: ctRows(t, 1), want: 400, invalid: true},
+		{name: "info rate-limited", method: "GET", path: "/v1/buffers/rl", want: 200},
+		{name: "set rate limit", method: "PUT", path: "/v1/buffers/rl/rate_limit", ctype: js, body: []byte(`{"samples_per_insert": 1, "min_size": 2, "error_buffer": 100}`), want: 200},
+		{name: "set rate limit, min_size only", method: "PUT", path: "/v1/buffers/rl/rate_limit", ctype: js, body: []byte(`{"min_size": 2}`), want: 200},
+		{name: "set rate limit, window too small", method: "PUT", path: "/v1/buffers/rl/rate_limit", ctype: js, body: []byte(`{"samples_per_insert": 4, "error_buffer": 3}`), want: 400},
+		{name: "set rate limit, unknown key", method: "PUT", path: "/v1/buffers/rl/rate_limit", ctype: js, body: []byte(`{"spi": 4}`), want: 400, invalid: true},
+		{name: "set rate limit, unknown buffer", method: "PUT", path: "/v1/buffers/nope/rate_limit", ctype: js, body: []byte(`{"min_size": 1}`), want: 404},
+		{name: "set rate limit without token", method: "PUT", path: "/v1/buffers/rl/rate_limit", ctype: js, auth: "-", body: []byte(`{"min_size": 1}`), want: 401, invalid: true},
+		{name: "remove rate limit", method: "PUT", path: "/v1/buffers/rl/rate_limit", ctype: js, body: []byte(`null`), want: 200},
+
 		// checkpoints
 		{name: "checkpoint", method: "POST", path: "/v1/buffers/cp/checkpoint", ctype: js, body: []byte(`{"dir": "a/cp"}`), want: 200},
 		{name: "checkpoint NDJSON", method: "POST", path: "/v1/buffers/cp/checkpoint", ctype: js, accept: "application/x-ndjson", body: []byte(`{"dir": "b"}`), want: 200},
@@ -549,7 +566,7 @@ func TestContract(t *testing.T) {
 			t.Errorf("no case answered %d", s)
 		}
 	}
-	for _, c := range []string{"not_ready", "shutting_down"} {
+	for _, c := range []string{"not_ready", "shutting_down", "rate_limited"} {
 		if !codes[c] {
 			t.Errorf("no case answered code %q", c)
 		}
@@ -557,7 +574,8 @@ func TestContract(t *testing.T) {
 }
 
 // ctErrorBody checks that an error answer is JSON {"error": non-empty
-// string, "code"?: string} and returns the code.
+// string, "code"?: string} (plus "rate_limit" when the code is
+// rate_limited) and returns the code.
 func ctErrorBody(t *testing.T, x ctExchange) string {
 	t.Helper()
 	if mt, _, _ := mime.ParseMediaType(x.header.Get("Content-Type")); mt != "application/json" {
@@ -573,7 +591,8 @@ func ctErrorBody(t *testing.T, x ctExchange) string {
 		t.Errorf(`error answer lacks a non-empty "error" string: %s`, x.answer)
 	}
 	for k := range body {
-		if k != "error" && k != "code" {
+		// rate_limit (the limiter's state) comes only with rate_limited.
+		if k != "error" && k != "code" && (k != "rate_limit" || body["code"] != "rate_limited") {
 			t.Errorf("error answer has unexpected key %q: %s", k, x.answer)
 		}
 	}

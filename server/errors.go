@@ -9,6 +9,7 @@ import (
 
 	"github.com/rbdb/rbd"
 	"github.com/rbdb/rbd/codec"
+	"github.com/rbdb/rbd/ratelimit"
 	"github.com/rbdb/rbd/storage"
 )
 
@@ -49,6 +50,10 @@ func statusOf(err error) (int, string) {
 		return http.StatusConflict, ""
 	case errors.Is(err, rbd.ErrStopped):
 		return http.StatusServiceUnavailable, "shutting_down"
+	case errors.Is(err, ratelimit.ErrRateLimited):
+		return http.StatusServiceUnavailable, "rate_limited"
+	case errors.Is(err, ratelimit.ErrNeverAdmitted):
+		return http.StatusBadRequest, ""
 	case errors.Is(err, rbd.ErrNotReady):
 		return http.StatusServiceUnavailable, "not_ready"
 	case errors.Is(err, rbd.ErrContention):
@@ -80,6 +85,9 @@ func statusOf(err error) (int, string) {
 type errorBody struct {
 	Error string `json:"error"`
 	Code  string `json:"code,omitempty"`
+	// RateLimit is the limiter's state when a request was rate limited:
+	// why it waited, without a second request.
+	RateLimit *ratelimit.State `json:"rate_limit,omitempty"`
 }
 
 func writeError(w http.ResponseWriter, err error) int {
@@ -87,7 +95,11 @@ func writeError(w http.ResponseWriter, err error) int {
 	if status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests {
 		w.Header().Set("Retry-After", strconv.Itoa(1))
 	}
-	writeJSON(w, status, errorBody{Error: err.Error(), Code: code})
+	body := errorBody{Error: err.Error(), Code: code}
+	if be := (*ratelimit.BlockedError)(nil); errors.As(err, &be) {
+		body.RateLimit = &be.State
+	}
+	writeJSON(w, status, body)
 	return status
 }
 

@@ -7,6 +7,8 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strconv"
+	"time"
 
 	"github.com/rbdb/rbd"
 	"github.com/rbdb/rbd/codec"
@@ -18,6 +20,10 @@ const maxPooledBody = 8 << 20
 
 func (s *Server) extend(w http.ResponseWriter, r *http.Request) error {
 	b, err := s.buffer(r)
+	if err != nil {
+		return err
+	}
+	timeout, err := timeoutParam(r)
 	if err != nil {
 		return err
 	}
@@ -59,13 +65,41 @@ func (s *Server) extend(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	res, err := b.Extend(r.URL.Query().Get("stream"), batch)
+	opts := &storage.ExtendOptions{Timeout: timeout, Stop: s.stopping}
+	if timeout > 0 {
+		done, err := s.mayWait()
+		if err != nil {
+			return err
+		}
+		defer done()
+		if s.opts.MaxWait > 0 {
+			opts.Timeout = min(timeout, s.opts.MaxWait)
+		}
+	}
+	res, err := b.ExtendContext(r.Context(), r.URL.Query().Get("stream"), batch, opts)
 	if err != nil {
+		if r.Context().Err() != nil {
+			return clientGone(r.Context().Err())
+		}
 		return err
 	}
 	s.metrics.written.WithLabelValues(b.Name()).Add(float64(res.Rows))
 	writeJSON(w, http.StatusOK, res)
 	return nil
+}
+
+// timeoutParam reads the query parameter timeout_ms (absent: 0): how long
+// an extend may wait for the rate limiter.
+func timeoutParam(r *http.Request) (time.Duration, error) {
+	v := r.URL.Query().Get("timeout_ms")
+	if v == "" {
+		return 0, nil
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || ms < 0 || ms > math.MaxInt64/int64(time.Millisecond) {
+		return 0, badRequest(fmt.Sprintf("query parameter timeout_ms: want milliseconds, an integer between 0 and %d, got %q", math.MaxInt64/int64(time.Millisecond), v))
+	}
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
 // column looks up an extend tensor's column: a spec field, or a final

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rbdb/rbd"
+	"github.com/rbdb/rbd/ratelimit"
 )
 
 type metrics struct {
@@ -71,10 +72,19 @@ var (
 	descDisk    = prometheus.NewDesc("rbd_buffer_disk_bytes", "Space the buffer's files take on disk (0 for memory buffers).", []string{"buffer"}, nil)
 	descCache   = prometheus.NewDesc("rbd_buffer_chunk_cache_lookups_total", "Decoded-chunk cache lookups of compressed buffers, by result.", []string{"buffer", "result"}, nil)
 	descCacheB  = prometheus.NewDesc("rbd_buffer_chunk_cache_bytes", "Bytes held by the decoded-chunk cache of compressed buffers.", []string{"buffer"}, nil)
+
+	// The rate limiter of buffers that have one.
+	descRLDiff    = prometheus.NewDesc("rbd_rate_limit_diff", "samples_per_insert*inserts - samples since the limiter's counters restarted.", []string{"buffer"}, nil)
+	descRLBound   = prometheus.NewDesc("rbd_rate_limit_diff_bound", "The window diff is kept in: min_diff and max_diff (absent without samples_per_insert).", []string{"buffer", "bound"}, nil)
+	descRLWaiting = prometheus.NewDesc("rbd_rate_limit_waiting", "Requests waiting for the rate limiter, by side (samples, extends).", []string{"buffer", "side"}, nil)
+	descRLWait    = prometheus.NewDesc("rbd_rate_limit_wait_seconds_total", "Seconds requests spent waiting for the rate limiter, by side.", []string{"buffer", "side"}, nil)
+	descRLRefused = prometheus.NewDesc("rbd_rate_limit_refused_total", "Requests the rate limiter did not admit before their deadline (503 rate_limited), by side.", []string{"buffer", "side"}, nil)
+	descRLBlocked = prometheus.NewDesc("rbd_rate_limit_blocked", "1 for the side the rate limiter holds back now (samples or extends), 0 for the other.", []string{"buffer", "side"}, nil)
 )
 
 func (c *bufferCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLive, descWrites, descTraj, descOpen, descBytes, descDurable, descRatio, descDisk, descCache, descCacheB} {
+	for _, d := range []*prometheus.Desc{descLive, descWrites, descTraj, descOpen, descBytes, descDurable, descRatio, descDisk, descCache, descCacheB,
+		descRLDiff, descRLBound, descRLWaiting, descRLWait, descRLRefused, descRLBlocked} {
 		ch <- d
 	}
 }
@@ -106,5 +116,40 @@ func (c *bufferCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descCache, prometheus.CounterValue, float64(cs.Misses), info.Name, "miss")
 			g(descCacheB, float64(cs.Bytes), info.Name)
 		}
+		if rl := info.RateLimit; rl != nil {
+			collectRateLimit(ch, info.Name, rl)
+		}
+	}
+}
+
+func collectRateLimit(ch chan<- prometheus.Metric, name string, rl *ratelimit.State) {
+	g := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	c := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+	g(descRLDiff, rl.Diff, name)
+	if rl.MinDiff != nil {
+		g(descRLBound, *rl.MinDiff, name, "min_diff")
+		g(descRLBound, *rl.MaxDiff, name, "max_diff")
+	}
+	sides := []struct {
+		side            string
+		waiting         int
+		waited, refused float64
+	}{
+		{"samples", rl.WaitingSamples, rl.SampleWaitSeconds, float64(rl.RefusedSamples)},
+		{"extends", rl.WaitingExtends, rl.ExtendWaitSeconds, float64(rl.RefusedExtends)},
+	}
+	for _, s := range sides {
+		g(descRLWaiting, float64(s.waiting), name, s.side)
+		c(descRLWait, s.waited, name, s.side)
+		c(descRLRefused, s.refused, name, s.side)
+		blocked := 0.0
+		if rl.Blocked == s.side {
+			blocked = 1
+		}
+		g(descRLBlocked, blocked, name, s.side)
 	}
 }

@@ -27,15 +27,11 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if req.TimeoutMS > 0 {
-		// A waiting request holds a goroutine and a connection for up
-		// to --max-wait: their number is bounded too.
-		if n := s.waiting.Add(1); n > int64(s.opts.MaxWaiting) {
-			s.waiting.Add(-1)
-			s.budget.refused.Add(1)
-			return &apiError{status: http.StatusServiceUnavailable, code: "busy",
-				msg: fmt.Sprintf("%d sample requests are already waiting for data, the most allowed: retry later, or sample with timeout_ms 0", s.opts.MaxWaiting)}
+		done, err := s.mayWait()
+		if err != nil {
+			return err
 		}
-		defer s.waiting.Add(-1)
+		defer done()
 	}
 	ctx := r.Context()
 	l := leaseOf(w)
@@ -72,6 +68,19 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	return s.writeTensors(w, r, tensors, batch.Metadata, extra)
+}
+
+// mayWait counts a request that may wait (for data or for the rate
+// limiter): it holds a goroutine and a connection for up to --max-wait, so
+// their number is bounded too. done uncounts it.
+func (s *Server) mayWait() (done func(), err error) {
+	if n := s.waiting.Add(1); n > int64(s.opts.MaxWaiting) {
+		s.waiting.Add(-1)
+		s.budget.refused.Add(1)
+		return nil, &apiError{status: http.StatusServiceUnavailable, code: "busy",
+			msg: fmt.Sprintf("%d requests are already waiting (for data or the rate limiter), the most allowed: retry later, or send timeout_ms 0", s.opts.MaxWaiting)}
+	}
+	return func() { s.waiting.Add(-1) }, nil
 }
 
 // writeTensors answers with safetensors (the default) or, when the client

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rbdb/rbd/ratelimit"
 	"github.com/rbdb/rbd/storage/internal/mmapfile"
 )
 
@@ -71,6 +72,15 @@ type Buffer struct {
 	// after that returns it (wrapping ErrIO).
 	failed atomic.Pointer[error]
 
+	// limiter is the buffer's flow control (off without a rate_limit);
+	// its parameters, not spec.RateLimit, are the current ones.
+	limiter *ratelimit.Limiter
+	// snapRateLimit is the limiter state of the running store whose
+	// snapshot this read-only store was opened from (Info shows it).
+	snapRateLimit *ratelimit.State
+	// rlShown is the limiter version the last snapshot showed.
+	rlShown atomic.Uint64
+
 	// cs holds the compressed fields of compressed buffers (nil otherwise).
 	cs *chunkStore
 
@@ -118,8 +128,13 @@ type Buffer struct {
 // Name returns the buffer's name.
 func (b *Buffer) Name() string { return b.name }
 
-// Spec returns a copy of the buffer's spec, defaults filled in.
-func (b *Buffer) Spec() Spec { return b.spec.Clone() }
+// Spec returns a copy of the buffer's spec, defaults filled in, with its
+// current rate limit.
+func (b *Buffer) Spec() Spec {
+	s := b.spec.Clone()
+	s.RateLimit = b.limiter.Params()
+	return s
+}
 
 // Capacity returns the ring size in rows.
 func (b *Buffer) Capacity() int64 { return b.capacity }
@@ -172,6 +187,7 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) (*Buffer, error) {
 		truncCol:   -1,
 		streams:    map[string]map[int64]*streamPos{},
 		streamUsed: map[string]time.Time{},
+		limiter:    ratelimit.New(spec.RateLimit, 0),
 	}
 	if b.persistent {
 		b.dir = bufferDir(s.dir, name)

@@ -1,6 +1,8 @@
 package storage
 
 import (
+	"github.com/rbdb/rbd/ratelimit"
+
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -172,6 +174,9 @@ type catalogEntry struct {
 	spec    Spec
 	state   bufferState
 	streams map[string]map[int64]streamPos
+	// rateLimit is the live limiter state a snapshot recorded (nil when
+	// read from the catalog itself).
+	rateLimit *ratelimit.State
 }
 
 func (c *catalog) entries() (out []catalogEntry, err error) {
@@ -237,6 +242,29 @@ func (c *catalog) createBuffer(name string, spec Spec, st bufferState) error {
 	})
 }
 
+func bufferBucket(tx *bolt.Tx, name string) (*bolt.Bucket, error) {
+	b := tx.Bucket(bucketBuffers).Bucket([]byte(name))
+	if b == nil {
+		return nil, fmt.Errorf("catalog: buffer %q: %w", name, ErrNotFound)
+	}
+	return b, nil
+}
+
+// putSpec replaces a buffer's spec (a live setting changed).
+func (c *catalog) putSpec(name string, spec Spec) error {
+	specJSON, err := spec.MarshalJSON()
+	if err != nil {
+		return err
+	}
+	return c.db.Update(func(tx *bolt.Tx) error {
+		b, err := bufferBucket(tx, name)
+		if err != nil {
+			return err
+		}
+		return b.Put(keySpec, specJSON)
+	})
+}
+
 // putState replaces a buffer's state and, when setStreams is true, its saved
 // streams (an empty map leaves nothing to continue).
 func (c *catalog) putState(name string, st bufferState, streams map[string]map[int64]streamPos, setStreams bool) error {
@@ -245,9 +273,9 @@ func (c *catalog) putState(name string, st bufferState, streams map[string]map[i
 		return err
 	}
 	return c.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketBuffers).Bucket([]byte(name))
-		if b == nil {
-			return fmt.Errorf("catalog: buffer %q: %w", name, ErrNotFound)
+		b, err := bufferBucket(tx, name)
+		if err != nil {
+			return err
 		}
 		if err := b.Put(keyState, stJSON); err != nil {
 			return err

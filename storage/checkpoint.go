@@ -415,7 +415,7 @@ func (b *Buffer) writeCheckpointCatalog(dest string, st checkpointState, missing
 	holes := mergeHoles(st.holes, missing, st.wc-b.capacity)
 	state := bufferState{UID: b.uid, WriteCount: st.wc, SeqReserved: st.wc, Clean: true, MaxPriority: st.maxPrio,
 		Holes: holes, CreatedAt: b.createdAt}
-	err = cat.createBuffer(b.name, b.spec, state)
+	err = cat.createBuffer(b.name, b.Spec(), state)
 	if err == nil {
 		err = cat.putState(b.name, state, st.streams, true)
 	}

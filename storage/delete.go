@@ -47,11 +47,15 @@ func (s *Store) DeleteBuffer(name string) (retErr error) {
 		return fmt.Errorf("delete buffer %q: %w", name, ErrNotFound)
 	}
 	b.closed.Store(true)
+	// Waiters of the rate limiter are answered now (they hold no lock, so
+	// the delete does not wait for their deadlines).
+	b.limiter.Close(fmt.Errorf("buffer %q was deleted: %w", name, ErrClosed))
 	b.life.Lock()
 	defer b.life.Unlock()
 	defer func() {
 		if retErr != nil {
 			// The buffer stays: it takes calls again.
+			b.limiter.Reopen()
 			b.closed.Store(false)
 			s.mu.Lock()
 			s.buffers[name] = b

@@ -1,6 +1,8 @@
 package storage
 
 import (
+	"github.com/rbdb/rbd/ratelimit"
+
 	"encoding/binary"
 	"fmt"
 	"os"
@@ -269,6 +271,8 @@ type Info struct {
 	// Cache counts lookups in the decoded-chunk cache of compressed
 	// buffers (nil for other kinds).
 	Cache *CacheStats `json:"chunk_cache,omitempty"`
+	// RateLimit is the limiter's live state (nil without a rate limit).
+	RateLimit *ratelimit.State `json:"rate_limit,omitempty"`
 }
 
 // Info returns the buffer's sizes and counters. For compact_obs buffers the
@@ -281,7 +285,7 @@ func (b *Buffer) Info() (Info, error) {
 	defer b.leave()
 	info := Info{
 		Name:          b.name,
-		Spec:          b.spec.Clone(),
+		Spec:          b.Spec(),
 		WriteCount:    b.writeCount.Load(),
 		SamplesServed: b.sampled.Load(),
 		Durable:       b.Durable(),
@@ -307,6 +311,12 @@ func (b *Buffer) Info() (Info, error) {
 	}
 	info.Damaged = len(b.damage)
 	b.stateMu.Unlock()
+	if st, on := b.limiter.State(); on {
+		info.RateLimit = &st
+	}
+	if b.snapRateLimit != nil {
+		info.RateLimit = b.snapRateLimit
+	}
 	touched := min(info.WriteCount, b.capacity)
 	var chunked []int64
 	if b.cs != nil {

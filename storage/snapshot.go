@@ -1,6 +1,8 @@
 package storage
 
 import (
+	"github.com/rbdb/rbd/ratelimit"
+
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,6 +35,9 @@ type snapshotBuffer struct {
 	Name  string          `json:"name"`
 	Spec  json.RawMessage `json:"spec"`
 	State bufferState     `json:"state"`
+	// RateLimit is the limiter's live state when the snapshot was taken
+	// (for rbd dump next to a running server).
+	RateLimit *ratelimit.State `json:"rate_limit,omitempty"`
 }
 
 // publishSnapshot writes the catalog snapshot. Failures are logged, not
@@ -53,11 +58,15 @@ func (s *Store) publishSnapshot() {
 	s.snapSeq++
 	snap := snapshot{Seq: s.snapSeq, WrittenAt: time.Now().UTC(), Format: FormatVersion, PID: os.Getpid()}
 	for _, b := range s.Buffers() {
-		spec, err := b.spec.MarshalJSON()
+		spec, err := b.Spec().MarshalJSON()
 		if err != nil {
 			continue
 		}
-		snap.Buffers = append(snap.Buffers, snapshotBuffer{Name: b.name, Spec: spec, State: b.state(false)})
+		sb := snapshotBuffer{Name: b.name, Spec: spec, State: b.state(false)}
+		if st, on := b.limiter.State(); on {
+			sb.RateLimit = &st
+		}
+		snap.Buffers = append(snap.Buffers, sb)
 	}
 	if err := writeSnapshotFile(s.dir, snap); err != nil {
 		s.log.Warn("publish catalog snapshot", "err", err)
@@ -121,7 +130,7 @@ func loadSnapshot(dir string) ([]catalogEntry, time.Time, error) {
 	}
 	var out []catalogEntry
 	for _, sb := range snap.Buffers {
-		e := catalogEntry{name: sb.Name, state: sb.State}
+		e := catalogEntry{name: sb.Name, state: sb.State, rateLimit: sb.RateLimit}
 		if err := e.spec.UnmarshalJSON(sb.Spec); err != nil {
 			return nil, time.Time{}, corruptf(filepath.Join(dir, snapshotFile), -1, "buffer %q spec: %v", sb.Name, err)
 		}

@@ -1,6 +1,8 @@
 package storage
 
 import (
+	"github.com/rbdb/rbd/ratelimit"
+
 	"bytes"
 	"cmp"
 	"encoding/json"
@@ -197,6 +199,11 @@ type Spec struct {
 	Priority    *PriorityOptions
 	Durability  Durability
 	Compression *CompressionOptions
+	// RateLimit is the buffer's flow control (nil: none). It can change
+	// while the buffer is open (Buffer.SetRateLimit), so Equal ignores it:
+	// creating a buffer again with another rate limit finds the existing
+	// one, whose limit stays as it is.
+	RateLimit *ratelimit.Params
 }
 
 // ErrInvalidSpec is matched (with errors.Is) by every problem found in a spec,
@@ -278,6 +285,10 @@ func (s Spec) Clone() Spec {
 		v := *s.Compression
 		c.Compression = &v
 	}
+	if s.RateLimit != nil {
+		v := *s.RateLimit
+		c.RateLimit = &v
+	}
 	return c
 }
 
@@ -328,8 +339,9 @@ func (s Spec) HasField(name string) bool {
 // Equal reports whether s and o describe the same buffer: they are compared
 // after WithDefaults, so spelling a default out makes no difference, and
 // field order is ignored because JSON clients cannot be relied on to keep
-// object keys in order. Everything else, including the order of ObsKeys,
-// must match.
+// object keys in order. RateLimit is not compared: it is a setting of the
+// running buffer, not of its data. Everything else, including the order of
+// ObsKeys, must match.
 func (s Spec) Equal(o Spec) bool {
 	a, b := s.WithDefaults(), o.WithDefaults()
 	if a.Capacity != b.Capacity || a.Storage != b.Storage || a.CompactObs != b.CompactObs ||
@@ -524,6 +536,12 @@ func (v *specValidator) validate(s Spec) {
 		}
 		if c.CacheMiB < 1 || c.CacheMiB > specMaxCacheMiB {
 			v.add("compression.cache_mib", "must be between 1 and %d, got %d", specMaxCacheMiB, c.CacheMiB)
+		}
+	}
+
+	if r := s.RateLimit; r != nil && capacityOK {
+		for _, p := range r.Problems(s.Capacity) {
+			v.add("rate_limit."+p.Key, "%s", p.Msg)
 		}
 	}
 }
@@ -769,11 +787,45 @@ func (s Spec) MarshalJSON() ([]byte, error) {
 		e.raw(strconv.Itoa(c.CacheMiB))
 		e.raw("}")
 	}
+	if r := s.RateLimit; r != nil {
+		e.raw(`,"rate_limit":`)
+		e.rateLimit(r)
+	}
 	e.raw("}")
 	if e.err != nil {
 		return nil, fmt.Errorf("storage: marshal spec: %w", e.err)
 	}
 	return e.buf.Bytes(), nil
+}
+
+// MarshalRateLimit returns the JSON form of a rate limit, as it appears
+// under "rate_limit" in a spec (JSON null for nil).
+func MarshalRateLimit(r *ratelimit.Params) ([]byte, error) {
+	if r == nil {
+		return []byte("null"), nil
+	}
+	var e specEncoder
+	e.rateLimit(r)
+	if e.err != nil {
+		return nil, fmt.Errorf("storage: marshal rate_limit: %w", e.err)
+	}
+	return e.buf.Bytes(), nil
+}
+
+func (e *specEncoder) rateLimit(r *ratelimit.Params) {
+	e.raw("{")
+	if r.HasRatio() {
+		e.raw(`"samples_per_insert":`)
+		e.value(r.SamplesPerInsert)
+		e.raw(",")
+	}
+	e.raw(`"min_size":`)
+	e.raw(strconv.FormatInt(r.MinSize, 10))
+	if r.ErrorBuffer != 0 {
+		e.raw(`,"error_buffer":`)
+		e.value(r.ErrorBuffer)
+	}
+	e.raw("}")
 }
 
 // specEncoder builds JSON by hand so that key order is under our control,
@@ -837,6 +889,8 @@ func (s *Spec) UnmarshalJSON(data []byte) error {
 			return d.value(path, "a string", &out.Durability)
 		case "compression":
 			return d.compression(path, &out.Compression)
+		case "rate_limit":
+			return d.rateLimit(path, &out.RateLimit)
 		default:
 			return d.unknownKey(path)
 		}
@@ -1030,6 +1084,56 @@ func (d specDecoder) priority(path string, out **PriorityOptions) error {
 	}
 	if present {
 		*out = &p
+	} else {
+		*out = nil
+	}
+	return nil
+}
+
+// ParseRateLimit decodes a rate limit object as it appears under
+// "rate_limit" in a spec (JSON null: none), strictly like a spec: unknown
+// and duplicate keys are *SpecError values naming the key. It does not
+// validate the values; Spec.Validate and Buffer.SetRateLimit do.
+func ParseRateLimit(data []byte) (*ratelimit.Params, error) {
+	d := specDecoder{dec: json.NewDecoder(bytes.NewReader(data))}
+	var out *ratelimit.Params
+	if err := d.rateLimit("rate_limit", &out); err != nil {
+		return nil, err
+	}
+	if _, err := d.dec.Token(); err != io.EOF {
+		return nil, &SpecError{Path: "rate_limit", Msg: "unexpected data after the rate_limit object"}
+	}
+	return out, nil
+}
+
+func (d specDecoder) rateLimit(path string, out **ratelimit.Params) error {
+	// min_size defaults to 1: the least any sampler needs.
+	r := ratelimit.Params{MinSize: 1}
+	var spi *float64
+	present, err := d.object(path, "key", func(key, keyPath string) error {
+		switch key {
+		case "samples_per_insert":
+			return d.value(keyPath, "a number", &spi)
+		case "min_size":
+			return d.value(keyPath, "an integer", &r.MinSize)
+		case "error_buffer":
+			return d.value(keyPath, "a number", &r.ErrorBuffer)
+		default:
+			return d.unknownKey(keyPath)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if spi != nil {
+		// Zero means "no ratio" in Params; said out loud it is a mistake.
+		if *spi == 0 {
+			return &SpecError{Path: specJoinPath(path, "samples_per_insert"), Msg: "must be a finite number > 0 (leave it out for a limiter on min_size only), got 0"}
+		}
+		r.SamplesPerInsert = *spi
+	}
+	if present {
+		*out = &r
 	} else {
 		*out = nil
 	}

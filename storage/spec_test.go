@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/rbdb/rbd/ratelimit"
 )
 
 var updateSpecGolden = flag.Bool("update-spec", false, "rewrite spec golden files in testdata/spec")
@@ -141,10 +143,12 @@ func TestSpecParseDesignExample(t *testing.T) {
 	}
 }
 
-func TestSpecGolden(t *testing.T) {
-	s := specMustParse(t, specCartPoleJSON)
+// specGolden compares the canonical JSON of s with testdata/spec/name
+// (rewritten with -update-spec) and returns the file's contents.
+func specGolden(t *testing.T, name string, s Spec) []byte {
+	t.Helper()
 	got := append(specMustMarshal(t, s), '\n')
-	path := filepath.Join("testdata", "spec", "cartpole.golden.json")
+	path := filepath.Join("testdata", "spec", name)
 	if *updateSpecGolden {
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			t.Fatal(err)
@@ -160,6 +164,12 @@ func TestSpecGolden(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Errorf("canonical JSON differs from %s (run with -update-spec if the change is intended)\ngot:  %s\nwant: %s", path, got, want)
 	}
+	return want
+}
+
+func TestSpecGolden(t *testing.T) {
+	s := specMustParse(t, specCartPoleJSON)
+	want := specGolden(t, "cartpole.golden.json", s)
 	// The golden file is itself a valid spec that describes the same buffer.
 	if g := specMustParse(t, string(want)); !g.Equal(s) {
 		t.Errorf("golden file parses to a different spec")
@@ -936,5 +946,93 @@ func TestDTypeJSON(t *testing.T) {
 	}
 	if b, err := json.Marshal(DType(0)); err == nil {
 		t.Errorf("json.Marshal(DType(0)) = %s, want an error", b)
+	}
+}
+
+func TestSpecRateLimit(t *testing.T) {
+	rl := func(obj string) string { return specDoc(specBaseFields, `"rate_limit": `+obj) }
+	tests := []struct {
+		name  string
+		doc   string
+		paths []string // nil: valid
+		want  *ratelimit.Params
+	}{
+		{"ratio", rl(`{"samples_per_insert": 8, "min_size": 100, "error_buffer": 400}`), nil, &ratelimit.Params{SamplesPerInsert: 8, MinSize: 100, ErrorBuffer: 400}},
+		{"min size only", rl(`{"min_size": 10}`), nil, &ratelimit.Params{MinSize: 10}},
+		{"empty object: min size 1", rl(`{}`), nil, &ratelimit.Params{MinSize: 1}},
+		{"null: none", rl(`null`), nil, nil},
+		{"fraction", rl(`{"samples_per_insert": 0.25, "min_size": 1, "error_buffer": 1.5}`), nil, &ratelimit.Params{SamplesPerInsert: 0.25, MinSize: 1, ErrorBuffer: 1.5}},
+		{"ratio 0", rl(`{"samples_per_insert": 0, "error_buffer": 4}`), []string{"rate_limit.samples_per_insert"}, nil},
+		{"negative ratio", rl(`{"samples_per_insert": -2, "error_buffer": 4}`), []string{"rate_limit.samples_per_insert"}, nil},
+		{"no error buffer", rl(`{"samples_per_insert": 2}`), []string{"rate_limit.error_buffer"}, nil},
+		{"window too small", rl(`{"samples_per_insert": 8, "error_buffer": 7}`), []string{"rate_limit.error_buffer"}, nil},
+		{"error buffer alone", rl(`{"error_buffer": 7}`), []string{"rate_limit.error_buffer"}, nil},
+		{"min size 0", rl(`{"min_size": 0}`), []string{"rate_limit.min_size"}, nil},
+		{"min size past capacity", rl(`{"min_size": 1001}`), []string{"rate_limit.min_size"}, nil},
+		{"several", rl(`{"samples_per_insert": -1, "min_size": -1, "error_buffer": -1}`), []string{"rate_limit.samples_per_insert", "rate_limit.min_size", "rate_limit.error_buffer"}, nil},
+		{"unknown key", rl(`{"min_size": 1, "spi": 3}`), []string{"rate_limit.spi"}, nil},
+		{"duplicate key", rl(`{"min_size": 1, "min_size": 2}`), []string{"rate_limit.min_size"}, nil},
+		{"string", rl(`{"min_size": "10"}`), []string{"rate_limit.min_size"}, nil},
+		{"not an object", rl(`8`), []string{"rate_limit"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := ParseSpec([]byte(tt.doc))
+			if tt.paths != nil {
+				if !errors.Is(err, ErrInvalidSpec) {
+					t.Fatalf("err = %v, want ErrInvalidSpec", err)
+				}
+				if got := specErrorPaths(err); !slices.Equal(got, tt.paths) {
+					t.Errorf("paths = %q, want %q (%v)", got, tt.paths, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (s.RateLimit == nil) != (tt.want == nil) || (s.RateLimit != nil && *s.RateLimit != *tt.want) {
+				t.Fatalf("rate limit %+v, want %+v", s.RateLimit, tt.want)
+			}
+			// Round trip, byte for byte.
+			b1 := specMustMarshal(t, s)
+			s2 := specMustParse(t, string(b1))
+			if (s2.RateLimit == nil) != (s.RateLimit == nil) || (s2.RateLimit != nil && *s2.RateLimit != *s.RateLimit) {
+				t.Fatalf("round trip: %s gave %+v", b1, s2.RateLimit)
+			}
+			if b2 := specMustMarshal(t, s2); !bytes.Equal(b1, b2) {
+				t.Errorf("marshal is not canonical:\n%s\n%s", b1, b2)
+			}
+		})
+	}
+
+	// A rate limit is a live setting: it does not make specs differ.
+	a := specMustParse(t, rl(`{"samples_per_insert": 8, "min_size": 100, "error_buffer": 400}`))
+	b := specMustParse(t, specDoc(specBaseFields, ""))
+	if !a.Equal(b) || !b.Equal(a) {
+		t.Error("specs that differ only in rate_limit are not Equal")
+	}
+	if c := a.Clone(); c.RateLimit == a.RateLimit {
+		t.Error("Clone shares the rate limit")
+	}
+
+	// The canonical form, pinned.
+	specGolden(t, "ratelimit.golden.json", a)
+
+	// ParseRateLimit, for PUT .../rate_limit.
+	for _, c := range []struct {
+		doc  string
+		path string
+	}{
+		{`{"min_size": 5} x`, "rate_limit"},
+		{`{"min_sizes": 5}`, "rate_limit.min_sizes"},
+		{`{"min_size": 5`, "rate_limit"},
+	} {
+		_, err := ParseRateLimit([]byte(c.doc))
+		if got := specErrorPaths(err); !slices.Equal(got, []string{c.path}) {
+			t.Errorf("ParseRateLimit(%s): %v, want path %s", c.doc, err, c.path)
+		}
+	}
+	if p, err := ParseRateLimit([]byte(" null ")); p != nil || err != nil {
+		t.Errorf("ParseRateLimit(null) = %v, %v", p, err)
 	}
 }

@@ -180,6 +180,10 @@ func Open(dir string, opts *Options) (_ *Store, retErr error) {
 		if err != nil {
 			return nil, fmt.Errorf("open %s: buffer %q: %w", dir, e.name, err)
 		}
+		// The limiter's counters restart at the window's centre (or
+		// mid-fill): restored counters deadlocked Reverb's users.
+		b.limiter.Set(b.spec.RateLimit, b.liveRows())
+		b.snapRateLimit = e.rateLimit
 		s.buffers[e.name] = b
 		next = max(next, maxTraj+1)
 	}
@@ -422,7 +426,15 @@ func (s *Store) checkpointLoop() {
 					s.log.Error("checkpoint failed", "buffer", b.name, "err", err)
 				}
 			}
-			if s.stateChanged.Swap(false) {
+			// A limiter's state is news too: rbd dump shows it from the
+			// snapshot while nothing is written (a writer held back).
+			limiterNews := false
+			for _, b := range bufs {
+				if v := b.limiter.Version(); b.rlShown.Swap(v) != v {
+					limiterNews = true
+				}
+			}
+			if s.stateChanged.Swap(false) || limiterNews {
 				s.publishSnapshot()
 			}
 		}

@@ -216,6 +216,7 @@ func (b *Buffer) pruneHoles() {
 // close syncs everything, saves the streams' open trajectories and unmaps.
 func (b *Buffer) close() error {
 	b.closed.Store(true)
+	b.limiter.Close(fmt.Errorf("buffer %q: %w", b.name, ErrClosed))
 	b.life.Lock()
 	defer b.life.Unlock()
 	if b.store.readOnly {

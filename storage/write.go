@@ -1,9 +1,11 @@
 package storage
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/rbdb/rbd/ratelimit"
 	"hash/crc32"
 	"time"
 )
@@ -197,11 +199,47 @@ func boolAt(b []byte, r int, field string) (bool, error) {
 // that pair's open trajectory; a done row ends it. An empty stream makes the
 // call its own stream, whose open trajectories are closed when it returns.
 // Under DurabilityFsync, Extend returns once the rows are on stable storage.
-func (b *Buffer) Extend(stream string, batch *Batch) (_ ExtendResult, retErr error) {
+// A rate-limited buffer that cannot take the rows now refuses them at once
+// (an error matching ratelimit.ErrRateLimited); ExtendContext can wait.
+func (b *Buffer) Extend(stream string, batch *Batch) (ExtendResult, error) {
+	return b.ExtendContext(context.Background(), stream, batch, nil)
+}
+
+// ExtendOptions are the per-call settings of ExtendContext. The zero value
+// waits for nothing.
+type ExtendOptions struct {
+	// Timeout is how long to wait for the rate limiter to admit the rows
+	// (0: refuse at once when it does not).
+	Timeout time.Duration
+	// Stop, when closed, ends a wait with ErrStopped (a server shutting
+	// down).
+	Stop <-chan struct{}
+}
+
+// ExtendContext is Extend with a wait for the rate limiter: up to
+// opts.Timeout, until ctx ends or opts.Stop closes, first come first
+// served among the buffer's waiting extends. A call that is not admitted,
+// or fails after it was, counts nothing.
+func (b *Buffer) ExtendContext(ctx context.Context, stream string, batch *Batch, opts *ExtendOptions) (_ ExtendResult, retErr error) {
 	p, err := b.validate(batch)
 	if err != nil {
 		return ExtendResult{}, fmt.Errorf("extend %q: %w", b.name, err)
 	}
+	var o ExtendOptions
+	if opts != nil {
+		o = *opts
+	}
+	// The wait happens before enter: a waiter must not hold the buffer's
+	// life lock, which Delete takes.
+	grant, err := b.limiter.Acquire(ctx, ratelimit.Inserts, int64(p.n), time.Now().Add(o.Timeout), o.Stop, ErrStopped)
+	if err != nil {
+		return ExtendResult{}, fmt.Errorf("extend %q: %w", b.name, err)
+	}
+	defer func() {
+		if retErr != nil {
+			grant.Refund(grant.Rows())
+		}
+	}()
 	if err := b.enter(); err != nil {
 		return ExtendResult{}, err
 	}
@@ -310,6 +348,7 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	}
 
 	envs = b.publish(recs, first, written, end, stream, envs)
+	b.limiter.SetSize(b.liveRows())
 	b.dirty.Store(true)
 	b.notifyMu.Lock()
 	close(b.notify)

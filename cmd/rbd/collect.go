@@ -137,7 +137,12 @@ type collectSummary struct {
 	Seconds         float64 `json:"seconds"`
 	FramesPerSecond float64 `json:"frames_per_second"`
 	WriteSeconds    float64 `json:"write_seconds"`
-	Interrupted     bool    `json:"interrupted"`
+	// RateLimitSeconds is the part of WriteSeconds the buffer's rate
+	// limiter held writes back; HeldBack the frames of a last batch it
+	// still held when the run was stopped (not written).
+	RateLimitSeconds float64 `json:"rate_limit_seconds"`
+	HeldBack         int64   `json:"held_back_frames"`
+	Interrupted      bool    `json:"interrupted"`
 }
 
 func (o *collectOptions) validate() error {
@@ -238,7 +243,7 @@ func runCollect(ctx context.Context, stdout, stderr io.Writer, o *collectOptions
 		Env: env, Policy: policy, Writer: w, Stream: o.stream, Seed: o.seed,
 		FramesPerBatch: o.framesPerBatch, TotalFrames: o.frames, MaxFramesPerTraj: o.maxFramesPerTraj,
 		InitRandomFrames: o.initRandomFrames, ResetAtEachIter: o.resetAtEachIter, CompactObs: o.compact,
-		MaxRate: o.rate, AfterBatch: prog.update,
+		MaxRate: o.rate, AfterBatch: prog.update, OnRateLimited: prog.rateLimited,
 	})
 	prog.finish(st)
 	if closeDB != nil {
@@ -250,7 +255,7 @@ func runCollect(ctx context.Context, stdout, stderr io.Writer, o *collectOptions
 	sum := collectSummary{Buffer: o.buffer, Env: o.env, Stream: st.Stream, Seed: o.seed, Frames: st.Frames, Batches: st.Batches,
 		Trajectories: st.Trajectories, Episodes: st.Episodes, MeanReturn: st.MeanReturn, WriteCount: st.WriteCount,
 		Seconds: st.Elapsed.Seconds(), FramesPerSecond: st.FramesPerSecond(), WriteSeconds: st.WriteTime.Seconds(),
-		Interrupted: ctx.Err() != nil}
+		RateLimitSeconds: st.RateLimitWait.Seconds(), HeldBack: st.HeldBack, Interrupted: ctx.Err() != nil}
 	if o.jsonOut {
 		enc := json.NewEncoder(stdout)
 		return enc.Encode(sum)
@@ -263,6 +268,13 @@ func runCollect(ctx context.Context, stdout, stderr io.Writer, o *collectOptions
 		sum.Frames, stopped, sum.Buffer, sum.Trajectories, sum.MeanReturn, min(sum.Episodes, 100))
 	fmt.Fprintf(stdout, "%.2fs, %.0f frames/s (%.0f%% writing); write_count %d; stream %s, seed %d\n",
 		sum.Seconds, sum.FramesPerSecond, 100*sum.WriteSeconds/max(sum.Seconds, 1e-9), sum.WriteCount, sum.Stream, sum.Seed)
+	if sum.RateLimitSeconds > 0 || sum.HeldBack > 0 {
+		fmt.Fprintf(stdout, "waited %.2fs for learners (the buffer's rate limit)", sum.RateLimitSeconds)
+		if sum.HeldBack > 0 {
+			fmt.Fprintf(stdout, "; the last %d frames were still held back when the run stopped and were not written", sum.HeldBack)
+		}
+		fmt.Fprintln(stdout)
+	}
 	return nil
 }
 
@@ -338,6 +350,19 @@ func (p *progress) update(b *collector.BatchInfo) error {
 		p.line("collecting", st)
 	}
 	return nil
+}
+
+// rateLimited shows that the buffer's rate limiter holds the run back.
+func (p *progress) rateLimited(st collector.Stats) {
+	const msg = "waiting for learners (the buffer's rate limit)"
+	if p.bar != nil {
+		p.bar.Describe(fmt.Sprintf("%s: %s", p.env, msg))
+		return
+	}
+	if time.Since(p.lastLog) >= p.every {
+		p.lastLog = time.Now()
+		p.log.Info(msg, "buffer", p.buffer, "frames", st.Frames, "waited_s", fmt.Sprintf("%.1f", st.RateLimitWait.Seconds()))
+	}
 }
 
 func (p *progress) line(msg string, st collector.Stats) {

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rbdb/rbd/codec"
+	"github.com/rbdb/rbd/ratelimit"
 	"github.com/rbdb/rbd/storage"
 )
 
@@ -76,7 +77,10 @@ type dumpBuffer struct {
 	Damaged          int                           `json:"damaged_rows"`
 	Bytes            map[string]storage.FieldBytes `json:"bytes"`
 	DiskBytes        int64                         `json:"disk_bytes"`
-	Rows             []dumpRow                     `json:"rows,omitempty"`
+	// RateLimit is the limiter's state: live (from the running server's
+	// snapshot) or, on a dir no server holds, what it restarts with.
+	RateLimit *ratelimit.State `json:"rate_limit,omitempty"`
+	Rows      []dumpRow        `json:"rows,omitempty"`
 }
 
 type dumpOutput struct {
@@ -129,7 +133,7 @@ func dumpOne(b *storage.Buffer, o *dumpOptions) (dumpBuffer, error) {
 		Name: info.Name, Storage: info.Spec.Storage, Capacity: info.Spec.Capacity, Spec: info.Spec,
 		Size: info.Size, WriteCount: info.WriteCount, Durable: info.Durable, Trajectories: info.Trajectories,
 		OpenTrajectories: info.OpenTrajectories, Holes: info.Holes, Damaged: info.Damaged, Bytes: info.Bytes,
-		DiskBytes: info.DiskBytes, LengthHistogram: map[string]int{},
+		DiskBytes: info.DiskBytes, LengthHistogram: map[string]int{}, RateLimit: info.RateLimit,
 	}
 	var trajSeqs []int64
 	b.ReadIndex(func(ix storage.Index) {
@@ -245,6 +249,21 @@ func readRows(b *storage.Buffer, seqs []int64) ([]dumpRow, error) {
 	return rows, nil
 }
 
+func printRateLimit(out io.Writer, rl *ratelimit.State, live bool) {
+	if rl.SamplesPerInsert == nil {
+		fmt.Fprintf(out, "  rate limit: min_size %d (no ratio); blocked: %s\n", rl.MinSize, rl.Blocked)
+	} else {
+		fmt.Fprintf(out, "  rate limit: samples_per_insert %g, min_size %d, error_buffer %g\n", *rl.SamplesPerInsert, rl.MinSize, *rl.ErrorBuffer)
+		fmt.Fprintf(out, "    diff %g in [%g, %g] (inserts %d, samples %d); blocked: %s\n", rl.Diff, *rl.MinDiff, *rl.MaxDiff, rl.Inserts, rl.Samples, rl.Blocked)
+	}
+	if live {
+		fmt.Fprintf(out, "    waiting: %d samples, %d extends; waited %.1fs / %.1fs; refused %d / %d\n",
+			rl.WaitingSamples, rl.WaitingExtends, rl.SampleWaitSeconds, rl.ExtendWaitSeconds, rl.RefusedSamples, rl.RefusedExtends)
+	} else {
+		fmt.Fprintln(out, "    (no server holds the dir: these are the counters it restarts with)")
+	}
+}
+
 func printDump(out io.Writer, res *dumpOutput) {
 	fmt.Fprintf(out, "data dir %s\n", res.Dir)
 	if res.SnapshotAgeSeconds != nil {
@@ -268,6 +287,9 @@ func printDump(out io.Writer, res *dumpOutput) {
 		}
 		if c := d.Spec.Compression; c != nil {
 			fmt.Fprintf(out, "  compression: %s level %d, chunks of %d rows, delta %v\n", c.Codec, c.Level, c.ChunkLen, c.Delta)
+		}
+		if rl := d.RateLimit; rl != nil {
+			printRateLimit(out, rl, res.SnapshotAgeSeconds != nil)
 		}
 		if len(d.LengthHistogram) > 0 {
 			keys := make([]string, 0, len(d.LengthHistogram))
