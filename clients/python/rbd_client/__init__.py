@@ -11,10 +11,10 @@ docs/http-api.md in the rbd repository.
 
 from . import safetensors
 from .client import Batch, Client, Prefetcher
-from .errors import (BadRequest, Conflict, ConnectionFailed, NotFound, NotReady, RbdError,
-                     Unauthorized)
+from .errors import (BadRequest, Conflict, ConnectionFailed, NotFound, NotReady, RateLimited,
+                     RbdError, Unauthorized)
 
 __version__ = "0.1.0"
 
 __all__ = ["Client", "Batch", "Prefetcher", "RbdError", "BadRequest", "Unauthorized", "NotFound",
-           "Conflict", "NotReady", "ConnectionFailed", "safetensors", "__version__"]
+           "Conflict", "NotReady", "RateLimited", "ConnectionFailed", "safetensors", "__version__"]

@@ -79,12 +79,18 @@ class Client:
     ``cert``/``key`` (PEM files) are presented to servers that require a
     client certificate (mutual TLS).
 
+    ``retry_rate_limited`` (seconds, default 0) makes ``extend`` and
+    ``sample`` try again after a 503 "rate_limited" answer (the buffer's
+    rate limiter held them back), sleeping the server's Retry-After between
+    tries, for up to that long per call before raising :class:`RateLimited`.
+
     Every non-2xx answer raises :class:`RbdError` (a subclass per status:
     BadRequest, NotFound, NotReady, ...) carrying ``status``, ``code`` and
     the server's ``message``.
     """
 
-    def __init__(self, url="http://127.0.0.1:7450", token=None, timeout=60.0, ca=None, cert=None, key=None):
+    def __init__(self, url="http://127.0.0.1:7450", token=None, timeout=60.0, ca=None, cert=None, key=None,
+                 retry_rate_limited=0.0):
         u = urllib.parse.urlsplit(url if "://" in url else "http://" + url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError("url %r: want http://host:port" % url)
@@ -94,6 +100,9 @@ class Client:
             raise ValueError("ca, cert and key apply to https:// URLs")
         if (cert is None) != (key is None):
             raise ValueError("a client certificate needs both cert and key")
+        if not retry_rate_limited >= 0:
+            raise ValueError("retry_rate_limited must be a number of seconds >= 0")
+        self.retry_rate_limited = float(retry_rate_limited)
         self._tls = None
         if u.scheme == "https":
             # Server certificates are verified (against ca, a PEM file, or
@@ -233,11 +242,11 @@ class Client:
 
     @staticmethod
     def _error(resp, data, method, path):
-        message, code = None, None
+        message, code, rate_limit = None, None, None
         try:
             obj = json.loads(bytes(data))
             if isinstance(obj, dict):
-                message, code = obj.get("error"), obj.get("code")
+                message, code, rate_limit = obj.get("error"), obj.get("code"), obj.get("rate_limit")
         except ValueError:
             pass
         if message is None:
@@ -247,7 +256,7 @@ class Client:
             retry_after = float(retry_after) if retry_after is not None else None
         except ValueError:
             retry_after = None
-        return error_for(resp.status, message, code, retry_after, method, path)
+        return error_for(resp.status, message, code, retry_after, method, path, rate_limit)
 
     def _json(self, method, path, obj=None, timeout=None):
         body = None if obj is None else json.dumps(obj, default=_json_default).encode()
@@ -267,6 +276,19 @@ class Client:
         b = Batch(tensors)
         b.metadata = meta
         return b
+
+    def _retrying(self, call, retry):
+        """call(), tried again after "rate_limited" answers for up to retry
+        seconds, sleeping Retry-After (capped by what is left) between tries."""
+        deadline = time.monotonic() + retry
+        while True:
+            try:
+                return call()
+            except RbdError as e:
+                left = deadline - time.monotonic()
+                if not e.rate_limited or left <= 0:
+                    raise
+                time.sleep(min(e.retry_after or 1.0, left))
 
     # -- buffers ------------------------------------------------------------
 
@@ -321,7 +343,7 @@ class Client:
                     out["next." + k] = out[k]
         return out
 
-    def extend(self, name, rows, stream=None, env=None, cast=True):
+    def extend(self, name, rows, stream=None, env=None, cast=True, timeout_ms=None):
         """Append rows: ``rows`` maps every field of the spec to an array
         ``[N, *shape]``; returns ``{"first_seq", "rows", "write_count"}``.
 
@@ -338,6 +360,11 @@ class Client:
         when numpy calls that a same-kind cast (float64 -> float32, lists of
         ints -> int64; 0/1 integers -> bool); anything else raises TypeError
         naming the field before a byte is sent.
+
+        ``timeout_ms`` is how long the server may hold the request while the
+        buffer's rate limiter makes actors wait for learners (default 0:
+        answer at once); past it :class:`RateLimited` is raised, unless the
+        client retries (``retry_rate_limited``).
         """
         want = self._target_dtypes(name) if cast else {}
         tensors, dtypes = {}, {}
@@ -363,10 +390,13 @@ class Client:
             tensors["env"] = np.asarray(env, dtype=np.int64)
         header, parts, _ = safetensors.encode(tensors, dtypes=dtypes)
         body = [header] + [safetensors.byte_view(p) for p in parts]
-        path = self._path("v1", "buffers", name, "extend", query={"stream": stream})
+        path = self._path("v1", "buffers", name, "extend",
+                          query={"stream": stream, "timeout_ms": None if timeout_ms is None else int(timeout_ms)})
+        timeout = self.timeout + float(timeout_ms or 0) / 1000
+        headers = {"Content-Type": "application/octet-stream", "Accept": "application/json"}
         try:
-            _, _, data = self._request("POST", path, body, {"Content-Type": "application/octet-stream",
-                                                            "Accept": "application/json"})
+            _, _, data = self._retrying(lambda: self._request("POST", path, body, headers, timeout),
+                                        self.retry_rate_limited)
         except RbdError as e:
             if e.status in (400, 404):
                 self._specs.pop(name, None)  # the buffer may have been re-created
@@ -397,17 +427,22 @@ class Client:
         ``options`` are the other keys of a sample request
         (docs/sampling.md): ``seed``, ``keys``, ``n_step={"n": 3, "gamma":
         0.99}``, ``num_slices``, ``slice_len``, ``beta``, ``consumer``,
-        ``timeout_ms``, ... The arrays are zero-copy views over the answer
+        ``timeout_ms`` (how long the server may wait for data and for the
+        buffer's rate limiter), ... The arrays are zero-copy views over the answer
         (one buffer per batch, writable). ``as_torch=True`` returns torch
         tensors sharing that memory (moved to ``device`` if given); BF16
         fields come back as float32 in numpy.
         """
+        return self._sample(name, batch_size, sampler, as_torch, device, self.retry_rate_limited, options)
+
+    def _sample(self, name, batch_size, sampler, as_torch, device, retry, options):
         req = {"sampler": sampler}
         if batch_size is not None:
             req["batch_size"] = batch_size
         req.update(options)
         timeout = self.timeout + float(options.get("timeout_ms") or 0) / 1000
-        batch = self._tensors("POST", self._path("v1", "buffers", name, "sample"), req, timeout)
+        path = self._path("v1", "buffers", name, "sample")
+        batch = self._retrying(lambda: self._tensors("POST", path, req, timeout), retry)
         return _to_torch(batch, device) if as_torch else batch
 
     def update_priorities(self, name, seq, priority):
@@ -442,8 +477,23 @@ class Client:
     def iter_samples(self, name, batch_size=None, sampler="uniform", depth=2, batches=None,
                      stop_at_epoch_end=False, **options):
         """Iterate over batches drawn by a background thread, ``depth``
-        batches ahead of the consumer (see :class:`Prefetcher`)."""
+        batches ahead of the consumer (see :class:`Prefetcher`; it retries
+        "not_ready" for ``retry_not_ready`` seconds and "rate_limited" for
+        ``retry_rate_limited`` seconds, by default the client's)."""
         return Prefetcher(self, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options)
+
+    def set_rate_limit(self, name, limit):
+        """Replace a buffer's rate limit, e.g. ``{"samples_per_insert": 8,
+        "min_size": 1000, "error_buffer": 4000}``, or remove it with None.
+
+        Returns the limiter's state after the change (None once removed).
+        The change is durable; the counters restart at the new window's
+        centre and waiting requests are judged again (docs/flow-control.md).
+        """
+        body = json.dumps(limit).encode()
+        _, _, data = self._request("PUT", self._path("v1", "buffers", name, "rate_limit"), body,
+                                   {"Content-Type": "application/json", "Accept": "application/json"})
+        return json.loads(bytes(data))["rate_limit"]
 
     # -- collectors -----------------------------------------------------------
 
@@ -478,7 +528,10 @@ class Prefetcher:
     Prefetched batches were drawn before the priorities of the batches
     before them were updated (one or ``depth`` batches of staleness).
     With ``retry_not_ready=S`` (seconds) the thread keeps retrying a 503
-    not_ready for up to S seconds before handing the error on (default 0).
+    not_ready for up to S seconds before handing the error on (default 0);
+    ``retry_rate_limited=S`` does the same for 503 rate_limited (default:
+    the client's ``retry_rate_limited``). Each retry waits at most the
+    server's Retry-After, and :meth:`close` interrupts it.
     """
 
     def __init__(self, client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options):
@@ -486,8 +539,10 @@ class Prefetcher:
             raise ValueError("depth must be at least 1")
         self._client = client
         self._name = name
-        self._args = dict(batch_size=batch_size, sampler=sampler)
+        self._batch_size, self._sampler = batch_size, sampler
+        self._as_torch, self._device = options.pop("as_torch", False), options.pop("device", None)
         self._retry = float(options.pop("retry_not_ready", 0) or 0)
+        self._retry_limited = float(options.pop("retry_rate_limited", client.retry_rate_limited) or 0)
         self._options = options
         self._batches = batches
         self._stop_at_epoch_end = stop_at_epoch_end
@@ -515,14 +570,20 @@ class Prefetcher:
                 if opts.get("seed") is not None:
                     opts["seed"] = int(opts["seed"]) + i
                 try:
-                    b = self._client.sample(self._name, **self._args, **opts)
+                    b = self._client._sample(self._name, self._batch_size, self._sampler,
+                                             self._as_torch, self._device, 0, opts)
                 except RbdError as e:
-                    if not (e.not_ready and self._retry > 0):
+                    if e.not_ready:
+                        retry, pause = self._retry, min(0.05, e.retry_after or 0.05)
+                    elif e.rate_limited:
+                        retry, pause = self._retry_limited, e.retry_after or 1.0
+                    else:
                         raise
                     waiting_since = waiting_since or time.monotonic()
-                    if time.monotonic() - waiting_since > self._retry:
+                    left = waiting_since + retry - time.monotonic()
+                    if left <= 0:
                         raise
-                    self._stop.wait(min(0.05, e.retry_after or 0.05))
+                    self._stop.wait(min(pause, left))
                     continue
                 waiting_since = None
                 i += 1

@@ -8,8 +8,8 @@ import unittest
 import numpy as np
 
 import rbdserver  # first: puts the checkout's rbd_client on the path if needed
-from rbd_client import (BadRequest, Client, Conflict, ConnectionFailed, NotFound, NotReady, RbdError,
-                        Unauthorized, safetensors)
+from rbd_client import (BadRequest, Client, Conflict, ConnectionFailed, NotFound, NotReady, RateLimited,
+                        RbdError, Unauthorized, safetensors)
 
 try:
     import torch
@@ -444,6 +444,79 @@ class PrefetchTest(ServerTest):
         threading.Timer(0.3, lambda: self.c.extend(name, episode(0, 10), stream="w")).start()
         with self.c.iter_samples(name, 2, batches=1, retry_not_ready=10) as it:
             self.assertEqual(len(list(it)), 1)
+
+
+class RateLimitTest(ServerTest):
+    """A buffer's rate limiter seen from Python: refusals carry the state,
+    timeouts hold requests, retries wait for the other side."""
+
+    def limited(self, **limit):
+        name = self.id().rsplit(".", 1)[-1].replace("test_", "")[:60]
+        s = spec()
+        # min_diff = 1*10 - 20 = -10, max_diff = 1*10 + 20 = 30 unless given.
+        s["rate_limit"] = dict({"samples_per_insert": 1, "min_size": 10, "error_buffer": 20}, **limit)
+        info = self.c.create_buffer(name, s)
+        self.assertEqual(info["spec"]["rate_limit"], s["rate_limit"])
+        self.addCleanup(lambda: self._delete(name))
+        return name
+
+    def test_refusals_carry_the_state(self):
+        name = self.limited()
+        with self.assertRaises(RateLimited) as cm:
+            self.c.sample(name, 2)
+        e = cm.exception
+        self.assertTrue(e.rate_limited)
+        self.assertEqual((e.status, e.code, e.retry_after), (503, "rate_limited", 1.0))
+        self.assertEqual(e.rate_limit["blocked"], "samples")
+        self.assertEqual(e.rate_limit["size"], 0)
+        self.c.extend(name, episode(0, 10), stream="a")
+        self.c.extend(name, episode(100, 20), stream="a")
+        t0 = time.monotonic()
+        with self.assertRaises(RateLimited) as cm:
+            self.c.extend(name, episode(200, 1), stream="a", timeout_ms=150)
+        self.assertGreaterEqual(time.monotonic() - t0, 0.14)
+        self.assertEqual(cm.exception.rate_limit["diff"], 30)
+        self.assertEqual(cm.exception.rate_limit["blocked"], "extends")
+        with self.assertRaises(BadRequest) as cm:  # wider than the 40-row window: never admitted
+            self.c.extend(name, episode(300, 41), stream="a", timeout_ms=5000)
+        self.assertIn("send at most 40 rows", cm.exception.message)
+        self.assertEqual(self.c.info(name)["rate_limit"]["inserts"], 30)
+
+    def test_retry_waits_for_the_learner(self):
+        name = self.limited()
+        self.c.extend(name, episode(0, 30), stream="a")
+        patient = Client(self.server.url, retry_rate_limited=20)
+        self.addCleanup(patient.close)
+        out = {}
+        t = threading.Thread(target=lambda: out.update(patient.extend(name, episode(100, 5), stream="b")))
+        t.start()
+        t.join(0.3)
+        self.assertTrue(t.is_alive(), "the extend is held back before any sample")
+        self.c.sample(name, 8)
+        t.join(10)
+        self.assertFalse(t.is_alive())
+        self.assertEqual(out["rows"], 5)
+
+    def test_iter_samples_waits_for_min_size(self):
+        name = self.limited()
+        with self.assertRaises(RateLimited):  # by default the refusal is handed on at once
+            list(self.c.iter_samples(name, 2))
+        threading.Timer(0.3, lambda: self.c.extend(name, episode(0, 10), stream="w")).start()
+        with self.c.iter_samples(name, 2, batches=1, retry_rate_limited=10) as it:
+            self.assertEqual(len(list(it)), 1)
+
+    def test_set_rate_limit(self):
+        name = self.limited()
+        self.c.extend(name, episode(0, 10), stream="a")
+        st = self.c.set_rate_limit(name, {"samples_per_insert": 2, "min_size": 5, "error_buffer": 10})
+        self.assertEqual((st["min_diff"], st["max_diff"], st["diff"]), (0, 20, 10))
+        self.assertEqual(self.c.info(name)["spec"]["rate_limit"]["samples_per_insert"], 2)
+        with self.assertRaises(BadRequest) as cm:
+            self.c.set_rate_limit(name, {"samples_per_insert": 2, "min_size": 5})
+        self.assertIn("error_buffer", cm.exception.message)
+        self.assertIsNone(self.c.set_rate_limit(name, None))
+        self.assertNotIn("rate_limit", self.c.info(name))
+        self.c.extend(name, episode(100, 200), stream="a")  # nothing holds it back now
 
 
 class CrossCheckTest(ServerTest):
