@@ -101,9 +101,11 @@ type Stats struct {
 	// ones the collector cut included.
 	Trajectories int64
 	// Episodes counts episodes ended by the env or by MaxFramesPerTraj;
-	// MeanReturn is the mean undiscounted return of the last 100 of them.
+	// MeanReturn is the mean undiscounted return of the last 100 of them
+	// and MeanLength their mean number of steps (both 0 before the first).
 	Episodes   int64
 	MeanReturn float64
+	MeanLength float64
 	// WriteCount is the buffer's write count after the last write.
 	WriteCount int64
 	// Stream is the stream the run writes to.
@@ -112,7 +114,9 @@ type Stats struct {
 	// stepping envs and policy, WriteTime the part spent in the writer.
 	Elapsed, CollectTime, WriteTime time.Duration
 	// RateLimitWait is the part of WriteTime the buffer's rate limiter
-	// held writes back (waiting for learners); RateLimited tells whether
+	// held writes back (waiting for learners; a writer over HTTP counts
+	// only the waits that ended in a refusal, since the server's own wait
+	// is not reported back); RateLimited tells whether
 	// the batch being written now is held back.
 	RateLimitWait time.Duration
 	RateLimited   bool
@@ -166,6 +170,7 @@ type runner struct {
 	stepCount []int
 	ret       []float64
 	returns   [100]float64
+	lengths   [100]int
 	nret      int
 
 	stats Stats
@@ -288,7 +293,7 @@ func (r *runner) run(ctx context.Context) (st Stats, err error) {
 		r.stats.Frames += int64(r.st.batch.Rows)
 		r.stats.Batches++
 		r.stats.WriteCount = res.WriteCount
-		r.stats.MeanReturn = r.meanReturn()
+		r.stats.MeanReturn, r.stats.MeanLength = r.recentEpisodes()
 		r.stats.Elapsed = time.Since(r.start)
 		if cfg.AfterBatch != nil {
 			if err := cfg.AfterBatch(&BatchInfo{Stats: r.stats, Batch: &r.st.batch, Result: res}); err != nil {
@@ -365,7 +370,7 @@ func (r *runner) collect(ctx context.Context, last bool) (cut bool, err error) {
 			}
 			r.stats.Trajectories++
 			if natural {
-				r.addReturn(r.ret[e])
+				r.addEpisode(r.ret[e], r.stepCount[e])
 			}
 			r.stepCount[e], r.ret[e] = 0, 0
 		}
@@ -396,6 +401,7 @@ func (r *runner) write(ctx context.Context) (storage.ExtendResult, error) {
 		res, err := r.writeOnce(ctx)
 		if !errors.Is(err, ratelimit.ErrRateLimited) {
 			r.stats.RateLimited = false
+			r.stats.RateLimitWait += res.RateLimitWait
 			return res, err
 		}
 		r.stats.RateLimitWait += time.Since(t)
@@ -449,21 +455,24 @@ func (r *runner) pace(ctx context.Context) bool {
 	}
 }
 
-func (r *runner) addReturn(v float64) {
-	r.returns[r.stats.Episodes%int64(len(r.returns))] = v
+func (r *runner) addEpisode(ret float64, length int) {
+	i := r.stats.Episodes % int64(len(r.returns))
+	r.returns[i], r.lengths[i] = ret, length
 	r.stats.Episodes++
 	r.nret = min(r.nret+1, len(r.returns))
 }
 
-func (r *runner) meanReturn() float64 {
+// recentEpisodes returns the mean return and length of the last 100
+// episodes.
+func (r *runner) recentEpisodes() (meanReturn, meanLength float64) {
 	if r.nret == 0 {
-		return 0
+		return 0, 0
 	}
-	s := 0.0
-	for _, v := range r.returns[:r.nret] {
-		s += v
+	for i := range r.nret {
+		meanReturn += r.returns[i]
+		meanLength += float64(r.lengths[i])
 	}
-	return s / float64(r.nret)
+	return meanReturn / float64(r.nret), meanLength / float64(r.nret)
 }
 
 // staging holds one batch, column by column, in the layout the store

@@ -369,3 +369,28 @@ func (nopWriter) Extend(_ context.Context, _ string, b *storage.Batch) (storage.
 	return storage.ExtendResult{Rows: b.Rows}, nil
 }
 func (nopWriter) CloseStream(context.Context, string) error { return nil }
+
+// The episode statistics: CartPole pays 1 per step, so the mean return of
+// the last 100 episodes is their mean length; a random policy's episodes
+// last about 22 steps, and MaxFramesPerTraj bounds them.
+func TestEpisodeStats(t *testing.T) {
+	for _, tc := range []struct {
+		maxFrames int
+		lo, hi    float64
+	}{
+		{0, 12, 40},
+		{8, 1, 8},
+	} {
+		st, err := collector.Run(context.Background(), collector.Config{
+			Env: newEnv(t, "cartpole", 4, nil), Policy: collector.NewLinearQ(4, 2, 1), Writer: &recorder{},
+			Seed: 3, FramesPerBatch: 100, TotalFrames: 4000, MaxFramesPerTraj: tc.maxFrames,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Episodes < 100 || st.MeanLength != st.MeanReturn || st.MeanLength < tc.lo || st.MeanLength > tc.hi {
+			t.Errorf("max frames %d: %d episodes, mean length %v, mean return %v; want at least 100 episodes, length = return in [%v, %v]",
+				tc.maxFrames, st.Episodes, st.MeanLength, st.MeanReturn, tc.lo, tc.hi)
+		}
+	}
+}

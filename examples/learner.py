@@ -1,7 +1,8 @@
-"""A DQN-style learner on `rbd serve --demo`, in numpy.
+"""A DQN-style learner on `rbd serve --demo`, in numpy, that teaches the
+demo collector to balance CartPole.
 
-    rbd serve --demo &
-    python3 examples/learner.py --url http://127.0.0.1:7450 --steps 1000
+    rbd serve --demo --demo-spi 16 &
+    python3 examples/learner.py --url http://127.0.0.1:7450
 
 It trains a small MLP Q-function on the demo buffer's CartPole steps with
   - prioritized sampling (rbd's sum tree; importance weights in "weight"),
@@ -11,17 +12,24 @@ It trains a small MLP Q-function on the demo buffer's CartPole steps with
   - priority updates with |TD error| for the sampled seqs,
   - a target network (soft updates), Adam, Huber loss,
   - background prefetch of the next batch while this one trains,
-and prints the loss and the sample throughput. At the end it prints the mean
-loss of the first and last 20% of steps (--check exits 1 unless it went
-down), then pushes the weights to the demo collector
-(PUT /v1/collectors/demo/weights) and reports how long the collector's
-episodes last before and after: the actor-learner loop is closed.
+and every --push-every steps sends its network and an exploration rate
+(epsilon, decayed from --eps-start to --eps-end) to the demo collector
+(PUT /v1/collectors/demo/weights). The collector then acts with what the
+learner learned, so the data gets better as the network does: the
+actor-learner loop closes. Every --log-every steps it prints the loss, the
+sample throughput and the collector's mean episode length over its last 100
+episodes (GET /v1/collectors/demo); it stops once that reaches
+--target-length (195: CartPole "solved") or after --steps steps.
+--check-length exits 1 unless the target was reached.
 
-The demo collector runs a linear Q policy (w [4, 2], b [2]), so what is
-pushed is the least-squares linear fit of the MLP's Q on the last batch.
-With --push-every N it is also pushed during training; then the policy,
-and so the data, keeps changing (episodes get longer, values and TD errors
-grow with them) and the loss is no longer a measure of progress.
+With `--demo-spi N` the server's rate limiter keeps N sampled rows per
+inserted row: the collector waits for the learner, so the ratio of learning
+to experience is the same on a fast machine and a slow one. Without it the
+collector runs at --demo-rate and the learner at its own speed.
+
+--check exits 1 unless the mean loss of the last 20% of steps is below that
+of the first 20%; that only means something without pushes (--push-every
+0), since a policy that improves makes longer episodes and larger values.
 """
 
 import argparse
@@ -66,14 +74,6 @@ class MLP:
         gh = (g @ W2.T) * (h > 0)
         return [x.T @ gh, gh.sum(axis=0), h.T @ g, g.sum(axis=0)]
 
-    def linear_fit(self, x):
-        """The least-squares linear Q (w [4, 2], b [2]) closest to this one
-        on observations x: what the demo collector's linear policy can run."""
-        q = self.forward(x)[0]
-        X = np.hstack([x, np.ones((len(x), 1), np.float32)])
-        coef = np.linalg.lstsq(X, q, rcond=None)[0].astype(np.float32)
-        return coef[:-1], coef[-1]
-
 
 class Adam:
     def __init__(self, params, lr):
@@ -96,29 +96,21 @@ def huber(x, delta=1.0):
     return np.where(a <= delta, 0.5 * x * x, delta * (a - 0.5 * delta)), np.clip(x, -delta, delta)
 
 
-def push(client, collector, q_net, obs):
-    """Send the linear fit of q_net to the collector; returns the collector
-    name, or "" if the server runs none (not started with --demo)."""
-    w, b = q_net.linear_fit(obs)
+def push(client, collector, q_net, epsilon):
+    """Send q_net and the exploration rate to the collector; returns the
+    collector name, or "" if the server runs none (not started with --demo)."""
+    W1, b1, W2, b2 = q_net.params
     try:
-        client.set_weights(collector, {"w": w, "b": b})
+        client.set_weights(collector, {"w1": W1, "b1": b1, "w2": W2, "b2": b2, "epsilon": np.float32(epsilon)})
     except NotFound:
         print("no collector %r on this server: weights not pushed" % collector)
         return ""
     return collector
 
 
-def mean_length(client, buffer, lo, hi):
-    """Mean length of the episodes that both started and ended in seqs [lo, hi)."""
-    starts, lengths = set(), []
-    for page in client.iter_rows(buffer, lo):
-        keep = page["seq"] < hi
-        traj, step, done = page["traj_id"][keep], page["step"][keep], page["next.done"][keep]
-        starts.update(traj[step == 0].tolist())
-        lengths += [s + 1 for t, s in zip(traj[done].tolist(), step[done].tolist()) if t in starts]
-        if not keep.all():
-            break
-    return float(np.mean(lengths)) if lengths else float("nan")
+def collector_length(client, collector):
+    """The collector's mean episode length over its last 100 episodes."""
+    return client.collector(collector)["mean_episode_length"] if collector else float("nan")
 
 
 def main(argv=None):
@@ -127,25 +119,37 @@ def main(argv=None):
     p.add_argument("--token", default=os.environ.get("RBD_TOKEN"))
     p.add_argument("--buffer", default="demo")
     p.add_argument("--collector", default="demo", help="collector to push weights to ('' for none)")
-    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=20000, help="stop after this many steps at most")
+    p.add_argument("--target-length", type=float, default=195,
+                   help="stop once the collector's mean episode length reaches this (0: never)")
+    p.add_argument("--check-length", action="store_true", help="exit 1 unless --target-length was reached")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--n-step", type=int, default=3)
     p.add_argument("--gamma", type=float, default=0.99)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--beta", type=float, default=0.4)
-    p.add_argument("--tau", type=float, default=0.02, help="target network: soft update rate per step")
-    p.add_argument("--push-every", type=int, default=0, help="also push weights every N steps (0: at the end only)")
+    p.add_argument("--tau", type=float, default=0.01, help="target network: soft update rate per step")
+    p.add_argument("--push-every", type=int, default=50, help="push weights every N steps (0: at the end only)")
+    p.add_argument("--eps-start", type=float, default=1.0, help="collector exploration rate at the first push")
+    p.add_argument("--eps-end", type=float, default=0.02, help="... decayed linearly to this")
+    p.add_argument("--eps-steps", type=int, default=1000, help="... over this many steps")
     p.add_argument("--after", type=float, default=2.0, help="seconds to watch the collector after the final push")
-    p.add_argument("--min-rows", type=int, default=2000, help="wait for this many rows first")
+    p.add_argument("--min-rows", type=int, default=2000,
+                   help="wait for this many rows first (unless the buffer has a rate limit: its min_size holds)")
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--check", action="store_true", help="exit 1 unless the loss went down")
     a = p.parse_args(argv)
 
-    client = Client(a.url, token=a.token)
+    # A rate-limited buffer holds samples back while the collector catches
+    # up: wait for it (Retry-After) rather than fail.
+    client = Client(a.url, token=a.token, retry_rate_limited=60)
+    # Without a rate limit, wait for --min-rows rows; with one, its
+    # min_size holds the first samples back and the collector may be held
+    # back before --min-rows.
     deadline = time.monotonic() + 60
-    while client.info(a.buffer)["size"] < a.min_rows:
+    while "rate_limit" not in client.info(a.buffer) and client.info(a.buffer)["size"] < a.min_rows:
         if time.monotonic() > deadline:
             sys.exit("buffer %s has fewer than %d rows after 60s" % (a.buffer, a.min_rows))
         time.sleep(0.1)
@@ -155,9 +159,14 @@ def main(argv=None):
     target = q_net.copy()
     opt = Adam(q_net.params, a.lr)
     losses, rows, stale = [], 0, 0
+    length0 = collector_length(client, a.collector) if a.collector else float("nan")
+    if a.collector:
+        print("collector %s: mean episode length %.1f before training" % (a.collector, length0), flush=True)
+    reached = None
     t0 = t_log = time.perf_counter()
     batches = client.iter_samples(a.buffer, a.batch, "prioritized", depth=2, batches=a.steps,
                                   n_step={"n": a.n_step, "gamma": a.gamma}, beta=a.beta, seed=a.seed,
+                                  timeout_ms=2000,
                                   keys=["observation", "action", "next.reward", "next.terminated",
                                         "next.observation"])
     with batches:
@@ -184,29 +193,43 @@ def main(argv=None):
             res = client.update_priorities(a.buffer, bt["seq"], np.abs(td) + 1e-3)
             stale += res["stale"]
             rows += n
+            eps = a.eps_end + (a.eps_start - a.eps_end) * max(0.0, 1 - step / max(1, a.eps_steps))
             if a.collector and a.push_every and step % a.push_every == 0:
-                a.collector = push(client, a.collector, q_net, obs)
+                a.collector = push(client, a.collector, q_net, eps)
             if step % a.log_every == 0:
                 now = time.perf_counter()
-                print("step %5d  loss %.4f  mean Q %.2f  %.0f batches/s  %.0f rows/s"
-                      % (step, np.mean(losses[-a.log_every:]), q.mean(),
-                         a.log_every / (now - t_log), a.log_every * n / (now - t_log)), flush=True)
+                length = collector_length(client, a.collector)
+                print("step %5d  loss %.4f  mean Q %6.2f  %4.0f batches/s  %6.0f rows/s  epsilon %.2f  "
+                      "collector episode length %.1f"
+                      % (step, np.mean(losses[-a.log_every:]), q.mean(), a.log_every / (now - t_log),
+                         a.log_every * n / (now - t_log), eps, length), flush=True)
                 t_log = now
+                if a.target_length and length >= a.target_length and eps <= a.eps_end:
+                    reached = (step, now - t0, length)
+                    break
     dt = time.perf_counter() - t0
     k = max(1, len(losses) // 5)
     first, last = float(np.mean(losses[:k])), float(np.mean(losses[-k:]))
     print("%d steps in %.1fs: %.0f batches/s, %.0f rows/s sampled, trained and re-prioritised (%d stale updates)"
           % (len(losses), dt, len(losses) / dt, rows / dt, stale))
-    print("loss: first 20%% %.4f, last 20%% %.4f: %s" % (first, last, "down" if last < first else "NOT down"))
+    print("loss: first 20%% %.4f, last 20%% %.4f: %s%s" % (
+        first, last, "down" if last < first else "NOT down",
+        " (the pushed policy kept changing the data: longer episodes, larger values and TD errors)"
+        if a.collector and a.push_every else ""))
     if a.collector:
-        before = client.info(a.buffer)["write_count"]
-        if push(client, a.collector, q_net, obs):
+        if push(client, a.collector, q_net, a.eps_end):
             time.sleep(a.after)
-            print("demo collector episodes: mean length %.1f before the push, %.1f after"
-                  % (mean_length(client, a.buffer, max(0, before - 20000), before),
-                     mean_length(client, a.buffer, before, before + 65536)))
+            print("demo collector episodes: mean length %.1f before training, %.1f after"
+                  % (length0, collector_length(client, a.collector)))
+    if reached:
+        print("solved: the collector's mean episode length reached %.1f (target %g) after %d steps, %.0fs"
+              % (reached[2], a.target_length, reached[0], reached[1]))
+    elif a.target_length and a.collector:
+        print("not solved: the collector's mean episode length stayed below %g" % a.target_length)
     client.close()
     if a.check and not last < first:
+        sys.exit(1)
+    if a.check_length and not reached:
         sys.exit(1)
 
 

@@ -212,10 +212,11 @@ type waiter struct {
 // Grant is an admission. Refund gives rows back when the request fails
 // after it was admitted, or returns fewer rows than it asked for.
 type Grant struct {
-	l    *Limiter
-	side Side
-	n    int64
-	gen  uint64
+	l      *Limiter
+	side   Side
+	n      int64
+	gen    uint64
+	waited time.Duration
 }
 
 // New returns a limiter with params p (nil: off) for a buffer that holds
@@ -377,6 +378,7 @@ func (l *Limiter) Acquire(ctx context.Context, side Side, n int64, deadline time
 			l.refundLocked(w.grant, w.n)
 			return Grant{}, cause
 		}
+		w.grant.waited = waited
 		return w.grant, w.err
 	default:
 	}
@@ -404,6 +406,10 @@ func (g Grant) Refund(n int64) {
 
 // Rows returns the rows granted.
 func (g Grant) Rows() int64 { return g.n }
+
+// Waited is how long the request waited in the queue before it was
+// admitted (0 when it was admitted at once).
+func (g Grant) Waited() time.Duration { return g.waited }
 
 func (l *Limiter) refundLocked(g Grant, n int64) {
 	if g.l != l || g.gen != l.gen || l.p == nil {

@@ -210,16 +210,17 @@ func TestBlockedErrorSaysWhy(t *testing.T) {
 
 // result of an Acquire run in the background.
 type result struct {
-	err  error
-	at   time.Duration
-	rank int
+	err    error
+	at     time.Duration
+	rank   int
+	waited time.Duration // Grant.Waited
 }
 
 func background(l *Limiter, side Side, n int64, wait time.Duration, rank int, out chan<- result) {
 	start := time.Now()
 	go func() {
-		_, err := l.Acquire(context.Background(), side, n, start.Add(wait), nil, errStop)
-		out <- result{err: err, at: time.Since(start), rank: rank}
+		g, err := l.Acquire(context.Background(), side, n, start.Add(wait), nil, errStop)
+		out <- result{err: err, at: time.Since(start), rank: rank, waited: g.Waited()}
 	}()
 }
 
@@ -245,11 +246,12 @@ func TestWaitersAreReleasedByTheOtherSide(t *testing.T) {
 		out := make(chan result, 1)
 		background(l, Samples, 4, time.Minute, 0, out) // 14 - 4 < 14
 		waitFor(t, l, func(s State) bool { return s.WaitingSamples == 1 && s.Blocked == "samples" })
-		if err := acquire(l, Inserts, 2); err != nil { // 14 + 4 = 18
-			t.Fatal(err)
+		g, err := l.Acquire(context.Background(), Inserts, 2, now(), nil, errStop) // 14 + 4 = 18
+		if err != nil || g.Waited() != 0 {
+			t.Fatalf("extend admitted at once: waited %v, %v", g.Waited(), err)
 		}
-		if r := <-out; r.err != nil {
-			t.Fatal(r.err)
+		if r := <-out; r.err != nil || r.waited <= 0 || r.waited > r.at {
+			t.Fatalf("released sample: waited %v of %v, %v", r.waited, r.at, r.err)
 		}
 		st, _ := l.State()
 		if st.Inserts != 12 || st.Samples != 10 || st.Diff != 14 || st.WaitingSamples != 0 || st.SampleWaitSeconds <= 0 {

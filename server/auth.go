@@ -48,6 +48,7 @@ var endpointRoles = map[string]Role{
 	"rows":         RoleRead,
 	"sample":       RoleRead,
 	"not_found":    RoleRead,
+	"collector":    RoleRead,
 	"extend":       RoleWrite,
 	"priorities":   RoleWrite,
 	"close_stream": RoleWrite,

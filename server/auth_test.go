@@ -51,6 +51,7 @@ func TestRoleRouteTable(t *testing.T) {
 		{"priorities", "POST", "/v1/buffers/cp/priorities", `{"seq": [0], "priority": [1]}`},
 		{"close_stream", "DELETE", "/v1/buffers/cp/streams/s", ""},
 		{"weights", "PUT", "/v1/collectors/demo/weights", ""},
+		{"collector", "GET", "/v1/collectors/demo", ""},
 		{"create", "PUT", "/v1/buffers/other", cartpoleSpec},
 		{"checkpoint", "POST", "/v1/buffers/cp/checkpoint", `{"dir": "x"}`},
 		{"rate_limit", "PUT", "/v1/buffers/cp/rate_limit", `{"min_size": 1}`},

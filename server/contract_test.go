@@ -251,8 +251,17 @@ func ctValidate(t *testing.T, router routers.Router, x ctExchange) (route *route
 }
 
 // ctWeights stands in for the demo collector: "demo" takes float32 w
-// [4, 2] and b [2].
+// [4, 2] and b [2] and reports a state.
 type ctWeights struct{}
+
+func (ctWeights) CollectorInfo(collector string) (server.CollectorInfo, error) {
+	if collector != "demo" {
+		return server.CollectorInfo{}, fmt.Errorf("collector %q: %w", collector, storage.ErrNotFound)
+	}
+	return server.CollectorInfo{Name: "demo", Env: "cartpole", Envs: 8, Buffer: "demo", Policy: "mlp", Hidden: 64,
+		Epsilon: 0.1, WeightsVersion: 3, Frames: 2560, Episodes: 40, MeanEpisodeReturn: 21.5, MeanEpisodeLength: 21.5,
+		FramesPerSecond: 5000}, nil
+}
 
 func (ctWeights) SetWeights(collector string, tensors map[string][]float32, shapes map[string][]int) error {
 	if collector != "demo" {
@@ -493,6 +502,8 @@ func ctCases(t *testing.T) []ctCase {
 
 		// collectors
 		{name: "weights", method: "PUT", path: "/v1/collectors/demo/weights", ctype: bin, body: weights, want: 200},
+		{name: "collector", method: "GET", path: "/v1/collectors/demo", want: 200},
+		{name: "collector unknown", method: "GET", path: "/v1/collectors/other", want: 404},
 		{name: "weights wrong shape", method: "PUT", path: "/v1/collectors/demo/weights", ctype: st, body: badWeights, want: 400},
 		{name: "weights unknown collector", method: "PUT", path: "/v1/collectors/other/weights", ctype: bin, body: weights, want: 404},
 		{name: "weights too large", method: "PUT", path: "/v1/collectors/demo/weights", ctype: bin, body: big, want: 413},

@@ -268,37 +268,3 @@ func intParam(v string, def int64, name string) (int64, error) {
 	}
 	return n, nil
 }
-
-func (s *Server) setWeights(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
-	if s.opts.Weights == nil {
-		return &apiError{status: http.StatusNotFound, msg: fmt.Sprintf("no collector %q runs in this server (start it with --demo)", name)}
-	}
-	body, err := readBody(w, r)
-	if err != nil {
-		return err
-	}
-	if err := leaseOf(w).grow(r.Context(), int64(len(body)), "decoding the weights"); err != nil {
-		return err
-	}
-	tensors, _, err := codec.DecodeSafetensors(body)
-	if err != nil {
-		return err
-	}
-	vals, shapes := map[string][]float32{}, map[string][]int{}
-	for _, t := range tensors {
-		if t.DType != "float32" {
-			return badRequest(fmt.Sprintf("tensor %q: dtype %s, want float32", t.Name, t.DType))
-		}
-		v := make([]float32, len(t.Data)/4)
-		for i := range v {
-			v[i] = float32frombits(binary.LittleEndian.Uint32(t.Data[4*i:]))
-		}
-		vals[t.Name], shapes[t.Name] = v, t.Shape
-	}
-	if err := s.opts.Weights.SetWeights(name, vals, shapes); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"collector": name, "updated": true})
-	return nil
-}

@@ -157,6 +157,7 @@ func New(db *rbd.DB, opts *Options) *Server {
 	s.route("DELETE /v1/buffers/{name}/streams/{stream}", "close_stream", s.closeStream)
 	s.route("POST /v1/buffers/{name}/checkpoint", "checkpoint", s.checkpoint)
 	s.route("PUT /v1/buffers/{name}/rate_limit", "rate_limit", s.setRateLimit)
+	s.route("GET /v1/collectors/{name}", "collector", s.getCollector)
 	s.route("PUT /v1/collectors/{name}/weights", "weights", s.setWeights)
 	if o.Pprof {
 		s.mux.Handle("GET /debug/pprof/", s.wrap("pprof", http.HandlerFunc(pprof.Index)))

@@ -29,6 +29,9 @@ type ExtendResult struct {
 	FirstSeq   int64 `json:"first_seq"`
 	Rows       int   `json:"rows"`
 	WriteCount int64 `json:"write_count"`
+	// RateLimitWait is how long the extend waited for the buffer's rate
+	// limiter before it was admitted (ExtendContext; not sent over HTTP).
+	RateLimitWait time.Duration `json:"-"`
 }
 
 // plan is a validated batch, ready to be copied without further checks.
@@ -257,6 +260,7 @@ func (b *Buffer) ExtendContext(ctx context.Context, stream string, batch *Batch,
 			return ExtendResult{}, fmt.Errorf("extend %q: rows written but not durable: %w", b.name, err)
 		}
 	}
+	res.RateLimitWait = grant.Waited()
 	return res, nil
 }
 

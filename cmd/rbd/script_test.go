@@ -661,22 +661,35 @@ func lookPath(ts *testscript.TestScript, prog string) string {
 // writes a safetensors file with float32 tensors w and b of the given
 // shapes (comma-separated, e.g. 4,2 and 2).
 func cmdMkWeights(ts *testscript.TestScript, neg bool, args []string) {
-	if neg || len(args) != 3 {
-		ts.Fatalf("usage: mkweights FILE WSHAPE BSHAPE")
+	if neg || len(args) < 2 {
+		ts.Fatalf("usage: mkweights FILE NAME=SHAPE[@VALUE]... (e.g. w=4,2 b=2 epsilon=1@0.2)")
 	}
 	var tensors []codec.Tensor
-	for i, name := range []string{"w", "b"} {
+	for _, arg := range args[1:] {
+		name, rest, ok := strings.Cut(arg, "=")
+		if !ok {
+			ts.Fatalf("mkweights: %q is not NAME=SHAPE", arg)
+		}
+		dims, fill, constant := strings.Cut(rest, "@")
 		var shape []int
 		n := 1
-		for _, d := range strings.Split(args[1+i], ",") {
+		for _, d := range strings.Split(dims, ",") {
 			v, err := strconv.Atoi(d)
 			ts.Check(err)
 			shape = append(shape, v)
 			n *= v
 		}
+		c, err := strconv.ParseFloat(fill, 32)
+		if constant {
+			ts.Check(err)
+		}
 		data := make([]byte, 0, 4*n)
 		for k := range n {
-			data = appendFloat32(data, 0.25*float32(k)-0.5)
+			v := 0.25*float32(k) - 0.5 // a pattern, so a transposed tensor differs
+			if constant {
+				v = float32(c)
+			}
+			data = appendFloat32(data, v)
 		}
 		tensors = append(tensors, codec.Tensor{Name: name, DType: "float32", Shape: shape, Data: data})
 	}

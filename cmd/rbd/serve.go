@@ -30,6 +30,8 @@ type serveOptions struct {
 	insecure    bool
 	demo        bool
 	demoRate    float64
+	demoSPI     float64
+	demoSeed    uint64
 	maxBody     int64
 	maxResponse int64
 	checkpoint  time.Duration
@@ -62,8 +64,12 @@ non-loopback address without a token is refused unless --insecure.
 
 --demo creates (or reuses) a buffer "demo" of CartPole-v1 steps fed by a
 built-in collector: 8 envs, an epsilon-greedy linear Q policy starting from
-zero weights, at most --demo-rate steps/s. Replace the policy's weights with
-PUT /v1/collectors/demo/weights (safetensors w float32 [4,2], b float32 [2]).`,
+zero weights, at most --demo-rate steps/s. A learner replaces the policy with
+PUT /v1/collectors/demo/weights (safetensors: an MLP Q-network w1 [4,H],
+b1 [H], w2 [H,2], b2 [2], or linear w [4,2], b [2]; optionally epsilon);
+GET /v1/collectors/demo shows how long its episodes last. --demo-spi N puts
+a rate limit of N sampled rows per inserted row on the demo buffer, so the
+collector waits for the learner (docs/flow-control.md).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.token == "" {
@@ -79,6 +85,8 @@ PUT /v1/collectors/demo/weights (safetensors w float32 [4,2], b float32 [2]).`,
 	f.BoolVar(&o.insecure, "insecure", false, "allow a non-loopback address without a token")
 	f.BoolVar(&o.demo, "demo", false, "run a built-in CartPole collector feeding buffer \"demo\"")
 	f.Float64Var(&o.demoRate, "demo-rate", 5000, "demo collector steps per second at most")
+	f.Float64Var(&o.demoSPI, "demo-spi", 0, "rate-limit the demo buffer to this many sampled rows per inserted row (min_size 1000); 0 leaves its rate limit as it is")
+	f.Uint64Var(&o.demoSeed, "demo-seed", 0, "seed of the demo collector's envs and exploration (0: from the clock)")
 	f.Int64Var(&o.maxBody, "max-body", 64<<20, "largest request body in bytes (413 above)")
 	f.Int64Var(&o.maxResponse, "max-response", 1<<30, "largest sample answer in bytes (400 above)")
 	f.DurationVar(&o.checkpoint, "checkpoint-interval", time.Second, "how often flush-mode buffers are synced")
@@ -109,29 +117,6 @@ func isLoopback(addr string) bool {
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
 }
-
-// demoWeights routes weight updates to the demo collector's policy.
-type demoWeights struct{ policy *collector.LinearQ }
-
-func (d demoWeights) SetWeights(name string, vals map[string][]float32, shapes map[string][]int) error {
-	if name != "demo" {
-		return fmt.Errorf("no collector %q runs in this server (only \"demo\", with --demo): %w", name, storage.ErrNotFound)
-	}
-	for k := range vals {
-		if k != "w" && k != "b" {
-			return fmt.Errorf("tensor %q: %w", k, errBadWeights)
-		}
-	}
-	if vals["w"] == nil || vals["b"] == nil {
-		return fmt.Errorf("tensors w and b are required: %w", errBadWeights)
-	}
-	if err := d.policy.SetWeights(vals, shapes); err != nil {
-		return fmt.Errorf("%v: %w", err, errBadWeights)
-	}
-	return nil
-}
-
-var errBadWeights = fmt.Errorf("bad weights: %w", storage.ErrInvalidBatch)
 
 // runServe serves until ctx ends. ready, if set, receives the listening
 // address (tests use --addr 127.0.0.1:0).
@@ -196,7 +181,7 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 	var collectorDone chan error
 	if o.demo {
 		collectorDone = make(chan error, 1)
-		env, err := envs.New("cartpole", 8, nil)
+		env, err := envs.New("cartpole", demoEnvs, nil)
 		if err != nil {
 			return errors.Join(err, db.Close())
 		}
@@ -205,14 +190,25 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 		if err != nil {
 			return errors.Join(fmt.Errorf("demo buffer: %w", err), env.Close(), db.Close())
 		}
-		policy := collector.NewLinearQ(4, 2, 0.1)
-		opts.Weights = demoWeights{policy}
+		if o.demoSPI != 0 {
+			if err := buf.SetRateLimit(demoRateLimit(o.demoSPI)); err != nil {
+				return errors.Join(fmt.Errorf("--demo-spi: %w", err), env.Close(), db.Close())
+			}
+		}
+		demo := newDemoCollector(env.Spec())
+		opts.Weights = demo
+		seed := o.demoSeed
+		if seed == 0 {
+			seed = uint64(time.Now().UnixNano())
+		}
 		go func() {
 			defer env.Close()
 			_, err := collector.Run(runCtx, collector.Config{
-				Env: env, Policy: policy, Writer: collector.BufferWriter{Buffer: buf.Buffer},
+				Env: env, Policy: demo, Writer: collector.BufferWriter{Buffer: buf.Buffer},
 				FramesPerBatch: 256, MaxRate: o.demoRate, CompactObs: true, Stream: "demo-collector",
-				Seed: uint64(time.Now().UnixNano()),
+				Seed:          seed,
+				BeforeBatch:   func(_ context.Context, st collector.Stats) error { demo.observe(st); return nil },
+				OnRateLimited: demo.observe,
 			})
 			collectorDone <- err
 		}()

@@ -497,9 +497,18 @@ class Client:
 
     # -- collectors -----------------------------------------------------------
 
+    def collector(self, name):
+        """A server-run collector's live state (``rbd serve --demo``):
+        ``policy``, ``weights_version``, ``frames``, ``episodes``,
+        ``mean_episode_length`` of the last 100 episodes, ``rate_limited``,
+        ..."""
+        return self._json("GET", self._path("v1", "collectors", name))
+
     def set_weights(self, collector, tensors):
-        """Replace a collector's policy weights (``rbd serve --demo``:
-        ``{"w": float32 [4, 2], "b": float32 [2]}``)."""
+        """Replace a collector's policy weights (``rbd serve --demo``: an MLP
+        Q-network ``{"w1": [4, H], "b1": [H], "w2": [H, 2], "b2": [2]}`` or a
+        linear one ``{"w": [4, 2], "b": [2]}``, float32, either optionally
+        with ``"epsilon"``, the probability of a random action)."""
         t = {k: np.asarray(v, dtype=np.float32) for k, v in tensors.items()}
         header, parts, _ = safetensors.encode(t)
         body = [header] + [safetensors.byte_view(p) for p in parts]

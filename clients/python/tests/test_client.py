@@ -610,8 +610,26 @@ class DemoTest(ServerTest):
         rbdserver.wait_for_rows(self.c, "demo", 256)
         info = self.c.info("demo")
         self.assertTrue(info["spec"]["compact_obs"])
+        before = self.c.collector("demo")
+        self.assertEqual((before["policy"], before["env"], before["buffer"]), ("linear", "cartpole", "demo"))
         res = self.c.set_weights("demo", {"w": np.ones((4, 2)), "b": [0.0, 1.0]})
-        self.assertEqual(res, {"collector": "demo", "updated": True})
+        self.assertEqual(res, {"collector": "demo", "updated": True,
+                               "weights_version": before["weights_version"] + 1})
+        # The learner's layout: an MLP of any hidden width, with epsilon.
+        rng = np.random.default_rng(0)
+        self.c.set_weights("demo", {"w1": rng.standard_normal((4, 16)), "b1": np.zeros(16),
+                                    "w2": rng.standard_normal((16, 2)), "b2": np.zeros(2), "epsilon": 0.25})
+        info = self.c.collector("demo")
+        self.assertEqual((info["policy"], info["hidden"], info["epsilon"]), ("mlp", 16, 0.25))
+        self.c.set_weights("demo", {"epsilon": 0.5})  # exploration alone keeps the network
+        info = self.c.collector("demo")
+        self.assertEqual((info["policy"], info["hidden"], info["epsilon"]), ("mlp", 16, 0.5))
+        self.assertEqual(info["weights_version"], before["weights_version"] + 3)
+        with self.assertRaises(BadRequest) as cm:
+            self.c.set_weights("demo", {"epsilon": 1.5})
+        self.assertIn("epsilon", cm.exception.message)
+        with self.assertRaises(NotFound):
+            self.c.collector("other")
         with self.assertRaises(BadRequest) as cm:
             self.c.set_weights("demo", {"w": np.ones((2, 4)), "b": np.zeros(2)})
         self.assertIn("w: shape [2 4], want [4 2]", cm.exception.message)

@@ -71,15 +71,37 @@ class ActorTest(unittest.TestCase):
 
 class LearnerTest(unittest.TestCase):
     def test_learner_loss_goes_down(self):
+        # Without pushes the data's policy stays fixed, so the loss measures
+        # how well the network fits it.
         with rbdserver.Server(["--demo", "--demo-rate", "20000"]) as srv:
             out = run_example("learner.py", "--url", srv.url, "--steps", "600", "--log-every", "200",
+                              "--push-every", "0", "--target-length", "0",
                               "--min-rows", "4000", "--after", "1", "--seed", "1", "--check")
         m = re.search(r"loss: first 20% ([\d.]+), last 20% ([\d.]+): down", out)
         self.assertIsNotNone(m, out)
         first, last = float(m.group(1)), float(m.group(2))
         self.assertLess(last, first, out)
-        self.assertRegex(out, r"step +600 +loss [\d.]+ .* batches/s +\d+ rows/s")
+        self.assertRegex(out, r"step +600 +loss [\d.]+ .* batches/s +\d+ rows/s .*collector episode length [\d.]+")
         self.assertIn("demo collector episodes: mean length", out)
+
+    def test_learner_teaches_the_collector(self):
+        # The loop closed: pushed networks make the collector's CartPole
+        # episodes last from about 10 steps to CartPole's "solved" 195, with
+        # the rate limiter pacing the collector to the learner.
+        with rbdserver.Server(["--demo", "--demo-spi", "16", "--demo-seed", "1"]) as srv:
+            out = run_example("learner.py", "--url", srv.url, "--steps", "15000", "--log-every", "250",
+                              "--after", "1", "--seed", "1", "--check-length", timeout=400)
+            info = Client(srv.url).collector("demo")
+        m = re.search(r"collector demo: mean episode length ([\d.]+) before training", out)
+        self.assertIsNotNone(m, out)
+        self.assertLess(float(m.group(1)), 30, out)
+        m = re.search(r"solved: the collector's mean episode length reached ([\d.]+)", out)
+        self.assertIsNotNone(m, out)
+        self.assertGreaterEqual(float(m.group(1)), 195, out)
+        self.assertEqual(info["policy"], "mlp")
+        self.assertEqual(info["hidden"], 64)
+        self.assertGreater(info["weights_version"], 1)
+        self.assertGreater(info["rate_limit_wait_seconds"], 0, "the rate limiter paced the collector")
 
 
 if __name__ == "__main__":
