@@ -56,10 +56,14 @@ type SampleRequest struct {
 	// TimeoutMS is how long to wait for data that can satisfy the request
 	// (0: answer at once).
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// MinPolicyVersion, when set, lets transition samplers return only rows
+	// whose policy_version is at least this (staleness control); until
+	// enough such rows exist the sample is not ready.
+	MinPolicyVersion *int64 `json:"min_policy_version,omitempty"`
 }
 
 var sampleRequestKeys = []string{"batch_size", "sampler", "seed", "keys", "next_state", "n_step", "num_slices",
-	"slice_len", "strict_length", "beta", "consumer", "include_incomplete", "drop_last", "fill", "timeout_ms"}
+	"slice_len", "strict_length", "beta", "consumer", "include_incomplete", "drop_last", "fill", "timeout_ms", "min_policy_version"}
 
 // NStep asks for n-step returns with discount Gamma.
 type NStep struct {
@@ -169,6 +173,8 @@ type plan struct {
 	fillNaN   bool
 	slices    bool
 	rows      int // output rows (B or S*L)
+	// minVersion is min_policy_version, -1 without one.
+	minVersion int64
 	// answerBytes bounds the memory of the answer's tensors as the
 	// buffer's pool hands it out (sizes rounded up to powers of two).
 	answerBytes int64
@@ -179,7 +185,7 @@ const maxSampleRows = 1 << 22
 
 func (b *Buffer) planSample(req *SampleRequest, maxBytes int64) (*plan, error) {
 	spec := b.Spec()
-	p := &plan{req: req, spec: spec, compact: spec.CompactObs, nstep: req.NStep}
+	p := &plan{req: req, spec: spec, compact: spec.CompactObs, nstep: req.NStep, minVersion: -1}
 	kind := req.Sampler
 	if kind == "" {
 		kind = sampler.Uniform
@@ -285,6 +291,20 @@ func (b *Buffer) planSample(req *SampleRequest, maxBytes int64) (*plan, error) {
 		compact := p.compact
 		p.params.Eligible = func(_ storage.Index, m storage.RowMeta) bool {
 			return nextKnown(m, compact)
+		}
+	}
+	if v := req.MinPolicyVersion; v != nil {
+		switch {
+		case *v < 0:
+			return nil, reqErr("min_policy_version", "must be an integer >= 0, got %d", *v)
+		case p.slices:
+			return nil, reqErr("min_policy_version", "applies to transition samplers (%s, %s, %s); slice samplers do not filter by version",
+				sampler.Uniform, sampler.Prioritized, sampler.WithoutReplacement)
+		}
+		p.minVersion = *v
+		min, next := *v, p.params.Eligible
+		p.params.Eligible = func(ix storage.Index, m storage.RowMeta) bool {
+			return m.PolicyVersion >= min && (next == nil || next(ix, m))
 		}
 	}
 	var rowBytes int64 = 8 * 3

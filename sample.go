@@ -43,6 +43,11 @@ type Batch struct {
 	// Metadata carries epoch and epoch_end for without-replacement
 	// samplers.
 	Metadata map[string]string
+	// PolicyAgeMean and PolicyAgeMax say how many policy versions the
+	// batch's rows are behind the newest row written to the buffer when
+	// they were drawn (0 when writers give no versions).
+	PolicyAgeMean float64
+	PolicyAgeMax  int64
 
 	pool *bytePool
 	bufs [][]byte
@@ -91,7 +96,9 @@ type SampleOptions struct {
 // drawn is a selection resolved against the index: every row's metadata,
 // where its next observation comes from, and its n-step window.
 type drawn struct {
-	sel     *sampler.Selection
+	sel *sampler.Selection
+	// newest is the newest policy version written when the rows were drawn.
+	newest  int64
 	metas   []storage.RowMeta
 	next    []transforms.NextSource
 	windows [][]storage.RowMeta // n-step only
@@ -139,6 +146,11 @@ func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOpt
 		var d *drawn
 		var drawErr error
 		err := b.ReadIndex(func(ix storage.Index) {
+			if p.minVersion >= 0 && ix.CountAtLeastVersion(p.minVersion) == 0 {
+				drawErr = fmt.Errorf("%w: no live row has policy_version >= %d (the newest written is %d)",
+					ErrNotReady, p.minVersion, ix.NewestPolicyVersion())
+				return
+			}
 			var sel *sampler.Selection
 			if sel, drawErr = b.state.Draw(ix, p.params, rng); drawErr == nil {
 				d = p.resolve(ix, sel)
@@ -196,7 +208,7 @@ func nextKnown(m storage.RowMeta, compact bool) bool {
 // resolve reads, under the index lock, everything the gather needs.
 func (p *plan) resolve(ix storage.Index, sel *sampler.Selection) *drawn {
 	n := len(sel.Seqs)
-	d := &drawn{sel: sel, metas: make([]storage.RowMeta, n), next: make([]transforms.NextSource, n)}
+	d := &drawn{sel: sel, metas: make([]storage.RowMeta, n), next: make([]transforms.NextSource, n), newest: ix.NewestPolicyVersion()}
 	if p.nstep != nil {
 		d.windows = make([][]storage.RowMeta, n)
 	}
@@ -456,10 +468,17 @@ func (b *Buffer) assemble(p *plan, d *drawn) (_ *Batch, ok bool, _ error) {
 		out.Metadata = map[string]string{"epoch": strconv.FormatInt(sel.Epoch, 10), "epoch_end": strconv.FormatBool(sel.EpochEnd)}
 	}
 	real := 0
-	for _, s := range sel.Seqs {
+	var ageSum int64
+	for i, s := range sel.Seqs {
 		if s >= 0 {
 			real++
+			age := max(0, d.newest-d.metas[i].PolicyVersion)
+			ageSum += age
+			out.PolicyAgeMax = max(out.PolicyAgeMax, age)
 		}
+	}
+	if real > 0 {
+		out.PolicyAgeMean = float64(ageSum) / float64(real)
 	}
 	b.NoteSampled(real)
 	return out, true, nil

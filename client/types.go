@@ -39,6 +39,23 @@ type Info struct {
 	ChunkCache *CacheStats `json:"chunk_cache,omitempty"`
 	// RateLimit is the rate limiter's live state (nil without one).
 	RateLimit *ratelimit.State `json:"rate_limit,omitempty"`
+	// PolicyVersions says which policy versions produced the live rows.
+	PolicyVersions PolicyVersions `json:"policy_versions"`
+}
+
+// PolicyVersions says which policy versions produced a buffer's live rows
+// (it mirrors storage.PolicyVersions): the newest version ever written, the
+// live rows' smallest and largest, and live rows per version, newest first
+// (at most 32 versions; OlderRows sums the rest).
+type PolicyVersions struct {
+	Newest int64 `json:"newest"`
+	Min    int64 `json:"min"`
+	Max    int64 `json:"max"`
+	Rows   []struct {
+		Version int64 `json:"version"`
+		Rows    int64 `json:"rows"`
+	} `json:"rows"`
+	OlderRows int64 `json:"older_rows"`
 }
 
 // CacheStats counts lookups in a compressed buffer's decoded-chunk cache.
@@ -109,6 +126,9 @@ type SampleRequest struct {
 	// the request before answering 503 not_ready (0: answer at once). The
 	// server caps it; the context passed to Sample should allow for it.
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// MinPolicyVersion, when set, makes transition samplers return only
+	// rows whose policy_version is at least this (Ptr(v)).
+	MinPolicyVersion *int64 `json:"min_policy_version,omitempty"`
 }
 
 // NStep asks for n-step returns with discount Gamma. It mirrors rbd.NStep.

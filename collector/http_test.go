@@ -43,9 +43,14 @@ func TestHTTPWriterMatchesInProcess(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, w := range []collector.Writer{collector.NewHTTPWriter(c, "remote", spec), collector.BufferWriter{Buffer: local.Buffer}} {
+			// A policy version that moves every 4 ticks, the same in both
+			// runs: the rows' policy_version must arrive either way.
+			ticks := int64(0)
+			version := func() int64 { ticks++; return ticks / 4 }
 			if _, err := collector.Run(context.Background(), collector.Config{
 				Env: newEnv(t, tc.env, 3, tc.opts), Writer: w, Stream: "x", Seed: 4,
 				FramesPerBatch: 30, TotalFrames: 300, CompactObs: tc.compact, MaxFramesPerTraj: 25,
+				PolicyVersion: version,
 			}); err != nil {
 				t.Fatalf("%s: %v", tc.env, err)
 			}
@@ -58,6 +63,10 @@ func TestHTTPWriterMatchesInProcess(t *testing.T) {
 			if !bytes.Equal(a.cols[k], v) {
 				t.Fatalf("%s: column %s differs", tc.env, k)
 			}
+		}
+		// 300 rows of 3 envs are 100 ticks: versions 0 (ticks 1-3) to 25.
+		if a.meta[0].PolicyVersion != 0 || a.meta[299].PolicyVersion != 25 || a.meta[15].PolicyVersion != 1 {
+			t.Fatalf("%s: policy versions %d, %d, %d; want 0, 1, 25", tc.env, a.meta[0].PolicyVersion, a.meta[15].PolicyVersion, a.meta[299].PolicyVersion)
 		}
 		base := a.meta[0].TrajID - b.meta[0].TrajID
 		for i := range a.meta {

@@ -74,6 +74,12 @@ type Config struct {
 	// AfterBatch, if set, runs after each batch is written. An error
 	// stops the run with it.
 	AfterBatch func(b *BatchInfo) error
+	// PolicyVersion, if set, gives the version of the policy's weights; the
+	// collector stamps each row with the version read just before the
+	// policy acted on it (policy_version, for min_policy_version). A
+	// weight update that lands between the read and the action labels that
+	// step one version older than it is, never newer. Nil stamps 0.
+	PolicyVersion func() int64
 	// OnRateLimited, if set, runs each time the buffer's rate limiter
 	// holds a write back (about once per writer wait, a second by
 	// default): the run is waiting for learners. It must not block.
@@ -336,6 +342,9 @@ func (r *runner) collect(ctx context.Context, last bool) (cut bool, err error) {
 		// continue from it: a reset follows, or the run ends.
 		cut = t == r.T-1 && (r.cfg.ResetAtEachIter || last || ctx.Err() != nil)
 		r.obs.reset(st.obsBlock(t))
+		if r.cfg.PolicyVersion != nil {
+			st.putVersion(t, r.cfg.PolicyVersion())
+		}
 		if err := policy.Act(&r.obs, r.acts, r.rng); err != nil {
 			return false, fmt.Errorf("collector: policy: %w", err)
 		}
@@ -497,8 +506,9 @@ type staging struct {
 	done, term, trunc []byte
 	// tail holds the final observations of done rows, in row order
 	// (compact only); its capacity is kept across batches.
-	tail []byte
-	env  []int64
+	tail    []byte
+	env     []int64
+	version []int64 // nil without Config.PolicyVersion
 
 	batch storage.Batch
 }
@@ -546,6 +556,17 @@ func (s *staging) nextBlock(t int) []byte {
 }
 
 func (s *staging) startBatch() { s.tail = s.tail[:0] }
+
+// putVersion stamps tick t's rows with a policy version.
+func (s *staging) putVersion(t int, v int64) {
+	if s.version == nil {
+		s.version = make([]int64, len(s.env))
+		s.batch.PolicyVersion = s.version
+	}
+	for e := range s.n {
+		s.version[t*s.n+e] = v
+	}
+}
 
 func (s *staging) putActions(t int, a *envs.Actions) {
 	blk := s.act[t*s.n*s.actB : (t+1)*s.n*s.actB]

@@ -64,6 +64,7 @@ type httpScratch struct {
 	tensors []codec.Tensor
 	shapes  [][]int
 	env     []byte
+	version []byte
 }
 
 // NewHTTPWriter returns a writer to buffer on the server c talks to. spec
@@ -130,6 +131,17 @@ func (s *httpScratch) tensorsOf(spec storage.Spec, b *storage.Batch) ([]codec.Te
 		}
 		s.tensors = append(s.tensors, codec.Tensor{Name: "env", DType: "int64",
 			Shape: s.shape(len(spec.Fields)+len(spec.ObsKeys), b.Rows, nil), Data: s.env})
+	}
+	if b.PolicyVersion != nil {
+		if len(b.PolicyVersion) != b.Rows {
+			return nil, fmt.Errorf("batch: policy_version has %d values for %d rows", len(b.PolicyVersion), b.Rows)
+		}
+		s.version = slices.Grow(s.version[:0], 8*b.Rows)[:8*b.Rows]
+		for i, v := range b.PolicyVersion {
+			binary.LittleEndian.PutUint64(s.version[8*i:], uint64(v))
+		}
+		s.tensors = append(s.tensors, codec.Tensor{Name: "policy_version", DType: "int64",
+			Shape: s.shape(len(spec.Fields)+len(spec.ObsKeys)+1, b.Rows, nil), Data: s.version})
 	}
 	return s.tensors, nil
 }

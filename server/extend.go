@@ -123,13 +123,17 @@ func safetensorsBatch(b *rbd.Buffer, body []byte) (*storage.Batch, error) {
 		if len(t.Shape) == 0 {
 			return nil, badRequest(fmt.Sprintf("field %q: shape [] has no row dimension", t.Name))
 		}
-		if t.Name == "env" {
-			env, err := envOf(t.DType, t.Shape, t.Data)
+		if t.Name == "env" || isVersionTensor(b, t.Name) {
+			v, err := perRowInts(t.Name, t.DType, t.Shape, t.Data)
 			if err != nil {
 				return nil, err
 			}
-			batch.Env = env
-			rows["env"] = t.Shape[0]
+			if t.Name == "env" {
+				batch.Env = v
+			} else {
+				batch.PolicyVersion = v
+			}
+			rows[t.Name] = t.Shape[0]
 			continue
 		}
 		c, err := column(b, t.Name)
@@ -168,9 +172,21 @@ func setRows(b *rbd.Buffer, batch *storage.Batch, rows map[string]int) error {
 	return nil
 }
 
-func envOf(dtype string, shape []int, data []byte) ([]int64, error) {
+// isVersionTensor reports whether an extend tensor gives the rows' policy
+// versions: "policy_version", unless the buffer has a field of that name
+// (created before versions existed), which keeps it.
+func isVersionTensor(b *rbd.Buffer, name string) bool {
+	if name != "policy_version" {
+		return false
+	}
+	_, isField := b.Column(name)
+	return !isField
+}
+
+// perRowInts decodes a per-row integer tensor (env, policy_version).
+func perRowInts(name, dtype string, shape []int, data []byte) ([]int64, error) {
 	if len(shape) != 1 {
-		return nil, badRequest(fmt.Sprintf("field \"env\": shape %v, want [N]", shape))
+		return nil, badRequest(fmt.Sprintf("field %q: shape %v, want [N]", name, shape))
 	}
 	switch dtype {
 	case "int64":
@@ -182,7 +198,7 @@ func envOf(dtype string, shape []int, data []byte) ([]int64, error) {
 		}
 		return out, nil
 	}
-	return nil, badRequest(fmt.Sprintf("field \"env\": dtype %s, want int32 or int64", dtype))
+	return nil, badRequest(fmt.Sprintf("field %q: dtype %s, want int32 or int64", name, dtype))
 }
 
 // jsonBatch decodes a JSON extend body field by field, each straight
@@ -192,13 +208,17 @@ func jsonBatch(b *rbd.Buffer, body []byte) (*storage.Batch, error) {
 	batch := &storage.Batch{Fields: map[string][]byte{}}
 	rows := map[string]int{}
 	err := codec.ScanJSONObject(body, func(name string, v []byte) error {
-		if name == "env" {
+		if name == "env" || isVersionTensor(b, name) {
 			data, n, err := codec.DecodeJSONTensor(v, "int64", nil)
 			if err != nil {
-				return badRequest(fmt.Sprintf("field \"env\": %v", err))
+				return badRequest(fmt.Sprintf("field %q: %v", name, err))
 			}
-			batch.Env = int64s(data)
-			rows["env"] = n
+			if name == "env" {
+				batch.Env = int64s(data)
+			} else {
+				batch.PolicyVersion = int64s(data)
+			}
+			rows[name] = n
 			return nil
 		}
 		c, err := column(b, name)

@@ -15,6 +15,7 @@ type metrics struct {
 	duration *prometheus.HistogramVec
 	written  *prometheus.CounterVec
 	sampled  *prometheus.CounterVec
+	age      *prometheus.HistogramVec
 }
 
 func newMetrics(reg *prometheus.Registry, db *rbd.DB, bud *budget) *metrics {
@@ -32,8 +33,13 @@ func newMetrics(reg *prometheus.Registry, db *rbd.DB, bud *budget) *metrics {
 		sampled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rbd_sampler_rows_sampled_total", Help: "Rows returned by sample requests, by buffer.",
 		}, []string{"buffer"}),
+		age: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "rbd_sample_policy_age",
+			Help:    "Per sample answer, the mean of its rows' policy ages: the newest policy version written to the buffer minus the row's.",
+			Buckets: []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024},
+		}, []string{"buffer"}),
 	}
-	reg.MustRegister(m.requests, m.duration, m.written, m.sampled, &bufferCollector{db: db},
+	reg.MustRegister(m.requests, m.duration, m.written, m.sampled, m.age, &bufferCollector{db: db},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rbd_memory_budget_bytes", Help: "Memory requests may hold in flight together (--max-memory).",
 		}, func() float64 { return float64(bud.total) }),
@@ -62,16 +68,18 @@ func (m *metrics) observe(endpoint string, code int, d time.Duration) {
 type bufferCollector struct{ db *rbd.DB }
 
 var (
-	descLive    = prometheus.NewDesc("rbd_buffer_live_rows", "Live rows in the buffer.", []string{"buffer"}, nil)
-	descWrites  = prometheus.NewDesc("rbd_buffer_write_count", "Rows ever written to the buffer (the next seq).", []string{"buffer"}, nil)
-	descTraj    = prometheus.NewDesc("rbd_buffer_trajectories", "Live trajectories.", []string{"buffer"}, nil)
-	descOpen    = prometheus.NewDesc("rbd_buffer_open_trajectories", "Trajectories a stream may still extend.", []string{"buffer"}, nil)
-	descBytes   = prometheus.NewDesc("rbd_buffer_bytes", "Bytes per field: logical (plain layout) and stored.", []string{"buffer", "field", "kind"}, nil)
-	descDurable = prometheus.NewDesc("rbd_buffer_durable_seq", "Durable watermark: rows below it are on stable storage.", []string{"buffer"}, nil)
-	descRatio   = prometheus.NewDesc("rbd_buffer_bytes_ratio", "Logical over stored bytes per field (absent while nothing is stored).", []string{"buffer", "field"}, nil)
-	descDisk    = prometheus.NewDesc("rbd_buffer_disk_bytes", "Space the buffer's files take on disk (0 for memory buffers).", []string{"buffer"}, nil)
-	descCache   = prometheus.NewDesc("rbd_buffer_chunk_cache_lookups_total", "Decoded-chunk cache lookups of compressed buffers, by result.", []string{"buffer", "result"}, nil)
-	descCacheB  = prometheus.NewDesc("rbd_buffer_chunk_cache_bytes", "Bytes held by the decoded-chunk cache of compressed buffers.", []string{"buffer"}, nil)
+	descLive     = prometheus.NewDesc("rbd_buffer_live_rows", "Live rows in the buffer.", []string{"buffer"}, nil)
+	descWrites   = prometheus.NewDesc("rbd_buffer_write_count", "Rows ever written to the buffer (the next seq).", []string{"buffer"}, nil)
+	descTraj     = prometheus.NewDesc("rbd_buffer_trajectories", "Live trajectories.", []string{"buffer"}, nil)
+	descOpen     = prometheus.NewDesc("rbd_buffer_open_trajectories", "Trajectories a stream may still extend.", []string{"buffer"}, nil)
+	descBytes    = prometheus.NewDesc("rbd_buffer_bytes", "Bytes per field: logical (plain layout) and stored.", []string{"buffer", "field", "kind"}, nil)
+	descDurable  = prometheus.NewDesc("rbd_buffer_durable_seq", "Durable watermark: rows below it are on stable storage.", []string{"buffer"}, nil)
+	descRatio    = prometheus.NewDesc("rbd_buffer_bytes_ratio", "Logical over stored bytes per field (absent while nothing is stored).", []string{"buffer", "field"}, nil)
+	descDisk     = prometheus.NewDesc("rbd_buffer_disk_bytes", "Space the buffer's files take on disk (0 for memory buffers).", []string{"buffer"}, nil)
+	descCache    = prometheus.NewDesc("rbd_buffer_chunk_cache_lookups_total", "Decoded-chunk cache lookups of compressed buffers, by result.", []string{"buffer", "result"}, nil)
+	descPVNewest = prometheus.NewDesc("rbd_buffer_policy_version_newest", "The largest policy_version written to the buffer (absent before the first row).", []string{"buffer"}, nil)
+	descPVLive   = prometheus.NewDesc("rbd_buffer_policy_version", "The smallest and largest policy_version of the live rows (bound min, max).", []string{"buffer", "bound"}, nil)
+	descCacheB   = prometheus.NewDesc("rbd_buffer_chunk_cache_bytes", "Bytes held by the decoded-chunk cache of compressed buffers.", []string{"buffer"}, nil)
 
 	// The rate limiter of buffers that have one.
 	descRLDiff    = prometheus.NewDesc("rbd_rate_limit_diff", "samples_per_insert*inserts - samples since the limiter's counters restarted.", []string{"buffer"}, nil)
@@ -84,7 +92,7 @@ var (
 
 func (c *bufferCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLive, descWrites, descTraj, descOpen, descBytes, descDurable, descRatio, descDisk, descCache, descCacheB,
-		descRLDiff, descRLBound, descRLWaiting, descRLWait, descRLRefused, descRLBlocked} {
+		descRLDiff, descRLBound, descRLWaiting, descRLWait, descRLRefused, descRLBlocked, descPVNewest, descPVLive} {
 		ch <- d
 	}
 }
@@ -104,6 +112,13 @@ func (c *bufferCollector) Collect(ch chan<- prometheus.Metric) {
 		g(descOpen, float64(info.OpenTrajectories), info.Name)
 		g(descDurable, float64(info.Durable), info.Name)
 		g(descDisk, float64(info.DiskBytes), info.Name)
+		if pv := info.PolicyVersions; pv.Newest >= 0 {
+			g(descPVNewest, float64(pv.Newest), info.Name)
+			if pv.Min >= 0 {
+				g(descPVLive, float64(pv.Min), info.Name, "min")
+				g(descPVLive, float64(pv.Max), info.Name, "max")
+			}
+		}
 		for f, fb := range info.Bytes {
 			g(descBytes, float64(fb.Logical), info.Name, f, "logical")
 			g(descBytes, float64(fb.Stored), info.Name, f, "stored")

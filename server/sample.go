@@ -53,6 +53,9 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	s.metrics.sampled.WithLabelValues(b.Name()).Add(float64(rows))
+	if rows > 0 {
+		s.metrics.age.WithLabelValues(b.Name()).Observe(batch.PolicyAgeMean)
+	}
 	tensors := make([]codec.Tensor, len(batch.Tensors))
 	for i, t := range batch.Tensors {
 		tensors[i] = codec.Tensor{Name: t.Name, DType: t.DType.String(), Shape: t.Shape, Data: t.Data}

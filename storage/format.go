@@ -196,7 +196,8 @@ const (
 //	24 int64  prev_seq  seq of the previous row of the trajectory, -1 at its start
 //	32 int64  env
 //	40 uint32 flags
-//	44 [12]byte reserved, zero
+//	44 int64  policy_version  of the policy that produced the row (0 if unknown)
+//	52 [4]byte reserved, zero
 //	56 uint32 data crc32c over the row's field bytes (spec order), then its
 //	          tail bytes (obs_keys order) when flagHasTail is set; 0 in memory buffers
 //	60 uint32 record crc32c over bytes [0, 60)
@@ -212,6 +213,7 @@ const (
 	recPrev    = 24
 	recEnv     = 32
 	recFlags   = 40
+	recVersion = 44
 	recDataCRC = 56
 	recCRC     = 60
 )
@@ -220,6 +222,7 @@ const (
 type record struct {
 	Seq, TrajID, Step, PrevSeq, Env int64
 	Flags                           uint32
+	PolicyVersion                   int64
 	DataCRC                         uint32
 }
 
@@ -230,7 +233,8 @@ func putRecordBody(b []byte, r *record) {
 	le.PutUint64(b[recPrev:], uint64(r.PrevSeq))
 	le.PutUint64(b[recEnv:], uint64(r.Env))
 	le.PutUint32(b[recFlags:], r.Flags)
-	clear(b[44:56])
+	le.PutUint64(b[recVersion:], uint64(r.PolicyVersion))
+	clear(b[recVersion+8 : recDataCRC])
 	le.PutUint32(b[recDataCRC:], r.DataCRC)
 }
 
@@ -273,6 +277,8 @@ func decodeRecord(rec []byte) (record, bool) {
 		Env:     int64(le.Uint64(b[recEnv:])),
 		Flags:   le.Uint32(b[recFlags:]),
 		DataCRC: le.Uint32(b[recDataCRC:]),
+		// Files written before policy versions existed hold zeros here.
+		PolicyVersion: int64(le.Uint64(b[recVersion:])),
 	}
 	ok := r.Seq >= 0 && le.Uint32(b[recCRC:]) == crc32.Checksum(b[:recCRC], castagnoli)
 	return r, ok

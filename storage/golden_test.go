@@ -303,6 +303,11 @@ func TestGoldenFormatEncoding(t *testing.T) {
 	first := make([]byte, recordSize)
 	r0 := record{Seq: 0, TrajID: 0, Step: 0, PrevSeq: -1, Env: 0}
 	encodeRecord(first, &r0)
+	// A row with a policy version (bytes 44-52; zero in files written before
+	// versions existed, which read as version 0).
+	versioned := make([]byte, recordSize)
+	rv := record{Seq: 8, TrajID: 1, Step: 4, PrevSeq: 7, Env: 1, PolicyVersion: 0x0102030405, DataCRC: 0xdeadbeef}
+	encodeRecord(versioned, &rv)
 	// While seq 7 is being written, its slot's seq field holds a marker.
 	marking := slices.Clone(recBytes)
 	binary.LittleEndian.PutUint64(marking[recSeq:], uint64(writingMarker(7)))
@@ -317,6 +322,7 @@ func TestGoldenFormatEncoding(t *testing.T) {
 	section(fmt.Sprintf("meta header %+v, watermark 12", meta), metaBytes)
 	section(fmt.Sprintf("record %+v", rec), recBytes)
 	section(fmt.Sprintf("record %+v", r0), first)
+	section(fmt.Sprintf("record %+v", rv), versioned)
 	section("record of seq 7 being written (seq field = -(7+2), record checksum not yet valid)", marking[:16])
 	// Chunk segments (compressed buffers). Codec none only: zstd's output
 	// may change with the library version, its framing is zstd's own.

@@ -52,6 +52,9 @@ type index struct {
 	tails int64         // live rows that carry a final observation
 	open  int           // open trajectories
 	byLen *lenIndex
+	// versions counts live rows by policy version (kept by the write
+	// path, rebuilt after recovery).
+	versions versionCounts
 }
 
 func (ix *index) init() {
@@ -59,6 +62,7 @@ func (ix *index) init() {
 	ix.list = nil
 	ix.rows, ix.tails, ix.open = 0, 0, 0
 	ix.byLen = &lenIndex{}
+	ix.versions.init()
 }
 
 // add appends a newly written row to its trajectory.

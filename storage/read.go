@@ -24,6 +24,9 @@ type RowMeta struct {
 	// HasTail is set on done rows of compact buffers whose writer sent the
 	// final observation.
 	HasTail bool
+	// PolicyVersion is the version of the policy that produced the row,
+	// as its writer gave it (0 when it gave none).
+	PolicyVersion int64
 }
 
 // Column describes one readable column: a field of the spec or, in
@@ -183,6 +186,7 @@ func readRecord(rb []byte, rec *record) {
 	rec.PrevSeq = int64(le.Uint64(rb[recPrev:]))
 	rec.Env = int64(le.Uint64(rb[recEnv:]))
 	rec.Flags = le.Uint32(rb[recFlags:])
+	rec.PolicyVersion = int64(le.Uint64(rb[recVersion:]))
 }
 
 // gatherColumn copies the rows at slots (-1 = skip) of one column into dst.
@@ -223,6 +227,8 @@ func metaOf(r *record) RowMeta {
 		Terminated: r.Flags&flagTerminated != 0,
 		Truncated:  r.Flags&flagTruncated != 0,
 		HasTail:    r.Flags&flagHasTail != 0,
+
+		PolicyVersion: r.PolicyVersion,
 	}
 }
 
@@ -273,6 +279,8 @@ type Info struct {
 	Cache *CacheStats `json:"chunk_cache,omitempty"`
 	// RateLimit is the limiter's live state (nil without a rate limit).
 	RateLimit *ratelimit.State `json:"rate_limit,omitempty"`
+	// PolicyVersions says which policy versions produced the live rows.
+	PolicyVersions PolicyVersions `json:"policy_versions"`
 }
 
 // Info returns the buffer's sizes and counters. For compact_obs buffers the
@@ -295,6 +303,7 @@ func (b *Buffer) Info() (Info, error) {
 	info.Size = b.ix.rows
 	info.Trajectories = len(b.ix.list)
 	tails := b.ix.tails
+	info.PolicyVersions = b.ix.versions.describe()
 	b.imu.RUnlock()
 	b.wmu.Lock()
 	info.Streams = len(b.streams)

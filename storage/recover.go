@@ -284,6 +284,8 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		}
 	}
 
+	b.countVersions()
+
 	// Keep the holes still in the ring, old and new, for verify.
 	for _, h := range st.Holes {
 		if h[1] > lo {

@@ -22,6 +22,10 @@ type Batch struct {
 	Fields map[string][]byte
 	// Env gives each row's env (len N). Nil means env 0 for every row.
 	Env []int64
+	// PolicyVersion gives the version of the policy that produced each row
+	// (len N, values >= 0), which samplers can filter on
+	// (min_policy_version). Nil means 0 for every row.
+	PolicyVersion []int64
 }
 
 // ExtendResult reports where an extend's rows went.
@@ -42,6 +46,7 @@ type plan struct {
 	tailSrc  [][]byte // per tail column; nil when no final observations were sent
 	tailRows []int    // for each row, the row of tailSrc holding its final observation, -1 if none
 	env      []int64
+	version  []int64
 }
 
 func (b *Buffer) validate(batch *Batch) (*plan, error) {
@@ -49,7 +54,7 @@ func (b *Buffer) validate(batch *Batch) (*plan, error) {
 		return nil, batchErr("", -1, "a batch needs at least one row")
 	}
 	n := batch.Rows
-	p := &plan{n: n, src: make([][]byte, len(b.cols)), flags: make([]uint32, n), env: batch.Env}
+	p := &plan{n: n, src: make([][]byte, len(b.cols)), flags: make([]uint32, n), env: batch.Env, version: batch.PolicyVersion}
 	for name := range batch.Fields {
 		if _, ok := b.colOf[name]; ok {
 			continue
@@ -71,6 +76,14 @@ func (b *Buffer) validate(batch *Batch) (*plan, error) {
 	}
 	if batch.Env != nil && len(batch.Env) != n {
 		return nil, batchErr("env", -1, "has %d values, want %d", len(batch.Env), n)
+	}
+	if batch.PolicyVersion != nil && len(batch.PolicyVersion) != n {
+		return nil, batchErr("policy_version", -1, "has %d values, want %d", len(batch.PolicyVersion), n)
+	}
+	for r, v := range batch.PolicyVersion {
+		if v < 0 {
+			return nil, batchErr("policy_version", r, "is %d; versions are counts, >= 0", v)
+		}
 	}
 	done := p.src[b.doneCol]
 	var term, trunc []byte
@@ -321,7 +334,7 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 			nextID++
 			envs[e] = pos
 		}
-		recs[r] = record{Seq: seq, TrajID: pos.TrajID, Step: pos.Step + 1, PrevSeq: pos.LastSeq, Env: e, Flags: p.flags[r]}
+		recs[r] = record{Seq: seq, TrajID: pos.TrajID, Step: pos.Step + 1, PrevSeq: pos.LastSeq, Env: e, Flags: p.flags[r], PolicyVersion: p.versionAt(r)}
 		pos.Step++
 		pos.LastSeq = seq
 		if p.flags[r]&flagDone != 0 {
@@ -389,6 +402,7 @@ func (b *Buffer) evictForWrite(first, end int64) {
 		if err := b.ix.evict(r.TrajID, s, r.Flags&flagHasTail != 0); err != nil {
 			panic(fmt.Sprintf("rbd: buffer %q index out of step with rows: %v", b.name, err))
 		}
+		b.ix.versions.remove(r.PolicyVersion)
 		if b.prio != nil {
 			b.prio.clear(slot)
 		}
@@ -408,6 +422,7 @@ func (b *Buffer) publish(recs []record, first, written, end int64, stream string
 		if err := b.ix.add(rec.TrajID, rec.Step, s, rec.Flags&flagDone != 0, rec.Flags&flagHasTail != 0); err != nil {
 			panic(fmt.Sprintf("rbd: buffer %q index out of step with rows: %v", b.name, err))
 		}
+		b.ix.versions.add(rec.PolicyVersion)
 		if b.prio != nil {
 			// New rows get the largest priority seen, so each is sampled
 			// soon after it arrives (TorchRL, PER paper).
@@ -425,6 +440,13 @@ func (b *Buffer) publish(recs []record, first, written, end int64, stream string
 	}
 	b.writeCount.Store(end)
 	return envs
+}
+
+func (p *plan) versionAt(r int) int64 {
+	if p.version == nil {
+		return 0
+	}
+	return p.version[r]
 }
 
 func (p *plan) envAt(r int) int64 {

@@ -209,6 +209,7 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 				Seed:          seed,
 				BeforeBatch:   func(_ context.Context, st collector.Stats) error { demo.observe(st); return nil },
 				OnRateLimited: demo.observe,
+				PolicyVersion: demo.version.Load,
 			})
 			collectorDone <- err
 		}()

@@ -343,7 +343,7 @@ class Client:
                     out["next." + k] = out[k]
         return out
 
-    def extend(self, name, rows, stream=None, env=None, cast=True, timeout_ms=None):
+    def extend(self, name, rows, stream=None, env=None, cast=True, timeout_ms=None, policy_version=None):
         """Append rows: ``rows`` maps every field of the spec to an array
         ``[N, *shape]``; returns ``{"first_seq", "rows", "write_count"}``.
 
@@ -361,6 +361,11 @@ class Client:
         ints -> int64; 0/1 integers -> bool); anything else raises TypeError
         naming the field before a byte is sent.
 
+        ``policy_version`` is the version of the policy that produced the
+        rows, an int for every row or an array ``[N]`` (or put
+        ``"policy_version"`` in rows); samples can then ask for
+        ``min_policy_version``.
+
         ``timeout_ms`` is how long the server may hold the request while the
         buffer's rate limiter makes actors wait for learners (default 0:
         answer at once); past it :class:`RateLimited` is raised, unless the
@@ -369,7 +374,7 @@ class Client:
         want = self._target_dtypes(name) if cast else {}
         tensors, dtypes = {}, {}
         for k, v in rows.items():
-            if k == "env":
+            if k == "env" or (k == "policy_version" and k not in want):
                 continue
             a = np.asarray(v)
             dt = want.get(k)
@@ -383,11 +388,16 @@ class Client:
             if env is not None:
                 raise ValueError("env given both in rows and as an argument")
             env = rows["env"]
-        if env is not None:
-            if np.isscalar(env):
-                n = len(np.asarray(rows["next.done"])) if "next.done" in rows else 0
-                env = np.full(n, int(env), dtype=np.int64)
-            tensors["env"] = np.asarray(env, dtype=np.int64)
+        if "policy_version" in rows and "policy_version" not in want:
+            if policy_version is not None:
+                raise ValueError("policy_version given both in rows and as an argument")
+            policy_version = rows["policy_version"]
+        n = len(np.asarray(rows["next.done"])) if "next.done" in rows else 0
+        for key, per_row in (("env", env), ("policy_version", policy_version)):
+            if per_row is not None:
+                if np.isscalar(per_row):
+                    per_row = np.full(n, int(per_row), dtype=np.int64)
+                tensors[key] = np.asarray(per_row, dtype=np.int64)
         header, parts, _ = safetensors.encode(tensors, dtypes=dtypes)
         body = [header] + [safetensors.byte_view(p) for p in parts]
         path = self._path("v1", "buffers", name, "extend",

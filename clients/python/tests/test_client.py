@@ -335,6 +335,24 @@ class ClientTest(ServerTest):
         self.assertLess(time.monotonic() - t0, 5, "the write wakes the waiting sample")
         self.assertEqual(b["seq"].shape, (4,))
 
+    def test_policy_versions(self):
+        name = self.buffer()
+        self.c.extend(name, episode(0, 10), stream="a", policy_version=1)
+        self.c.extend(name, dict(episode(100, 10), policy_version=np.full(10, 3)), stream="b")
+        pv = self.c.info(name)["policy_versions"]
+        self.assertEqual((pv["newest"], pv["min"], pv["max"]), (3, 1, 3))
+        self.assertEqual(pv["rows"], [{"version": 3, "rows": 10}, {"version": 1, "rows": 10}])
+        b = self.c.sample(name, 64, min_policy_version=2, seed=1)
+        self.assertTrue((b["observation"] >= 100).all(), "only version-3 rows")
+        with self.assertRaises(NotReady) as cm:
+            self.c.sample(name, 4, min_policy_version=4)
+        self.assertIn("newest written is 3", cm.exception.message)
+        with self.assertRaises(BadRequest) as cm:
+            self.c.sample(name, sampler="slice", num_slices=2, slice_len=2, min_policy_version=1)
+        self.assertIn("min_policy_version", cm.exception.message)
+        with self.assertRaises(ValueError):
+            self.c.extend(name, dict(episode(200, 2), policy_version=[1, 1]), policy_version=1)
+
     def test_priorities(self):
         name = self.buffer(priority=True)
         self.c.extend(name, episode(0, 10), stream="s")

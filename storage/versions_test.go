@@ -1,0 +1,110 @@
+package storage
+
+import (
+	"errors"
+	"slices"
+	"testing"
+)
+
+// TestPolicyVersions: rows keep the policy version their writer gave, Info
+// counts the live rows by version as the ring turns, and a reopened store
+// counts them again from its records.
+func TestPolicyVersions(t *testing.T) {
+	for _, kind := range kinds {
+		t.Run(string(kind), func(t *testing.T) {
+			dir := t.TempDir()
+			s := openStore(t, dir)
+			spec := testSpec(kind, 10, false)
+			b := mustCreate(t, s, "v", spec)
+			steps := func(n int, base float32) []row {
+				rows := make([]row, n)
+				for i := range rows {
+					rows[i] = row{val: base + float32(i)}
+				}
+				return rows
+			}
+			batch := makeBatch(spec, steps(6, 0), false)
+			batch.PolicyVersion = []int64{0, 0, 1, 1, 2, 2}
+			mustExtend(t, b, "w", batch)
+			got := metas(t, b, 0, 2, 5)
+			if got[0].PolicyVersion != 0 || got[1].PolicyVersion != 1 || got[2].PolicyVersion != 2 {
+				t.Fatalf("row versions %d %d %d, want 0 1 2", got[0].PolicyVersion, got[1].PolicyVersion, got[2].PolicyVersion)
+			}
+			want := PolicyVersions{Newest: 2, Min: 0, Max: 2, Rows: []VersionRows{{2, 2}, {1, 2}, {0, 2}}}
+			checkVersions(t, b, want)
+
+			// 8 more rows of version 5 overwrite seqs 0-3 (versions 0, 0, 1, 1).
+			batch = makeBatch(spec, steps(8, 100), false)
+			batch.PolicyVersion = slices.Repeat([]int64{5}, 8)
+			mustExtend(t, b, "w", batch)
+			want = PolicyVersions{Newest: 5, Min: 2, Max: 5, Rows: []VersionRows{{5, 8}, {2, 2}}}
+			checkVersions(t, b, want)
+
+			// Bad versions are refused whole, naming the field and row.
+			for _, bad := range [][]int64{{1, -1}, {1, 2, 3}} {
+				batch = makeBatch(spec, steps(2, 200), false)
+				batch.PolicyVersion = bad
+				var be *BatchError
+				if _, err := b.Extend("w", batch); !errors.As(err, &be) || be.Field != "policy_version" {
+					t.Fatalf("versions %v: %v", bad, err)
+				}
+			}
+			checkVersions(t, b, want)
+
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			s = openStore(t, dir)
+			defer s.Close()
+			b, err := s.Buffer("v")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if kind == KindMemory {
+				want = PolicyVersions{Newest: -1, Min: -1, Max: -1, Rows: []VersionRows{}}
+			}
+			checkVersions(t, b, want)
+		})
+	}
+}
+
+// TestPolicyVersionsShown: Info lists the newest 32 versions and sums
+// the rest, whatever versions writers use.
+func TestPolicyVersionsShown(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	defer s.Close()
+	spec := testSpec(KindMemory, 100, false)
+	b := mustCreate(t, s, "v", spec)
+	rows := make([]row, 40)
+	versions := make([]int64, 40)
+	for i := range rows {
+		rows[i] = row{val: float32(i)}
+		versions[i] = int64(1000 - 10*i) // newest first, as a writer going back might
+	}
+	batch := makeBatch(spec, rows, false)
+	batch.PolicyVersion = versions
+	mustExtend(t, b, "w", batch)
+	info, err := b.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pv := info.PolicyVersions
+	if pv.Newest != 1000 || pv.Min != 610 || pv.Max != 1000 || len(pv.Rows) != maxVersionsShown || pv.Older != 40-maxVersionsShown {
+		t.Fatalf("%+v", pv)
+	}
+	if pv.Rows[0] != (VersionRows{1000, 1}) || pv.Rows[maxVersionsShown-1] != (VersionRows{690, 1}) {
+		t.Fatalf("rows %v", pv.Rows)
+	}
+}
+
+func checkVersions(t *testing.T, b *Buffer, want PolicyVersions) {
+	t.Helper()
+	info, err := b.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := info.PolicyVersions
+	if got.Newest != want.Newest || got.Min != want.Min || got.Max != want.Max || got.Older != want.Older || !slices.Equal(got.Rows, want.Rows) {
+		t.Fatalf("policy versions %+v, want %+v", got, want)
+	}
+}
