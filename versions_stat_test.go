@@ -2,6 +2,7 @@ package rbd
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/rbdb/rbd/storage"
@@ -90,5 +91,51 @@ func TestStatMinPolicyVersion(t *testing.T) {
 	got := rtSample(t, buf, SampleRequest{BatchSize: 2000, Seed: seed(3)})
 	if got.PolicyAgeMax != 7 || got.PolicyAgeMean < 3 || got.PolicyAgeMean > 4 {
 		t.Fatalf("ages of a uniform batch over versions 0-7: mean %v (want about 3.5), max %d", got.PolicyAgeMean, got.PolicyAgeMax)
+	}
+}
+
+// BenchmarkSampleMinPolicyVersion draws 256-row uniform and prioritized
+// batches from 10^5 CartPole rows written by versions 0-9 (10^4 rows each),
+// without a filter and with min_policy_version 5 (half the rows qualify)
+// and 9 (a tenth): the cost of the rejection test per drawn row.
+//
+// go test . -run '^$' -bench BenchmarkSampleMinPolicyVersion -benchtime 2s -cpu 2
+func BenchmarkSampleMinPolicyVersion(b *testing.B) {
+	const rows, perVersion = 100_000, 10_000
+	db, err := Open(b.TempDir(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { db.Close() })
+	buf, _, err := db.CreateBuffer("pv", rtPrioSpec(storage.KindMemory, rows, false, 0.6, 1e-6))
+	if err != nil {
+		b.Fatal(err)
+	}
+	g := newRTGen()
+	for v := range rows / perVersion {
+		in := g.episode("s", 0, perVersion, "trnc")
+		batch := rtBatch(false, in, false)
+		batch.PolicyVersion = make([]int64, perVersion)
+		for i := range batch.PolicyVersion {
+			batch.PolicyVersion[i] = int64(v)
+		}
+		if _, err := buf.Extend("s", batch); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, kind := range []string{"uniform", "prioritized"} {
+		for _, min := range []int64{-1, 5, 9} {
+			name := fmt.Sprintf("sampler=%s/min_policy_version=%d", kind, min)
+			if min < 0 {
+				name = fmt.Sprintf("sampler=%s/min_policy_version=none", kind)
+			}
+			b.Run(name, func(b *testing.B) {
+				req := &SampleRequest{Sampler: kind, BatchSize: 256}
+				if min >= 0 {
+					req.MinPolicyVersion = &min
+				}
+				sbenchRun(b, buf, req)
+			})
+		}
 	}
 }
