@@ -648,6 +648,25 @@ func (c *Client) CloseStream(ctx context.Context, name, stream string) (int, err
 	return ans.Closed, nil
 }
 
+// Collector returns a server-run collector's live state (GET
+// /v1/collectors/{name}; ErrNotFound when the server runs none of that
+// name).
+func (c *Client) Collector(ctx context.Context, name string) (CollectorInfo, error) {
+	seg, err := segment("collector", name)
+	if err != nil {
+		return CollectorInfo{}, fmt.Errorf("collector: %w", err)
+	}
+	resp, err := c.send(ctx, http.MethodGet, "/v1/collectors/"+seg, nil, nil, "application/json")
+	if err != nil {
+		return CollectorInfo{}, fmt.Errorf("collector %s: %w", name, err)
+	}
+	var info CollectorInfo
+	if err := readJSON(resp, &info); err != nil {
+		return CollectorInfo{}, fmt.Errorf("collector %s: %w", name, err)
+	}
+	return info, nil
+}
+
 // SetWeights replaces the policy weights of a collector the server runs
 // (PUT /v1/collectors/{collector}/weights), e.g. for "demo": float32 "w"
 // [4, 2] and "b" [2]. Unknown collectors are ErrNotFound, tensors of the

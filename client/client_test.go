@@ -602,8 +602,19 @@ func TestCloseStream(t *testing.T) {
 
 // weights records SetWeights calls.
 type weights struct {
-	mu   sync.Mutex
-	vals map[string][]float32
+	mu      sync.Mutex
+	vals    map[string][]float32
+	version int64
+}
+
+// CollectorInfo reports how many updates the stand-in took.
+func (w *weights) CollectorInfo(collector string) (server.CollectorInfo, error) {
+	if collector != "demo" {
+		return server.CollectorInfo{}, fmt.Errorf("collector %q: %w", collector, storage.ErrNotFound)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return server.CollectorInfo{Name: "demo", Env: "cartpole", Envs: 1, Buffer: "demo", Policy: "linear", WeightsVersion: w.version}, nil
 }
 
 func (w *weights) SetWeights(collector string, vals map[string][]float32, shapes map[string][]int) error {
@@ -616,6 +627,7 @@ func (w *weights) SetWeights(collector string, vals map[string][]float32, shapes
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.vals = vals
+	w.version++
 	return nil
 }
 
@@ -634,6 +646,12 @@ func TestSetWeights(t *testing.T) {
 		t.Errorf("server got %v", rec.vals)
 	}
 	rec.mu.Unlock()
+	if info, err := c.Collector(ctx, "demo"); err != nil || info.WeightsVersion != 1 || info.Policy != "linear" {
+		t.Fatalf("collector: %+v %v", info, err)
+	}
+	if _, err := c.Collector(ctx, "other"); !client.IsNotFound(err) {
+		t.Fatalf("unknown collector: %v", err)
+	}
 	err := c.SetWeights(ctx, "demo", []codec.Tensor{client.NewTensor("w", []int{8}, w), client.NewTensor("b", nil, b)})
 	if !errors.Is(err, client.ErrBadRequest) {
 		t.Fatalf("wrong shape: %v", err)

@@ -357,3 +357,26 @@ func (s *Spec) Field(name string) (Field, bool) {
 	}
 	return Field{}, false
 }
+
+// CollectorInfo is a server-run collector's live state (GET
+// /v1/collectors/{name}); it mirrors server.CollectorInfo.
+type CollectorInfo struct {
+	Name    string  `json:"name"`
+	Env     string  `json:"env"`
+	Envs    int     `json:"envs"`
+	Buffer  string  `json:"buffer"`
+	Policy  string  `json:"policy"`
+	Hidden  int     `json:"hidden,omitempty"`
+	Epsilon float64 `json:"epsilon"`
+	// WeightsVersion counts weight updates; rows are stamped with it.
+	WeightsVersion int64 `json:"weights_version"`
+	Frames         int64 `json:"frames"`
+	Episodes       int64 `json:"episodes"`
+	// MeanEpisodeReturn and MeanEpisodeLength are over the last 100
+	// episodes.
+	MeanEpisodeReturn    float64 `json:"mean_episode_return"`
+	MeanEpisodeLength    float64 `json:"mean_episode_length"`
+	FramesPerSecond      float64 `json:"frames_per_second"`
+	RateLimited          bool    `json:"rate_limited"`
+	RateLimitWaitSeconds float64 `json:"rate_limit_wait_seconds"`
+}
