@@ -69,8 +69,8 @@ func TestRateLimitedBuffer(t *testing.T) {
 			if _, err := sample(4, 0); !errors.Is(err, ratelimit.ErrRateLimited) {
 				t.Fatalf("sample of an empty buffer: %v", err)
 			}
-			// Filling (at most 6 rows a request: 2*7 > the window 12).
-			for _, n := range []int{6, 4} {
+			// Filling (at most 3 rows a request: 2*4 > error_buffer 6).
+			for _, n := range []int{3, 3, 3, 1} {
 				if _, err := b.Extend("s", rowsBatch(n)); err != nil { // diff 20
 					t.Fatal(err)
 				}
@@ -101,8 +101,10 @@ func TestRateLimitedBuffer(t *testing.T) {
 			wantCounters(t, b, 12, 10)
 
 			// An extend refused at once writes nothing.
-			if _, err := b.Extend("s", rowsBatch(6)); err != nil { // 26
-				t.Fatal(err)
+			for range 2 {
+				if _, err := b.Extend("s", rowsBatch(3)); err != nil { // 20, 26
+					t.Fatal(err)
+				}
 			}
 			wc := b.WriteCount()
 			if _, err := b.Extend("s", rowsBatch(1)); !errors.Is(err, ratelimit.ErrRateLimited) {
@@ -133,11 +135,11 @@ func TestRateLimitedBuffer(t *testing.T) {
 			}
 
 			// Requests no state could admit are refused at once.
-			if _, err := sample(13, time.Minute); !errors.Is(err, ratelimit.ErrNeverAdmitted) {
-				t.Fatalf("sample of 13 rows: %v", err)
+			if _, err := sample(7, time.Minute); !errors.Is(err, ratelimit.ErrNeverAdmitted) {
+				t.Fatalf("sample of 7 rows: %v", err)
 			}
-			if _, err := b.Extend("s", rowsBatch(7)); !errors.Is(err, ratelimit.ErrNeverAdmitted) {
-				t.Fatalf("extend of 7 rows: %v", err)
+			if _, err := b.Extend("s", rowsBatch(4)); !errors.Is(err, ratelimit.ErrNeverAdmitted) {
+				t.Fatalf("extend of 4 rows: %v", err)
 			}
 
 		})
@@ -196,24 +198,35 @@ func TestRateLimitWaitsEnd(t *testing.T) {
 	}
 	wantCounters(t, b, 0, 0)
 
-	for _, n := range []int{4, 1} {
-		if _, err := b.Extend("s", rowsBatch(n)); err != nil { // filled: diff 5
+	for _, n := range []int{2, 2, 1, 2} {
+		if _, err := b.Extend("s", rowsBatch(n)); err != nil { // filled (diff 5), then 7 = max_diff
 			t.Fatal(err)
 		}
 	}
-	// Window [3, 7]: at diff 5 neither 4 more rows nor 4 samples fit.
+	// Window [3, 7]: at diff 7 an extend waits. (Both sides cannot wait at
+	// once: a request moves diff by at most error_buffer, half the
+	// window.) A second buffer, empty, holds a waiting sample.
+	spec := testSpec(storage.KindMemory, 1000, false, false)
+	spec.RateLimit = &ratelimit.Params{MinSize: 5}
+	b2, _, err := db.CreateBuffer("rl2", spec)
+	if err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	go func() {
-		_, err := b.ExtendContext(context.Background(), "s", rowsBatch(4), &storage.ExtendOptions{Timeout: time.Minute})
+		_, err := b.ExtendContext(context.Background(), "s", rowsBatch(2), &storage.ExtendOptions{Timeout: time.Minute})
 		got <- err
 	}()
 	go func() {
-		_, err := b.Sample(context.Background(), &SampleRequest{BatchSize: 4, TimeoutMS: 60000}, nil)
+		_, err := b2.Sample(context.Background(), &SampleRequest{BatchSize: 4, TimeoutMS: 60000}, nil)
 		got <- err
 	}()
-	waitState(t, b, func(s ratelimit.State) bool { return s.WaitingExtends == 1 && s.WaitingSamples == 1 })
-	if err := db.Store().DeleteBuffer("rl"); err != nil {
-		t.Fatal(err)
+	waitState(t, b, func(s ratelimit.State) bool { return s.WaitingExtends == 1 })
+	waitState(t, b2, func(s ratelimit.State) bool { return s.WaitingSamples == 1 })
+	for _, name := range []string{"rl", "rl2"} {
+		if err := db.Store().DeleteBuffer(name); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for range 2 {
 		if err := <-got; !errors.Is(err, storage.ErrClosed) {
@@ -235,8 +248,8 @@ func TestRateLimitAcrossRestarts(t *testing.T) {
 	}
 	p := ratelimit.Params{SamplesPerInsert: 4, MinSize: 10, ErrorBuffer: 8}
 	b := limitedBuffer(t, db, storage.KindMemmap, p)
-	for range 3 {
-		if _, err := b.Extend("s", rowsBatch(4)); err != nil { // filling, then 4*12 = 48 = max_diff
+	for range 6 {
+		if _, err := b.Extend("s", rowsBatch(2)); err != nil { // filling, then 4*12 = 48 = max_diff
 			t.Fatal(err)
 		}
 	}
@@ -308,4 +321,43 @@ func waitState(t *testing.T, b *Buffer, cond func(ratelimit.State) bool) {
 	}
 	st, _ := b.RateLimit()
 	t.Fatalf("limiter never reached the state; last %+v", st)
+}
+
+// TestSampleWaitingForDataHoldsNoGrant: a sample that waits for data (here
+// for rows of a newer policy) gives its admission back while it waits, so
+// extends admitted meanwhile cannot push the counters past max_diff when
+// it fails.
+func TestSampleWaitingForDataHoldsNoGrant(t *testing.T) {
+	db := openDB(t)
+	b := limitedBuffer(t, db, storage.KindMemory, ratelimit.Params{SamplesPerInsert: 2, MinSize: 10, ErrorBuffer: 6})
+	for _, n := range []int{3, 3, 3, 1} { // diff 20
+		if _, err := b.Extend("s", rowsBatch(n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := int64(5)
+	got := make(chan error, 1)
+	go func() {
+		_, err := b.Sample(context.Background(), &SampleRequest{BatchSize: 6, TimeoutMS: 300, MinPolicyVersion: &v}, nil)
+		got <- err
+	}()
+	// While it waits for version-5 rows, the limiter counts no sample: an
+	// extend of 3 rows (20 + 6 = 26) is admitted, and a second is not (had
+	// the sample kept its 6 rows, diff would be 20 and it would go). Before
+	// the sample starts the same holds; only the microseconds between its
+	// admission and its first draw differ, which the sleep steps past.
+	time.Sleep(50 * time.Millisecond)
+	if _, err := b.Extend("s", rowsBatch(3)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Extend("s", rowsBatch(3)); !errors.Is(err, ratelimit.ErrRateLimited) {
+		t.Fatalf("second extend while the sample waits for data: %v", err)
+	}
+	if err := <-got; !errors.Is(err, ErrNotReady) {
+		t.Fatalf("sample of rows nobody wrote: %v", err)
+	}
+	st := limiterState(t, b)
+	if st.Inserts != 13 || st.Samples != 0 || st.Diff > *st.MaxDiff {
+		t.Fatalf("after the failed sample: %+v (diff must stay <= max_diff)", st)
+	}
 }

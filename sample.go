@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/rbdb/rbd/ratelimit"
 	"github.com/rbdb/rbd/sampler"
 	"github.com/rbdb/rbd/storage"
 	"github.com/rbdb/rbd/transforms"
@@ -131,17 +132,24 @@ func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOpt
 	}
 	deadline := time.Now().Add(timeout)
 	// The limiter counts the rows asked for (padding included); a short
-	// last batch of an epoch gives the rest back.
-	grant, err := b.AcquireSamples(ctx, int64(p.rows), deadline, o.Stop)
-	if err != nil {
-		return nil, fmt.Errorf("sample %q: %w", b.Name(), err)
-	}
+	// last batch of an epoch gives the rest back. The grant is not held
+	// while the sample waits for data: extends admitted against a sample
+	// that then fails would leave the counters outside the window.
+	var grant ratelimit.Grant
+	held := false
 	defer func() {
 		if retErr != nil {
 			grant.Refund(grant.Rows())
 		}
 	}()
 	for attempt := 0; ; attempt++ {
+		if !held {
+			g, err := b.AcquireSamples(ctx, int64(p.rows), deadline, o.Stop)
+			if err != nil {
+				return nil, fmt.Errorf("sample %q: %w", b.Name(), err)
+			}
+			grant, held = g, true
+		}
 		changed := b.Changed()
 		var d *drawn
 		var drawErr error
@@ -164,6 +172,8 @@ func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOpt
 			if wait <= 0 {
 				return nil, fmt.Errorf("sample %q: %w", b.Name(), err)
 			}
+			grant.Refund(grant.Rows())
+			grant, held = ratelimit.Grant{}, false
 			t := time.NewTimer(wait)
 			select {
 			case <-changed:

@@ -58,7 +58,7 @@ func TestRateLimit(t *testing.T) {
 	if waited := time.Since(start); waited < 50*time.Millisecond {
 		t.Errorf("extend with timeout_ms 50 answered after %v", waited)
 	}
-	// 41 rows could never fit the 40-wide window: 400 at once.
+	// 41 rows move diff by more than error_buffer (20): 400 at once.
 	if err := ext(30, 41, &client.ExtendOptions{TimeoutMS: 5000}); !errors.Is(err, client.ErrBadRequest) {
 		t.Fatalf("extend wider than the window: %v", err)
 	}

@@ -132,7 +132,9 @@ func (s *httpScratch) tensorsOf(spec storage.Spec, b *storage.Batch) ([]codec.Te
 		s.tensors = append(s.tensors, codec.Tensor{Name: "env", DType: "int64",
 			Shape: s.shape(len(spec.Fields)+len(spec.ObsKeys), b.Rows, nil), Data: s.env})
 	}
-	if b.PolicyVersion != nil {
+	// A buffer from before policy versions may have a field of that name,
+	// which the server fills from the tensor: the versions are not sent.
+	if _, isField := spec.Field(storage.ReservedNewField); b.PolicyVersion != nil && !isField {
 		if len(b.PolicyVersion) != b.Rows {
 			return nil, fmt.Errorf("batch: policy_version has %d values for %d rows", len(b.PolicyVersion), b.Rows)
 		}

@@ -127,17 +127,19 @@ func (e *BlockedError) Unwrap() error { return ErrRateLimited }
 
 // TooLargeError is a request that no state of the limiter could admit.
 type TooLargeError struct {
-	Side   Side
-	Rows   int64
-	Window float64 // max_diff - min_diff
-	SPI    float64
+	Side Side
+	Rows int64
+	// Limit is error_buffer: the most one request may move diff by.
+	Limit float64
+	SPI   float64
 }
 
 func (e *TooLargeError) Error() string {
+	const why = "one request may move diff by at most error_buffer, half the window, so that a sample and an extend can never hold each other up"
 	if e.Side == Samples {
-		return fmt.Sprintf("a sample of %d rows can never be admitted: the rate limiter's window max_diff - min_diff is %v; sample at most %d rows per request or raise error_buffer", e.Rows, e.Window, int64(e.Window))
+		return fmt.Sprintf("a sample of %d rows can never be admitted: %s (error_buffer = %v); sample at most %d rows per request or raise error_buffer", e.Rows, why, e.Limit, int64(e.Limit))
 	}
-	return fmt.Sprintf("an extend of %d rows can never be admitted: it moves diff by samples_per_insert*%d = %v, more than the window max_diff - min_diff = %v; send at most %d rows per request or raise error_buffer", e.Rows, e.Rows, e.SPI*float64(e.Rows), e.Window, int64(e.Window/e.SPI))
+	return fmt.Sprintf("an extend of %d rows can never be admitted: it moves diff by samples_per_insert*%d = %v and %s (error_buffer = %v); send at most %d rows per request or raise error_buffer", e.Rows, e.Rows, e.SPI*float64(e.Rows), why, e.Limit, int64(e.Limit/e.SPI))
 }
 
 func (e *TooLargeError) Unwrap() error { return ErrNeverAdmitted }
@@ -394,7 +396,11 @@ func (l *Limiter) Acquire(ctx context.Context, side Side, n int64, deadline time
 
 // Refund gives back n of the granted rows (all of them when the request
 // failed). A grant from before the counters restarted, or of a limiter
-// that was off, refunds nothing.
+// that was off, refunds nothing. A refund never moves diff out of the
+// window: other requests may have been admitted on the rows it gives back
+// (an extend admitted against a sample that then failed), so it gives
+// back only what keeps min_diff <= diff <= max_diff, and the counters keep
+// the rest as if the request had happened.
 func (g Grant) Refund(n int64) {
 	if g.l == nil || n <= 0 {
 		return
@@ -416,6 +422,21 @@ func (l *Limiter) refundLocked(g Grant, n int64) {
 		return
 	}
 	n = min(n, g.n)
+	if l.p.HasRatio() {
+		minDiff, maxDiff := l.p.Bounds()
+		d := l.diff()
+		// Only a diff inside the window is kept there: during the fill
+		// (diff below min_diff) an extend's refund is the true count.
+		if g.side == Samples && d <= maxDiff {
+			n = min(n, int64(math.Floor(maxDiff-d)))
+		}
+		if g.side == Inserts && d >= minDiff {
+			n = min(n, int64(math.Floor((d-minDiff)/l.p.SamplesPerInsert)))
+		}
+	}
+	if n <= 0 {
+		return
+	}
 	l.version++
 	if g.side == Samples {
 		l.samples -= n
@@ -452,13 +473,18 @@ func (l *Limiter) tooLarge(side Side, n int64) error {
 	if !l.p.HasRatio() {
 		return nil
 	}
-	window := 2 * l.p.ErrorBuffer
+	// Each side at most error_buffer, half the window: a sample of n
+	// blocks only while diff < min_diff + n <= centre, an extend of m only
+	// while diff > max_diff - spi*m >= centre, so the two heads of the
+	// queues can never both be stuck. (Reverb checks against the whole
+	// window, which lets a pair of requests deadlock at the centre, where
+	// the counters restart.)
 	cost := float64(n)
 	if side == Inserts {
 		cost *= l.p.SamplesPerInsert
 	}
-	if cost > window {
-		return &TooLargeError{Side: side, Rows: n, Window: window, SPI: l.p.SamplesPerInsert}
+	if cost > l.p.ErrorBuffer {
+		return &TooLargeError{Side: side, Rows: n, Limit: l.p.ErrorBuffer, SPI: l.p.SamplesPerInsert}
 	}
 	return nil
 }

@@ -89,28 +89,35 @@ func TestAdmissionRules(t *testing.T) {
 		ops  []op
 	}{
 		{"fill then ratio", ratio, []op{
-			{side: Samples, n: 1, want: blocked},                             // size 0 < min_size
-			{side: Inserts, n: 6, want: ok, inserts: 6},                      // filling: 6 <= 10
-			{side: Inserts, n: 4, want: ok, inserts: 10},                     // filling: 10 <= 10, diff 20
-			{side: Samples, n: 1, want: blocked, inserts: 10},                // the rows are not published yet
-			{size: 10, inserts: 10},                                          // now they are
-			{side: Inserts, n: 4, want: blocked, inserts: 10},                // 20 + 8 > 26
-			{side: Inserts, n: 3, want: ok, inserts: 13},                     // 20 + 6 = 26
-			{side: Inserts, n: 1, want: blocked, inserts: 13},                // 26 + 2 > 26
-			{side: Samples, n: 12, want: ok, inserts: 13, samples: 12},       // 26 - 12 = 14
-			{side: Samples, n: 1, want: blocked, inserts: 13, samples: 12},   // 14 - 1 < 14
-			{side: Samples, n: 13, want: tooLarge, inserts: 13, samples: 12}, // 13 > 12, whatever the state
-			{side: Inserts, n: 7, want: tooLarge, inserts: 13, samples: 12},  // 2*7 > 12
-			{side: Inserts, n: 6, want: ok, inserts: 19, samples: 12},        // 14 + 12 = 26
-			{side: Samples, n: 12, want: ok, inserts: 19, samples: 24},       // back to 14
-			{side: Inserts, n: 1, want: ok, inserts: 20, samples: 24},        // 16
-			{side: Samples, n: 2, want: ok, inserts: 20, samples: 26},        // 14
-			{side: Samples, n: 1, want: blocked, inserts: 20, samples: 26},   // 13 < 14
-			{size: 5, inserts: 20, samples: 26},                              // the ring lost rows (delete, reopen)
-			{side: Inserts, n: 1, want: ok, inserts: 21, samples: 26},        // inserts do not look at size
-			{side: Samples, n: 1, want: blocked, inserts: 21, samples: 26},   // size 5 < 10
-			{size: 10, inserts: 21, samples: 26},                             //
-			{side: Samples, n: 2, want: ok, inserts: 21, samples: 28},        // 16 - 2 = 14
+			// One request may move diff by at most error_buffer = 6: 6 sampled
+			// rows, 3 inserted ones.
+			{side: Samples, n: 1, want: blocked},                            // size 0 < min_size
+			{side: Inserts, n: 4, want: tooLarge},                           // 2*4 > 6, while filling too
+			{side: Inserts, n: 3, want: ok, inserts: 3},                     // filling: 3 <= 10
+			{side: Inserts, n: 3, want: ok, inserts: 6},                     //
+			{side: Inserts, n: 3, want: ok, inserts: 9},                     //
+			{side: Inserts, n: 1, want: ok, inserts: 10},                    // filling: 10 <= 10, diff 20
+			{side: Samples, n: 1, want: blocked, inserts: 10},               // the rows are not published yet
+			{size: 10, inserts: 10},                                         // now they are
+			{side: Inserts, n: 3, want: ok, inserts: 13},                    // 20 + 6 = 26
+			{side: Inserts, n: 1, want: blocked, inserts: 13},               // 26 + 2 > 26
+			{side: Samples, n: 6, want: ok, inserts: 13, samples: 6},        // 20
+			{side: Samples, n: 6, want: ok, inserts: 13, samples: 12},       // 14
+			{side: Samples, n: 1, want: blocked, inserts: 13, samples: 12},  // 14 - 1 < 14
+			{side: Samples, n: 7, want: tooLarge, inserts: 13, samples: 12}, // 7 > 6, whatever the state
+			{side: Inserts, n: 4, want: tooLarge, inserts: 13, samples: 12}, // 2*4 > 6
+			{side: Inserts, n: 3, want: ok, inserts: 16, samples: 12},       // 20
+			{side: Inserts, n: 3, want: ok, inserts: 19, samples: 12},       // 26
+			{side: Samples, n: 6, want: ok, inserts: 19, samples: 18},       // 20
+			{side: Samples, n: 6, want: ok, inserts: 19, samples: 24},       // back to 14
+			{side: Inserts, n: 1, want: ok, inserts: 20, samples: 24},       // 16
+			{side: Samples, n: 2, want: ok, inserts: 20, samples: 26},       // 14
+			{side: Samples, n: 1, want: blocked, inserts: 20, samples: 26},  // 13 < 14
+			{size: 5, inserts: 20, samples: 26},                             // the ring lost rows (delete, reopen)
+			{side: Inserts, n: 1, want: ok, inserts: 21, samples: 26},       // inserts do not look at size
+			{side: Samples, n: 1, want: blocked, inserts: 21, samples: 26},  // size 5 < 10
+			{size: 10, inserts: 21, samples: 26},                            //
+			{side: Samples, n: 2, want: ok, inserts: 21, samples: 28},       // 16 - 2 = 14
 		}},
 		{"min size only", Params{MinSize: 3}, []op{
 			{side: Samples, n: 1, want: blocked},
@@ -122,16 +129,18 @@ func TestAdmissionRules(t *testing.T) {
 			{side: Samples, n: 1, want: ok, inserts: 1000, samples: 1<<40 + 1},
 		}},
 		{"fractional ratio", Params{SamplesPerInsert: 0.5, MinSize: 4, ErrorBuffer: 1}, []op{
-			// window [1, 3]; an insert moves diff by 0.5.
-			{side: Inserts, n: 4, want: ok, inserts: 4}, // diff 2
+			// window [1, 3]; an insert moves diff by 0.5; a request at most 1.
+			{side: Inserts, n: 2, want: ok, inserts: 2},
+			{side: Inserts, n: 2, want: ok, inserts: 4}, // diff 2
 			{size: 4, inserts: 4},
 			{side: Inserts, n: 2, want: ok, inserts: 6},                  // 3
 			{side: Inserts, n: 1, want: blocked, inserts: 6},             // 3.5 > 3
-			{side: Samples, n: 2, want: ok, inserts: 6, samples: 2},      // 1
+			{side: Samples, n: 1, want: ok, inserts: 6, samples: 1},      // 2
+			{side: Samples, n: 1, want: ok, inserts: 6, samples: 2},      // 1
 			{side: Samples, n: 1, want: blocked, inserts: 6, samples: 2}, // 0 < 1
-			{side: Samples, n: 3, want: tooLarge, inserts: 6, samples: 2},
-			{side: Inserts, n: 4, want: ok, inserts: 10, samples: 2}, // 0.5*4 = 2 <= window: 3
-			{side: Inserts, n: 5, want: tooLarge, inserts: 10, samples: 2},
+			{side: Samples, n: 2, want: tooLarge, inserts: 6, samples: 2},
+			{side: Inserts, n: 2, want: ok, inserts: 8, samples: 2}, // 0.5*2 = 1 <= error_buffer
+			{side: Inserts, n: 3, want: tooLarge, inserts: 8, samples: 2},
 		}},
 	}
 	for _, c := range cases {
@@ -197,10 +206,10 @@ func TestBlockedErrorSaysWhy(t *testing.T) {
 		t.Fatalf("extend past max_diff: %v (%+v)", err, be)
 	}
 	var tl *TooLargeError
-	if err := acquire(l, Inserts, 100); !errors.As(err, &tl) || !strings.Contains(err.Error(), "send at most 6 rows per request") {
+	if err := acquire(l, Inserts, 100); !errors.As(err, &tl) || !strings.Contains(err.Error(), "send at most 3 rows per request") {
 		t.Fatalf("extend of 100 rows: %v", err)
 	}
-	if err := acquire(l, Samples, 100); !errors.As(err, &tl) || !strings.Contains(err.Error(), "sample at most 12 rows per request") {
+	if err := acquire(l, Samples, 100); !errors.As(err, &tl) || !strings.Contains(err.Error(), "sample at most 6 rows per request") {
 		t.Fatalf("sample of 100 rows: %v", err)
 	}
 	if st, _ := l.State(); st.RefusedExtends != 1 || st.RefusedSamples != 2 {
@@ -395,14 +404,14 @@ func TestClosedLimiterRefusesAtOnce(t *testing.T) {
 }
 
 func TestSetJudgesWaitersAgain(t *testing.T) {
-	p := Params{SamplesPerInsert: 4, MinSize: 10, ErrorBuffer: 8}
-	l := New(&p, 10) // diff 40, window [32, 48]
-	if err := acquire(l, Samples, 8); err != nil {
+	p := Params{SamplesPerInsert: 4, MinSize: 10, ErrorBuffer: 16}
+	l := New(&p, 10) // diff 40, window [24, 56]
+	if err := acquire(l, Samples, 16); err != nil {
 		t.Fatal(err)
 	}
 	out := make(chan result, 3)
-	background(l, Samples, 4, time.Minute, 0, out)  // 32 - 4 < 32
-	background(l, Samples, 16, time.Minute, 1, out) // fits the window
+	background(l, Samples, 4, time.Minute, 0, out)  // 24 - 4 < 24
+	background(l, Samples, 16, time.Minute, 1, out) // 16 <= error_buffer: it may wait
 	waitFor(t, l, func(s State) bool { return s.WaitingSamples == 2 })
 
 	// A smaller window makes the 16-row sample impossible: it fails at
@@ -538,7 +547,10 @@ func TestConcurrentAdmissionsStayInTheWindow(t *testing.T) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), 7))
 			for time.Now().Before(end) {
-				n := 1 + rng.Int64N(20)
+				n := 1 + rng.Int64N(20) // samples: at most 40 rows
+				if side == Inserts {
+					n = 1 + rng.Int64N(13) // 3*13 <= 40
+				}
 				wait := time.Duration(rng.IntN(5000)) * time.Microsecond
 				start := time.Now()
 				ctx := context.Background()
@@ -585,4 +597,54 @@ func TestConcurrentAdmissionsStayInTheWindow(t *testing.T) {
 		t.Fatalf("waiters left behind: %+v", st)
 	}
 	t.Logf("admitted %d/%d, refused %d/%d; final %+v", admitted[0].Load(), admitted[1].Load(), refused[0].Load(), refused[1].Load(), st)
+}
+
+// TestRefundStaysInTheWindow: a refund gives back only what keeps diff in
+// the window, since other requests may have been admitted on the rows it
+// gives back.
+func TestRefundStaysInTheWindow(t *testing.T) {
+	p := Params{SamplesPerInsert: 2, MinSize: 10, ErrorBuffer: 6} // window [14, 26]
+	ctx := context.Background()
+	get := func(l *Limiter, side Side, n int64) Grant {
+		t.Helper()
+		g, err := l.Acquire(ctx, side, n, now(), nil, errStop)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	check := func(l *Limiter, inserts, samples int64) {
+		t.Helper()
+		if st, _ := l.State(); st.Inserts != inserts || st.Samples != samples {
+			t.Fatalf("inserts %d samples %d, want %d %d", st.Inserts, st.Samples, inserts, samples)
+		}
+	}
+	// A sample admitted (20 -> 14), extends admitted on it (-> 26), then
+	// the sample fails: a full refund would make diff 32.
+	l := New(&p, 10)
+	s := get(l, Samples, 6)
+	get(l, Inserts, 3)
+	get(l, Inserts, 3)
+	s.Refund(6)
+	check(l, 16, 6) // diff stays 26
+	// Part of a refund fits: diff 24 takes back 2 of 6 sampled rows.
+	l = New(&p, 10)
+	s = get(l, Samples, 6)
+	get(l, Inserts, 3)
+	get(l, Inserts, 2)
+	s.Refund(6)
+	check(l, 15, 4) // 30 - 4 = 26
+	// The mirror image: an extend refunded after samples used its rows.
+	l = New(&p, 10)
+	e := get(l, Inserts, 3) // 26
+	get(l, Samples, 6)      // 20
+	get(l, Samples, 6)      // 14
+	e.Refund(3)
+	check(l, 13, 12) // diff stays 14
+	// While the buffer fills, diff is below the window: an extend's refund
+	// is taken back whole.
+	l = New(&p, 0)
+	e = get(l, Inserts, 3)
+	e.Refund(3)
+	check(l, 0, 0)
 }

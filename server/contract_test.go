@@ -477,7 +477,7 @@ func ctCases(t *testing.T) []ctCase {
 
 		// rate limits (window [6, 10]: at most 2 rows an extend, 4 a sample)
 		{name: "create rate-limited", method: "PUT", path: "/v1/buffers/rl", ctype: js, want: 201,
-			body: []byte(strings.Replace(ctCartPole, `"capacity": 64`, `"capacity": 64, "rate_limit": {"samples_per_insert": 2, "min_size": 4, "error_buffer": 2}`, 1))},
+			body: []byte(strings.Replace(ctCartPole, `"capacity": 64`, `"capacity": 64, "rate_limit": {"samples_per_insert": 2, "min_size": 4, "error_buffer": 4}`, 1))},
 		{name: "sample rate-limited", method: "POST", path: "/v1/buffers/rl/sample", ctype: js, body: []byte(`{"batch_size": 1}`), want: 503, code: "rate_limited"},
 		{name: "extend with timeout_ms", method: "POST", path: "/v1/buffers/rl/extend?stream=a&timeout_ms=100", ctype: bin, body: ctRows(t, 2), want: 200},
 		{name: "extend too large for the window", method: "POST", path: "/v1/buffers/rl/extend?stream=a&timeout_ms=100", ctype: bin, body: ctRows(t, 6), want: 400},

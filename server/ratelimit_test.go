@@ -14,7 +14,7 @@ import (
 )
 
 // limitedSpec is cartpoleSpec with a rate limit: spi 2, min_size 10,
-// error_buffer 6 (window [14, 26]; at most 6 rows an extend, 12 a sample).
+// error_buffer 6 (window [14, 26]; at most 3 rows an extend, 6 a sample).
 var limitedSpec = strings.Replace(cartpoleSpec, `"compact_obs": true`,
 	`"rate_limit": {"samples_per_insert": 2, "min_size": 10, "error_buffer": 6}, "compact_obs": true`, 1)
 
@@ -124,7 +124,7 @@ func TestHTTPRateLimit(t *testing.T) {
 		t.Fatalf("sample of an empty buffer: %d %+v (Retry-After %q)", resp.StatusCode, eb, resp.Header.Get("Retry-After"))
 	}
 
-	for _, n := range []int{6, 4} {
+	for _, n := range []int{3, 3, 3, 1} {
 		if code, body := s.extend(n, ""); code != 200 {
 			t.Fatalf("extend %d: %d %s", n, code, body)
 		}
@@ -135,11 +135,11 @@ func TestHTTPRateLimit(t *testing.T) {
 	s.wantCounters(10, 6)
 
 	// Too large for the window: 400 naming the sizes, at once.
-	if code, body := s.sample(`{"batch_size": 13, "timeout_ms": 60000}`); code != 400 || !strings.Contains(string(body), "sample at most 12 rows per request") {
-		t.Errorf("sample of 13 rows: %d %s", code, body)
+	if code, body := s.sample(`{"batch_size": 7, "timeout_ms": 60000}`); code != 400 || !strings.Contains(string(body), "sample at most 6 rows per request") {
+		t.Errorf("sample of 7 rows: %d %s", code, body)
 	}
-	if code, body := s.extend(7, "&timeout_ms=60000"); code != 400 || !strings.Contains(string(body), "send at most 6 rows per request") {
-		t.Errorf("extend of 7 rows: %d %s", code, body)
+	if code, body := s.extend(4, "&timeout_ms=60000"); code != 400 || !strings.Contains(string(body), "send at most 3 rows per request") {
+		t.Errorf("extend of 4 rows: %d %s", code, body)
 	}
 
 	// A sample that waits, released by an extend.
@@ -158,8 +158,10 @@ func TestHTTPRateLimit(t *testing.T) {
 	s.wantCounters(12, 10)
 
 	// An extend that waits (?timeout_ms), released by a live change.
-	if code, body := s.extend(6, ""); code != 200 { // 26
-		t.Fatalf("extend: %d %s", code, body)
+	for range 2 {
+		if code, body := s.extend(3, ""); code != 200 { // 20, 26
+			t.Fatalf("extend: %d %s", code, body)
+		}
 	}
 	go func() {
 		code, body := s.extend(3, "&timeout_ms=60000")
@@ -249,27 +251,41 @@ func TestHTTPRateLimitWaitsEnd(t *testing.T) {
 	s.waitFor("waiting_samples", 0)
 	s.wantCounters(0, 0)
 
-	// Both sides waiting: window [14, 26] at diff 20 admits neither 4
-	// more rows (28) nor 7 samples (13).
-	for _, n := range []int{6, 4} {
+	// An extend waiting (window [14, 26] at diff 26). Both sides cannot
+	// wait at once (a request moves diff by at most error_buffer, half the
+	// window): a second, empty buffer holds a waiting sample.
+	for _, n := range []int{3, 3, 3, 1, 3} {
 		if code, body := s.extend(n, ""); code != 200 {
 			t.Fatalf("extend: %d %s", code, body)
 		}
 	}
+	if code, body := do(t, "PUT", s.url+"/v1/buffers/rl2", "application/json", limitedSpec); code != 201 {
+		t.Fatalf("create: %d %s", code, body)
+	}
 	got := make(chan answer, 2)
 	start := time.Now()
 	go func() {
-		code, body := s.extend(4, "&timeout_ms=60000")
+		code, body := s.extend(3, "&timeout_ms=60000")
 		got <- answer{code, body}
 	}()
 	go func() {
-		code, body := s.sample(`{"batch_size": 7, "timeout_ms": 60000}`)
+		code, body := do(t, "POST", s.url+"/v1/buffers/rl2/sample", "application/json", `{"batch_size": 4, "timeout_ms": 60000}`)
 		got <- answer{code, body}
 	}()
 	s.waitFor("waiting_extends", 1)
-	s.waitFor("waiting_samples", 1)
-	if code, body := do(t, "DELETE", s.url+"/v1/buffers/rl", "", ""); code != 200 && code != 204 {
-		t.Fatalf("delete: %d %s", code, body)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		_, body := do(t, "GET", s.url+"/v1/buffers/rl2", "", "")
+		if strings.Contains(string(body), `"waiting_samples":1`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sample of rl2 never waited: %s", body)
+		}
+	}
+	for _, name := range []string{"rl", "rl2"} {
+		if code, body := do(t, "DELETE", s.url+"/v1/buffers/"+name, "", ""); code != 200 && code != 204 {
+			t.Fatalf("delete: %d %s", code, body)
+		}
 	}
 	for range 2 {
 		if a := <-got; a.code != 404 || !strings.Contains(string(a.body), "deleted") {
@@ -289,7 +305,7 @@ func TestHTTPRateLimitWaitsEnd(t *testing.T) {
 		got <- answer{code, body}
 	}()
 	go func() {
-		for _, n := range []int{6, 4, 6, 6} { // the last waits: 20 + 12 > 26
+		for _, n := range []int{3, 3, 3, 1, 3, 3, 3} { // the last waits
 			code, body := s.extend(n, "&timeout_ms=60000")
 			if code != 200 {
 				got <- answer{code, body}
@@ -297,8 +313,8 @@ func TestHTTPRateLimitWaitsEnd(t *testing.T) {
 			}
 		}
 	}()
-	// The sample goes once 10 rows are in (diff 20 - 1 = 19); the third
-	// extend waits (19 + 12 > 26).
+	// The sample goes once 10 rows are in (diff 20 - 1 = 19); then 25,
+	// and the last extend waits (25 + 6 > 26).
 	if a := <-got; a.code != 200 {
 		t.Fatalf("sample: %d %s", a.code, a.body)
 	}

@@ -669,6 +669,11 @@ func (v *specValidator) field(path string, f Field, capacity int64, capacityOK b
 // Names are restricted to dotted identifiers so that they can double as
 // file names and as Python attribute paths; reserved names belong to the
 // columns and sample keys the buffer adds itself.
+// ReservedNewField is a field name new buffers may not use: extends give
+// each row's policy version under it. Buffers created before it was
+// reserved keep such a field.
+const ReservedNewField = "policy_version"
+
 func (specValidator) nameProblem(name string) string {
 	if name == "" {
 		return "field name must not be empty"

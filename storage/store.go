@@ -304,6 +304,13 @@ func (s *Store) createLocked(name string, spec Spec) (b *Buffer, created bool, e
 		}
 		return nil, false, fmt.Errorf("create buffer %q: %w", name, ErrSpecConflict)
 	}
+	// policy_version is a column rbd adds; buffers created before it
+	// existed may keep a field of that name (and extends then fill that
+	// field), new ones may not.
+	if _, ok := spec.Field(ReservedNewField); ok {
+		return nil, false, fmt.Errorf("create buffer %q: %w", name,
+			&SpecError{Path: specFieldPath(ReservedNewField), Msg: fmt.Sprintf("field name %q is reserved for the version of the policy that produced each row", ReservedNewField)})
+	}
 	if len(s.buffers) >= s.opts.maxBuffers() {
 		return nil, false, fmt.Errorf("create buffer %q: %d buffers are open, the most allowed: %w (delete one, or raise the limit)", name, len(s.buffers), ErrTooManyBuffers)
 	}

@@ -108,3 +108,17 @@ func checkVersions(t *testing.T, b *Buffer, want PolicyVersions) {
 		t.Fatalf("policy versions %+v, want %+v", got, want)
 	}
 }
+
+// TestPolicyVersionFieldReserved: a new buffer may not declare a field
+// named policy_version (extends give the rows' versions under that name).
+func TestPolicyVersionFieldReserved(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	defer s.Close()
+	spec := testSpec(KindMemory, 10, false)
+	spec.Fields = append(spec.Fields, Field{Name: ReservedNewField, DType: Int64, Shape: []int{}})
+	_, _, err := s.CreateBuffer("v", spec)
+	var se *SpecError
+	if !errors.As(err, &se) || se.Path != "fields.policy_version" || !errors.Is(err, ErrInvalidSpec) {
+		t.Fatalf("create with a policy_version field: %v", err)
+	}
+}

@@ -196,6 +196,11 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 			}
 		}
 		demo := newDemoCollector(env.Spec())
+		// Versions continue from the rows a previous run left, so rows of
+		// this run's policies are never counted as older than those.
+		if pv, err := buf.PolicyVersions(); err == nil && pv.Newest > 0 {
+			demo.version.Store(pv.Newest)
+		}
 		opts.Weights = demo
 		seed := o.demoSeed
 		if seed == 0 {

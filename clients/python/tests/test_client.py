@@ -495,14 +495,15 @@ class RateLimitTest(ServerTest):
         self.assertGreaterEqual(time.monotonic() - t0, 0.14)
         self.assertEqual(cm.exception.rate_limit["diff"], 30)
         self.assertEqual(cm.exception.rate_limit["blocked"], "extends")
-        with self.assertRaises(BadRequest) as cm:  # wider than the 40-row window: never admitted
+        with self.assertRaises(BadRequest) as cm:  # more than error_buffer (20 rows): never admitted
             self.c.extend(name, episode(300, 41), stream="a", timeout_ms=5000)
-        self.assertIn("send at most 40 rows", cm.exception.message)
+        self.assertIn("send at most 20 rows", cm.exception.message)
         self.assertEqual(self.c.info(name)["rate_limit"]["inserts"], 30)
 
     def test_retry_waits_for_the_learner(self):
         name = self.limited()
-        self.c.extend(name, episode(0, 30), stream="a")
+        self.c.extend(name, episode(0, 10), stream="a")
+        self.c.extend(name, episode(100, 20), stream="a")  # diff 30 = max_diff
         patient = Client(self.server.url, retry_rate_limited=20)
         self.addCleanup(patient.close)
         out = {}
