@@ -325,8 +325,7 @@ func waitState(t *testing.T, b *Buffer, cond func(ratelimit.State) bool) {
 
 // TestSampleWaitingForDataHoldsNoGrant: a sample that waits for data (here
 // for rows of a newer policy) gives its admission back while it waits, so
-// extends admitted meanwhile cannot push the counters past max_diff when
-// it fails.
+// extends admitted meanwhile cannot push the counters past max_diff.
 func TestSampleWaitingForDataHoldsNoGrant(t *testing.T) {
 	db := openDB(t)
 	b := limitedBuffer(t, db, storage.KindMemory, ratelimit.Params{SamplesPerInsert: 2, MinSize: 10, ErrorBuffer: 6})
@@ -337,27 +336,55 @@ func TestSampleWaitingForDataHoldsNoGrant(t *testing.T) {
 	}
 	v := int64(5)
 	got := make(chan error, 1)
+	waiting := make(chan struct{}, 64) // a few wake-ups at most; never blocks the sample
+	b.onDataWait = func() {
+		select {
+		case waiting <- struct{}{}:
+		default:
+		}
+	}
 	go func() {
-		_, err := b.Sample(context.Background(), &SampleRequest{BatchSize: 6, TimeoutMS: 300, MinPolicyVersion: &v}, nil)
+		batch, err := b.Sample(context.Background(), &SampleRequest{BatchSize: 6, TimeoutMS: 60_000, MinPolicyVersion: &v}, nil)
+		if err == nil {
+			batch.Release()
+		}
 		got <- err
 	}()
+	waitForDataWait := func() {
+		t.Helper()
+		select {
+		case <-waiting:
+		case err := <-got:
+			t.Fatalf("the sample ended instead of waiting for data: %v", err)
+		}
+	}
 	// While it waits for version-5 rows, the limiter counts no sample: an
 	// extend of 3 rows (20 + 6 = 26) is admitted, and a second is not (had
-	// the sample kept its 6 rows, diff would be 20 and it would go). Before
-	// the sample starts the same holds; only the microseconds between its
-	// admission and its first draw differ, which the sleep steps past.
-	time.Sleep(50 * time.Millisecond)
+	// the sample kept its 6 rows, diff would be 20 and it would go). The
+	// first extend wakes the sample; it looks, finds no version-5 row, and
+	// waits again.
+	waitForDataWait()
 	if _, err := b.Extend("s", rowsBatch(3)); err != nil {
 		t.Fatal(err)
 	}
+	waitForDataWait()
 	if _, err := b.Extend("s", rowsBatch(3)); !errors.Is(err, ratelimit.ErrRateLimited) {
 		t.Fatalf("second extend while the sample waits for data: %v", err)
 	}
-	if err := <-got; !errors.Is(err, ErrNotReady) {
-		t.Fatalf("sample of rows nobody wrote: %v", err)
-	}
 	st := limiterState(t, b)
-	if st.Inserts != 13 || st.Samples != 0 || st.Diff > *st.MaxDiff {
-		t.Fatalf("after the failed sample: %+v (diff must stay <= max_diff)", st)
+	if st.Inserts != 13 || st.Samples != 0 || st.Diff != *st.MaxDiff {
+		t.Fatalf("while the sample waits: %+v, want 13 inserts, 0 samples, diff at max_diff", st)
+	}
+	// The rows it waits for arrive once the limit is lifted.
+	if err := b.SetRateLimit(nil); err != nil {
+		t.Fatal(err)
+	}
+	batch := rowsBatch(8)
+	batch.PolicyVersion = []int64{5, 5, 5, 5, 5, 5, 5, 5}
+	if _, err := b.Extend("s", batch); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("sample once version-5 rows exist: %v", err)
 	}
 }

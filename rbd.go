@@ -27,6 +27,9 @@ type Buffer struct {
 	*storage.Buffer
 	state *sampler.State
 	pool  bytePool // result memory of released batches
+	// onDataWait, when set (tests), runs each time a sample starts waiting
+	// for data, after it gave its rate-limit admission back.
+	onDataWait func()
 }
 
 // Open opens (creating if needed) the data dir at dir and recovers its

@@ -174,6 +174,9 @@ func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOpt
 			}
 			grant.Refund(grant.Rows())
 			grant, held = ratelimit.Grant{}, false
+			if b.onDataWait != nil {
+				b.onDataWait()
+			}
 			t := time.NewTimer(wait)
 			select {
 			case <-changed:
