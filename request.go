@@ -56,9 +56,10 @@ type SampleRequest struct {
 	// TimeoutMS is how long to wait for data that can satisfy the request
 	// (0: answer at once).
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
-	// MinPolicyVersion, when set, lets transition samplers return only rows
-	// whose policy_version is at least this (staleness control); until
-	// enough such rows exist the sample is not ready.
+	// MinPolicyVersion, when set, makes samplers return only rows whose
+	// policy_version is at least this (slice samplers: slices whose first
+	// row is), for staleness control; until such rows exist the sample is
+	// not ready.
 	MinPolicyVersion *int64 `json:"min_policy_version,omitempty"`
 }
 
@@ -294,14 +295,11 @@ func (b *Buffer) planSample(req *SampleRequest, maxBytes int64) (*plan, error) {
 		}
 	}
 	if v := req.MinPolicyVersion; v != nil {
-		switch {
-		case *v < 0:
+		if *v < 0 {
 			return nil, reqErr("min_policy_version", "must be an integer >= 0, got %d", *v)
-		case p.slices:
-			return nil, reqErr("min_policy_version", "applies to transition samplers (%s, %s, %s); slice samplers do not filter by version",
-				sampler.Uniform, sampler.Prioritized, sampler.WithoutReplacement)
 		}
 		p.minVersion = *v
+		p.params.MinPolicyVersion = *v // slice samplers: the slice's first row
 		min, next := *v, p.params.Eligible
 		p.params.Eligible = func(ix storage.Index, m storage.RowMeta) bool {
 			return m.PolicyVersion >= min && (next == nil || next(ix, m))

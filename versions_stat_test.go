@@ -139,3 +139,88 @@ func BenchmarkSampleMinPolicyVersion(b *testing.B) {
 		}
 	}
 }
+
+// TestStatMinPolicyVersionSlices: slice samplers start slices only at rows
+// of at least min_policy_version, with the distribution they have without
+// it (uniform over the qualifying starts here), through the rejection
+// path and the exact one.
+func TestStatMinPolicyVersionSlices(t *testing.T) {
+	const eps, rows, L = 4, 50, 10 // episode e, row r: version 10*e + r/10
+	db := openDB(t)
+	buf := rtCreate(t, db, "pvs", rtPrioSpec(storage.KindMemory, eps*rows, false, 1, 0))
+	g := newRTGen()
+	for e := range eps {
+		batch := rtBatch(false, g.episode("s", 0, rows, "term"), false)
+		batch.PolicyVersion = make([]int64, rows)
+		for r := range rows {
+			batch.PolicyVersion[r] = int64(10*e + r/10)
+		}
+		if _, err := buf.Extend("s", batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// min 13: episode 0 none; episode 1 starts 30-40 (versions 13, 14);
+	// episodes 2 and 3 every start 0-40: 11 + 41 + 41 qualifying starts.
+	v := int64(13)
+	qualifies := func(seq int64) bool {
+		e, r := seq/rows, seq%rows
+		return r <= rows-L && 10*e+r/10 >= v
+	}
+	var bins []int64
+	for seq := int64(0); seq < eps*rows; seq++ {
+		if qualifies(seq) {
+			bins = append(bins, seq)
+		}
+	}
+	if len(bins) != 93 {
+		t.Fatalf("setup: %d qualifying starts", len(bins))
+	}
+	for _, kind := range []string{"slice", "prioritized_slice"} {
+		counts := map[int64]float64{}
+		const batches, ns = 100, 200
+		for i := range batches {
+			got := rtSample(t, buf, SampleRequest{Sampler: kind, NumSlices: ns, SliceLen: L, Seed: seed(uint64(i)), MinPolicyVersion: &v})
+			seqs := i64s(t, got, "seq")
+			for k := 0; k < ns; k++ {
+				s := seqs[k*L]
+				if !qualifies(s) || seqs[k*L+L-1] != s+L-1 {
+					t.Fatalf("%s: slice %v starts at seq %d (episode %d row %d)", kind, seqs[k*L:k*L+L], s, s/rows, s%rows)
+				}
+				counts[s]++
+			}
+		}
+		obs, exp := make([]float64, len(bins)), make([]float64, len(bins))
+		for i, s := range bins {
+			obs[i], exp[i] = counts[s], batches*ns/float64(len(bins))
+		}
+		rtChi2(t, kind+" starts over versions >= 13", obs, exp)
+	}
+	// One epoch without replacement: a slice from each of the 3 episodes
+	// that have a qualifying start, then epoch_end.
+	got := rtSample(t, buf, SampleRequest{Sampler: "slice_without_replacement", NumSlices: 4, SliceLen: L, Seed: seed(1), MinPolicyVersion: &v})
+	seqs := i64s(t, got, "seq")
+	if len(seqs) != 3*L || got.Metadata["epoch_end"] != "true" {
+		t.Fatalf("epoch of slices: %d rows, metadata %v", len(seqs), got.Metadata)
+	}
+	seen := map[int64]bool{}
+	for k := 0; k < 3; k++ {
+		if s := seqs[k*L]; !qualifies(s) || seen[s/rows] {
+			t.Fatalf("epoch slice %d starts at seq %d", k, s)
+		} else {
+			seen[s/rows] = true
+		}
+	}
+	// min 34: one start in all (episode 3, row 40): the rejection budget
+	// runs out and the exact path draws it.
+	v = 34
+	got = rtSample(t, buf, SampleRequest{Sampler: "slice", NumSlices: 100, SliceLen: L, Seed: seed(2), MinPolicyVersion: &v})
+	for k, s := range i64s(t, got, "seq") {
+		if want := int64(3*rows+40) + int64(k%L); s != want {
+			t.Fatalf("row %d: seq %d, want %d", k, s, want)
+		}
+	}
+	v = 40
+	if _, err := buf.Sample(t.Context(), &SampleRequest{Sampler: "slice", NumSlices: 1, SliceLen: L, MinPolicyVersion: &v}, nil); !errors.Is(err, ErrNotReady) {
+		t.Fatalf("min_policy_version 40: %v", err)
+	}
+}

@@ -126,8 +126,9 @@ type SampleRequest struct {
 	// the request before answering 503 not_ready (0: answer at once). The
 	// server caps it; the context passed to Sample should allow for it.
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
-	// MinPolicyVersion, when set, makes transition samplers return only
-	// rows whose policy_version is at least this (Ptr(v)).
+	// MinPolicyVersion, when set, makes samplers return only rows whose
+	// policy_version is at least this (slice samplers: slices whose first
+	// row is); Ptr(v).
 	MinPolicyVersion *int64 `json:"min_policy_version,omitempty"`
 }
 

@@ -57,6 +57,11 @@ type Params struct {
 	// instance, whether its next observation is known). Nil admits every
 	// live row. Slice samplers ignore it: they flag such positions instead.
 	Eligible func(storage.Index, storage.RowMeta) bool
+	// MinPolicyVersion makes slice samplers start slices only at rows whose
+	// policy version is at least this (0 admits every row); they draw among
+	// those starts with the distribution they have without it. Transition
+	// samplers take the bound through Eligible.
+	MinPolicyVersion int64
 }
 
 // Selection is what a sampler chose.
@@ -327,10 +332,20 @@ func newSliceSelection(p Params, weighted bool) *Selection {
 	return sel
 }
 
+// startOK reports whether a slice may start at position pos of t under
+// MinPolicyVersion.
+func startOK(ix storage.Index, p Params, t *storage.Trajectory, pos int) bool {
+	if p.MinPolicyVersion <= 0 {
+		return true
+	}
+	m, ok := ix.Row(t.Seq(pos))
+	return ok && m.PolicyVersion >= p.MinPolicyVersion
+}
+
 func drawSlices(ix storage.Index, p Params, rng *rand.Rand) (*Selection, error) {
 	L := p.SliceLen
 	sel := newSliceSelection(p, false)
-	for k := 0; k < p.NumSlices; k++ {
+	for tries := rejectionBudget(p.NumSlices); sel.NumSlices < p.NumSlices; {
 		var t *storage.Trajectory
 		if p.StrictLength {
 			t = ix.PickAtLeast(L, rng)
@@ -342,9 +357,71 @@ func drawSlices(ix storage.Index, p Params, rng *rand.Rand) (*Selection, error) 
 		}
 		l := min(L, t.Len())
 		start := rng.IntN(t.Len() - l + 1)
+		if !startOK(ix, p, t, start) {
+			if tries--; tries <= 0 {
+				return drawSlicesExact(ix, p, rng, sel)
+			}
+			continue
+		}
 		appendSlice(sel, t, start, l, L, 0, !p.StrictLength)
 	}
 	return sel, nil
+}
+
+// drawSlicesExact fills sel when few slice starts pass MinPolicyVersion:
+// it lists every qualifying (trajectory, start) with the probability the
+// unfiltered draw gives it (a trajectory uniformly among those long
+// enough, then a start uniformly) and draws from that list.
+func drawSlicesExact(ix storage.Index, p Params, rng *rand.Rand, sel *Selection) (*Selection, error) {
+	L := p.SliceLen
+	type start struct {
+		t   *storage.Trajectory
+		pos int
+	}
+	var starts []start
+	var cum []float64
+	sum := 0.0
+	for i := range ix.NumTrajectories() {
+		t := ix.Trajectory(i)
+		if p.StrictLength && t.Len() < L {
+			continue
+		}
+		n := t.Len() - min(L, t.Len()) + 1
+		for pos := range n {
+			if startOK(ix, p, t, pos) {
+				sum += 1 / float64(n)
+				starts = append(starts, start{t, pos})
+				cum = append(cum, sum)
+			}
+		}
+	}
+	if len(starts) == 0 {
+		return nil, fmt.Errorf("%w: no slice of %d rows starts at a row with policy_version >= %d", ErrNotReady, L, p.MinPolicyVersion)
+	}
+	for sel.NumSlices < p.NumSlices {
+		s := starts[searchCum(cum, rng.Float64()*sum)]
+		appendSlice(sel, s.t, s.pos, min(L, s.t.Len()), L, 0, !p.StrictLength)
+	}
+	return sel, nil
+}
+
+// qualifyingStart draws a start of a slice of t uniformly among those that
+// pass MinPolicyVersion, or returns false when none does.
+func qualifyingStart(ix storage.Index, p Params, t *storage.Trajectory, l int, rng *rand.Rand) (int, bool) {
+	n := t.Len() - l + 1
+	if p.MinPolicyVersion <= 0 {
+		return rng.IntN(n), true
+	}
+	var ok []int
+	for pos := range n {
+		if startOK(ix, p, t, pos) {
+			ok = append(ok, pos)
+		}
+	}
+	if len(ok) == 0 {
+		return 0, false
+	}
+	return ok[rng.IntN(len(ok))], true
 }
 
 func (s *State) drawSlicesWithoutReplacement(ix storage.Index, p Params, rng *rand.Rand) (*Selection, error) {
@@ -372,11 +449,17 @@ func (s *State) drawSlicesWithoutReplacement(ix storage.Index, p Params, rng *ra
 			continue
 		}
 		l := min(L, t.Len())
-		appendSlice(sel, t, rng.IntN(t.Len()-l+1), l, L, 0, !p.StrictLength)
+		start, ok := qualifyingStart(ix, p, t, l, rng)
+		if !ok {
+			continue // no slice of it is recent enough: skipped this epoch
+		}
+		appendSlice(sel, t, start, l, L, 0, !p.StrictLength)
 	}
 	for e.cursor < e.perm.N() {
 		if t := ix.ByID(e.trajIDs[e.perm.At(e.cursor)]); t != nil && (!p.StrictLength || t.Len() >= L) {
-			break
+			if _, ok := qualifyingStart(ix, p, t, min(L, t.Len()), rng); ok {
+				break
+			}
 		}
 		e.cursor++
 	}
@@ -414,6 +497,9 @@ func drawPrioritizedSlices(ix storage.Index, p Params, rng *rand.Rand) (*Selecti
 		}
 		l := min(L, t.Len()-pos)
 		if p.StrictLength && l < L {
+			return nil, 0, 0, false
+		}
+		if p.MinPolicyVersion > 0 && m.PolicyVersion < p.MinPolicyVersion {
 			return nil, 0, 0, false
 		}
 		return t, pos, l, true

@@ -98,7 +98,7 @@ func TestHTTPPolicyVersions(t *testing.T) {
 		{`{"batch_size": 4, "min_policy_version": 4}`, "503", "(the newest written is 3)"},
 		{`{"batch_size": 4, "min_policy_version": -1}`, "400", "min_policy_version"},
 		{`{"batch_size": 4, "min_policy_version": 1.5}`, "400", "min_policy_version"},
-		{`{"num_slices": 2, "slice_len": 2, "sampler": "slice", "min_policy_version": 1}`, "400", "slice samplers do not filter"},
+		{`{"num_slices": 2, "slice_len": 2, "sampler": "slice", "min_policy_version": 4}`, "503", "(the newest written is 3)"},
 	} {
 		code, body := sample(c.req)
 		if fmt.Sprint(code) != c.code || !strings.Contains(string(body), c.want) {
