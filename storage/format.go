@@ -171,6 +171,15 @@ func putWatermark(hdr []byte, seq int64) {
 	le.PutUint32(hdr[watermarkOff+8:], crc32.Checksum(hdr[watermarkOff:watermarkOff+8], castagnoli))
 }
 
+// watermarkBlock is the watermark block putWatermark would store, for
+// writers that store it in one write.
+func watermarkBlock(seq int64) []byte {
+	b := make([]byte, 12)
+	binary.LittleEndian.PutUint64(b, uint64(seq))
+	binary.LittleEndian.PutUint32(b[8:], crc32.Checksum(b[:8], castagnoli))
+	return b
+}
+
 func readWatermark(hdr []byte) (int64, bool) {
 	le := binary.LittleEndian
 	if le.Uint32(hdr[watermarkOff+8:]) != crc32.Checksum(hdr[watermarkOff:watermarkOff+8], castagnoli) {

@@ -79,7 +79,13 @@ func (b *Buffer) syncFiles(goal int64) (err error) {
 		return err
 	}
 	if cur, ok := readWatermark(b.hdr); !ok || cur != goal {
-		putWatermark(b.hdr, goal)
+		// One write, not two stores into the mapping: a writer killed
+		// between storing the seq and its checksum left the block torn
+		// (recovery fell back to the catalog's count, and verify called
+		// it damage).
+		if _, err := b.meta.WriteAt(watermarkBlock(goal), watermarkOff); err != nil {
+			return fmt.Errorf("write the durable watermark: %w", err)
+		}
 		if err := b.meta.SyncRange(0, headerSize); err != nil {
 			return err
 		}

@@ -122,3 +122,19 @@ func TestPolicyVersionFieldReserved(t *testing.T) {
 		t.Fatalf("create with a policy_version field: %v", err)
 	}
 }
+
+// TestWatermarkBlock: the one-write watermark block is the block
+// putWatermark stores, and readWatermark reads it back.
+func TestWatermarkBlock(t *testing.T) {
+	hdr := make([]byte, headerSize)
+	for _, seq := range []int64{0, 1, 6751, 1 << 40} {
+		putWatermark(hdr, seq)
+		if got := watermarkBlock(seq); !slices.Equal(got, hdr[watermarkOff:watermarkOff+12]) {
+			t.Fatalf("seq %d: block % x, putWatermark stores % x", seq, got, hdr[watermarkOff:watermarkOff+12])
+		}
+		copy(hdr[watermarkOff:], watermarkBlock(seq))
+		if got, ok := readWatermark(hdr); !ok || got != seq {
+			t.Fatalf("seq %d read back as %d, %v", seq, got, ok)
+		}
+	}
+}

@@ -198,6 +198,20 @@ func (r *Region) ReadAt(p []byte, off int64) (int, error) {
 	return r.f.ReadAt(p, off)
 }
 
+// WriteAt writes p at off through the file's descriptor (one pwrite; the
+// mapping sees it, both being the page cache). A small write this way is
+// whole or absent if the process is killed, where stores into the mapping
+// could be cut between two of them. Anonymous regions copy into memory.
+func (r *Region) WriteAt(p []byte, off int64) (int, error) {
+	if r.f == nil {
+		if off < 0 || off+int64(len(p)) > int64(len(r.m)) {
+			return 0, fmt.Errorf("mmap write at %d: %d bytes past the region's %d", off, len(p), len(r.m))
+		}
+		return copy(r.m[off:], p), nil
+	}
+	return r.f.WriteAt(p, off)
+}
+
 // NextData returns the offset of the first byte at or after off that may
 // hold data, skipping holes of a sparse file (lseek SEEK_DATA), or size
 // when there is none. Where the filesystem cannot tell, it returns off.
