@@ -21,17 +21,41 @@ func (v *versionCounts) init() {
 	v.newest = -1
 }
 
-func (v *versionCounts) add(version int64) {
-	v.rows[version]++
+func (v *versionCounts) add(version, n int64) {
+	v.rows[version] += n
 	v.newest = max(v.newest, version)
 }
 
-func (v *versionCounts) remove(version int64) {
-	if v.rows[version] <= 1 {
+func (v *versionCounts) remove(version, n int64) {
+	if v.rows[version] <= n {
 		delete(v.rows, version)
 		return
 	}
-	v.rows[version]--
+	v.rows[version] -= n
+}
+
+// versionRun counts consecutive rows of one version, so the write path
+// touches the map once per run (a batch is usually one version), not once
+// per row.
+type versionRun struct {
+	version, n int64
+}
+
+// next adds a row of version; when it starts a new run, the finished one
+// is handed to flush.
+func (r *versionRun) next(version int64, flush func(version, n int64)) {
+	if r.n > 0 && r.version != version {
+		flush(r.version, r.n)
+		r.n = 0
+	}
+	r.version = version
+	r.n++
+}
+
+func (r *versionRun) done(flush func(version, n int64)) {
+	if r.n > 0 {
+		flush(r.version, r.n)
+	}
 }
 
 // PolicyVersions describes the policy versions of a buffer's live rows.
@@ -89,7 +113,7 @@ func (b *Buffer) countVersions() {
 			seq := t.Seq(i)
 			var r record
 			readRecord(b.rec(seq%b.capacity), &r)
-			b.ix.versions.add(r.PolicyVersion)
+			b.ix.versions.add(r.PolicyVersion, 1)
 		}
 	}
 }

@@ -393,6 +393,8 @@ func (b *Buffer) evictForWrite(first, end int64) {
 	capacity := b.capacity
 	b.imu.Lock()
 	defer b.imu.Unlock()
+	var run versionRun
+	defer run.done(b.ix.versions.remove)
 	for s := max(0, first-capacity); s < end-capacity; s++ {
 		slot := s % capacity
 		if b.stamps.Load(slot) != s {
@@ -402,7 +404,7 @@ func (b *Buffer) evictForWrite(first, end int64) {
 		if err := b.ix.evict(r.TrajID, s, r.Flags&flagHasTail != 0); err != nil {
 			panic(fmt.Sprintf("rbd: buffer %q index out of step with rows: %v", b.name, err))
 		}
-		b.ix.versions.remove(r.PolicyVersion)
+		run.next(r.PolicyVersion, b.ix.versions.remove)
 		if b.prio != nil {
 			b.prio.clear(slot)
 		}
@@ -417,12 +419,14 @@ func (b *Buffer) evictForWrite(first, end int64) {
 func (b *Buffer) publish(recs []record, first, written, end int64, stream string, envs map[int64]*streamPos) map[int64]*streamPos {
 	b.imu.Lock()
 	defer b.imu.Unlock()
+	var run versionRun
+	defer run.done(b.ix.versions.add)
 	for s := written; s < end; s++ {
 		rec := &recs[s-first]
 		if err := b.ix.add(rec.TrajID, rec.Step, s, rec.Flags&flagDone != 0, rec.Flags&flagHasTail != 0); err != nil {
 			panic(fmt.Sprintf("rbd: buffer %q index out of step with rows: %v", b.name, err))
 		}
-		b.ix.versions.add(rec.PolicyVersion)
+		run.next(rec.PolicyVersion, b.ix.versions.add)
 		if b.prio != nil {
 			// New rows get the largest priority seen, so each is sampled
 			// soon after it arrives (TorchRL, PER paper).
