@@ -80,6 +80,12 @@ type Config struct {
 	// weight update that lands between the read and the action labels that
 	// step one version older than it is, never newer. Nil stamps 0.
 	PolicyVersion func() int64
+	// StateField names the buffer field (float32 [H]) that receives a
+	// recurrent policy's state before each step; "" means
+	// "recurrent_state". It is used only when Policy is a
+	// RecurrentPolicy. See docs/recurrent.md for when states are zeroed
+	// and when they are carried.
+	StateField string
 	// OnRateLimited, if set, runs each time the buffer's rate limiter
 	// holds a write back (about once per writer wait, a second by
 	// default): the run is waiting for learners. It must not block.
@@ -168,6 +174,12 @@ type runner struct {
 	random RandomPolicy
 	rng    *mrand.Rand
 
+	// rec is Policy as a RecurrentPolicy (nil for stateless policies);
+	// state holds each copy's state before the next step (n rows of H),
+	// nextState the states the policy returns.
+	rec              RecurrentPolicy
+	state, nextState []float32
+
 	st        *staging
 	acts      *envs.Actions
 	out       envs.StepResult
@@ -227,6 +239,23 @@ func newRunner(cfg Config) (*runner, error) {
 	}
 	r.rng = mrand.New(mrand.NewPCG(cfg.Seed, 0xc011ec7))
 	r.st = newStaging(r.spec, n, r.T, cfg.CompactObs)
+	if rec, ok := r.policy.(RecurrentPolicy); ok {
+		h := rec.StateSize()
+		if h < 1 {
+			return nil, fmt.Errorf("collector: recurrent policy has state size %d; want at least 1", h)
+		}
+		if cfg.StateField == "" {
+			r.cfg.StateField = DefaultStateField
+		}
+		r.rec = rec
+		r.state, r.nextState = make([]float32, n*h), make([]float32, n*h)
+		r.st.addState(r.cfg.StateField, h)
+	}
+	if sw, ok := cfg.Writer.(interface{ BufferSpec() storage.Spec }); ok {
+		if err := r.checkSpec(sw.BufferSpec()); err != nil {
+			return nil, err
+		}
+	}
 	r.acts = envs.NewActions(r.spec, n)
 	r.out = envs.StepResult{Reward: make([]float32, n), Terminated: make([]bool, n), Truncated: make([]bool, n)}
 	r.obs = Obs{Spec: &r.spec, N: n}
@@ -329,14 +358,13 @@ func (r *runner) collect(ctx context.Context, last bool) (cut bool, err error) {
 			}
 			clear(r.stepCount)
 			clear(r.ret)
+			// Recurrent states are zero already: the previous batch's
+			// last step was cut, which zeroes them like any done.
 		} else {
 			copy(st.obsBlock(0), st.obsBlock(r.T))
 		}
 	}
-	policy := r.policy
-	if r.stats.Frames < r.cfg.InitRandomFrames {
-		policy = r.random
-	}
+	random := r.stats.Frames < r.cfg.InitRandomFrames
 	for t := 0; t < r.T; t++ {
 		// The collector cuts a batch's last step when the copies will not
 		// continue from it: a reset follows, or the run ends.
@@ -345,8 +373,8 @@ func (r *runner) collect(ctx context.Context, last bool) (cut bool, err error) {
 		if r.cfg.PolicyVersion != nil {
 			st.putVersion(t, r.cfg.PolicyVersion())
 		}
-		if err := policy.Act(&r.obs, r.acts, r.rng); err != nil {
-			return false, fmt.Errorf("collector: policy: %w", err)
+		if err := r.act(t, random); err != nil {
+			return false, err
 		}
 		st.putActions(t, r.acts)
 		next := st.nextBlock(t)
@@ -373,6 +401,13 @@ func (r *runner) collect(ctx context.Context, last bool) (cut bool, err error) {
 			if !done {
 				continue
 			}
+			if r.rec != nil {
+				// The next row of this copy starts a trajectory (step 0):
+				// its state is zero, whether the env ended or the
+				// collector cut.
+				h := r.rec.StateSize()
+				clear(r.nextState[e*h : (e+1)*h])
+			}
 			anyDone = true
 			if r.cfg.CompactObs {
 				st.tail = append(st.tail, next[e*st.obsB:(e+1)*st.obsB]...)
@@ -382,6 +417,9 @@ func (r *runner) collect(ctx context.Context, last bool) (cut bool, err error) {
 				r.addEpisode(r.ret[e], r.stepCount[e])
 			}
 			r.stepCount[e], r.ret[e] = 0, 0
+		}
+		if r.rec != nil {
+			r.state, r.nextState = r.nextState, r.state
 		}
 		if !r.cfg.CompactObs {
 			copy(st.obsBlock(t+1), next)
@@ -394,6 +432,56 @@ func (r *runner) collect(ctx context.Context, last bool) (cut bool, err error) {
 	}
 	st.finishBatch()
 	return cut, nil
+}
+
+// DefaultStateField is the field a recurrent policy's states go to when
+// Config.StateField is "".
+const DefaultStateField = "recurrent_state"
+
+// act chooses tick t's actions. A recurrent policy's states before the step
+// are stored first; during InitRandomFrames a recurrent policy still runs
+// (so the stored states are the ones it would have had) but the random
+// policy's actions are taken.
+func (r *runner) act(t int, random bool) error {
+	policy := r.policy
+	if random {
+		policy = r.random
+	}
+	if r.rec == nil {
+		if err := policy.Act(&r.obs, r.acts, r.rng); err != nil {
+			return fmt.Errorf("collector: policy: %w", err)
+		}
+		return nil
+	}
+	r.st.putState(t, r.state)
+	if err := r.rec.ActRecurrent(&r.obs, r.state, r.nextState, r.acts, r.rng); err != nil {
+		return fmt.Errorf("collector: policy: %w", err)
+	}
+	if random {
+		if err := policy.Act(&r.obs, r.acts, r.rng); err != nil {
+			return fmt.Errorf("collector: policy: %w", err)
+		}
+	}
+	return nil
+}
+
+// checkSpec checks, before anything is written, that the buffer holds the
+// recurrent state field with the policy's state size.
+func (r *runner) checkSpec(spec storage.Spec) error {
+	if r.rec == nil {
+		return nil
+	}
+	h, name := r.rec.StateSize(), r.cfg.StateField
+	f, ok := spec.Field(name)
+	if !ok {
+		return fmt.Errorf("collector: buffer has no field %q for the recurrent policy's states (float32 [%d]): %w",
+			name, h, storage.ErrInvalidBatch)
+	}
+	if f.DType != storage.Float32 || len(f.Shape) != 1 || f.Shape[0] != h {
+		return fmt.Errorf("collector: field %q is %s %v; the recurrent policy's states are float32 [%d]: %w",
+			name, f.DType, f.Shape, h, storage.ErrInvalidBatch)
+	}
+	return nil
 }
 
 // errHeldBack ends a run stopped while the rate limiter held its batch.
@@ -509,6 +597,10 @@ type staging struct {
 	tail    []byte
 	env     []int64
 	version []int64 // nil without Config.PolicyVersion
+	// state holds recurrent states before each step (rows of h float32),
+	// nil for stateless policies.
+	state []byte
+	h     int
 
 	batch storage.Batch
 }
@@ -556,6 +648,21 @@ func (s *staging) nextBlock(t int) []byte {
 }
 
 func (s *staging) startBatch() { s.tail = s.tail[:0] }
+
+// addState adds the column of recurrent states, h float32 per row.
+func (s *staging) addState(field string, h int) {
+	s.h = h
+	s.state = make([]byte, len(s.env)*h*4)
+	s.batch.Fields[field] = s.state
+}
+
+// putState stores tick t's states before the step (n rows of h).
+func (s *staging) putState(t int, state []float32) {
+	blk := s.state[t*s.n*s.h*4 : (t+1)*s.n*s.h*4]
+	for i, v := range state[:s.n*s.h] {
+		binary.LittleEndian.PutUint32(blk[4*i:], math.Float32bits(v))
+	}
+}
 
 // putVersion stamps tick t's rows with a policy version.
 func (s *staging) putVersion(t int, v int64) {

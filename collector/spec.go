@@ -30,6 +30,10 @@ type SpecOptions struct {
 	// buffer stores each frame once. It needs Storage compressed and is
 	// ignored for envs without a stack.
 	FrameDedup bool
+	// RecurrentState, if > 0, adds the field "recurrent_state" float32
+	// [RecurrentState] for a RecurrentPolicy's states (see
+	// DefaultStateField and docs/recurrent.md); 0 adds nothing.
+	RecurrentState int
 }
 
 // BufferSpec is the spec of a buffer holding env's steps as the collector
@@ -42,6 +46,7 @@ type SpecOptions struct {
 //	next.terminated    bool []
 //	next.truncated     bool []
 //	next.observation   ObsDType ObsShape   (not with CompactObs)
+//	recurrent_state    float32 [H]         (with RecurrentState H)
 func BufferSpec(env envs.Spec, o SpecOptions) storage.Spec {
 	obsDT, err := storage.ParseDType(env.ObsDType)
 	if err != nil {
@@ -72,6 +77,9 @@ func BufferSpec(env envs.Spec, o SpecOptions) storage.Spec {
 	}
 	if !o.CompactObs {
 		s.Fields = append(s.Fields, storage.Field{Name: "next.observation", DType: obsDT, Shape: slices.Clone(env.ObsShape)})
+	}
+	if o.RecurrentState > 0 {
+		s.Fields = append(s.Fields, storage.Field{Name: DefaultStateField, DType: storage.Float32, Shape: []int{o.RecurrentState}})
 	}
 	if o.Priority {
 		p := storage.DefaultPriority()

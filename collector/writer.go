@@ -41,6 +41,9 @@ func (w BufferWriter) Extend(ctx context.Context, stream string, b *storage.Batc
 	return w.Buffer.ExtendContext(ctx, stream, b, &storage.ExtendOptions{Timeout: cmp.Or(w.Wait, writerWait)})
 }
 
+// BufferSpec returns the buffer's spec, which Run checks before it writes.
+func (w BufferWriter) BufferSpec() storage.Spec { return w.Buffer.Spec() }
+
 // CloseStream implements Writer.
 func (w BufferWriter) CloseStream(_ context.Context, stream string) error {
 	_, err := w.Buffer.CloseStream(stream)
@@ -165,6 +168,9 @@ func (w *HTTPWriter) Extend(ctx context.Context, stream string, b *storage.Batch
 	}
 	return storage.ExtendResult{FirstSeq: res.FirstSeq, Rows: res.Rows, WriteCount: res.WriteCount}, nil
 }
+
+// BufferSpec returns the buffer's spec, which Run checks before it writes.
+func (w *HTTPWriter) BufferSpec() storage.Spec { return w.spec }
 
 // CloseStream implements Writer.
 func (w *HTTPWriter) CloseStream(ctx context.Context, stream string) error {

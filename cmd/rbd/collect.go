@@ -77,9 +77,9 @@ func (o *collectOptions) AddFlags(f *pflag.FlagSet) {
 	f.IntVar(&o.level, "level", 0, "compressed storage: zstd level 1-22 (0: 1)")
 	f.StringVar(&o.codec, "codec", "", "compressed storage: zstd (default) or none (chunks and frame dedup only)")
 	f.Uint64Var(&o.seed, "seed", 0, "seed of envs and policy (default: random, printed at the end)")
-	f.StringVar(&o.policy, "policy", "random", "policy: random, linear-q or mlp-q (epsilon-greedy; discrete envs)")
+	f.StringVar(&o.policy, "policy", "random", "policy: random, linear-q, mlp-q or gru-q (epsilon-greedy; discrete envs; gru-q stores its state in field recurrent_state)")
 	f.Float64Var(&o.epsilon, "epsilon", 0.1, "exploration rate of the Q policies")
-	f.IntVar(&o.hidden, "hidden", 32, "hidden units of mlp-q")
+	f.IntVar(&o.hidden, "hidden", 32, "hidden units of mlp-q and gru-q")
 	f.IntVar(&o.maxFramesPerTraj, "max-frames-per-traj", 0, "truncate trajectories at this many steps (0: the env's own limit)")
 	f.Int64Var(&o.initRandomFrames, "init-random-frames", 0, "act randomly until this many frames are collected")
 	f.BoolVar(&o.resetAtEachIter, "reset-at-each-iter", false, "reset every env before each batch (trajectories never span batches)")
@@ -102,8 +102,14 @@ server (--url). The buffer defaults to the env's name and is created with the
 env's spec (TorchRL's layout: observation, action, next.reward, next.done,
 next.terminated, next.truncated, next.observation unless --compact).
 
-Envs: cartpole (CartPole-v1), pendulum (Pendulum-v1, continuous torque) and
-catch (84x84 uint8 frames, stacked 4 deep by default: [4,84,84]).
+Envs: cartpole (CartPole-v1), cartpole-masked (CartPole-v1 observing only
+x and theta: partially observable), pendulum (Pendulum-v1, continuous
+torque) and catch (84x84 uint8 frames, stacked 4 deep by default:
+[4,84,84]).
+
+--policy gru-q is a recurrent (GRU) Q policy: the buffer gets a field
+recurrent_state float32 [--hidden] holding each row's state before the step
+(zero where a trajectory starts; see docs/recurrent.md).
 
 Progress goes to stderr: a progress bar on a terminal, a log line every
 --log-every otherwise. Ctrl-C stops after the batch under way is written.
@@ -205,6 +211,9 @@ func runCollect(ctx context.Context, stdout, stderr io.Writer, o *collectOptions
 		return err
 	}
 	so := collector.SpecOptions{Capacity: o.capacity, Storage: storage.Kind(o.storage), CompactObs: o.compact, FrameDedup: o.frameDedup}
+	if rp, ok := policy.(collector.RecurrentPolicy); ok {
+		so.RecurrentState = rp.StateSize()
+	}
 	if o.storage == "compressed" {
 		so.Compression = &storage.CompressionOptions{Codec: o.codec, ChunkLen: o.chunkLen, Level: o.level}
 	}
@@ -280,7 +289,7 @@ func runCollect(ctx context.Context, stdout, stderr io.Writer, o *collectOptions
 
 func specError(o *collectOptions, err error, conflict bool) error {
 	if conflict {
-		return fmt.Errorf("buffer %q exists with a different spec (another env, --compact, --capacity or --storage): "+
+		return fmt.Errorf("buffer %q exists with a different spec (another env, --compact, --capacity, --storage, --policy gru-q or --hidden): "+
 			"pass another --buffer or the options it was created with: %w", o.buffer, err)
 	}
 	return fmt.Errorf("create buffer %q: %w", o.buffer, err)
@@ -290,16 +299,19 @@ func (o *collectOptions) newPolicy(spec envs.Spec) (collector.Policy, error) {
 	switch o.policy {
 	case "random":
 		return nil, nil
-	case "linear-q", "mlp-q":
+	case "linear-q", "mlp-q", "gru-q":
 		if !spec.Discrete() {
 			return nil, fmt.Errorf("--policy %s needs discrete actions; %s's are continuous (use random)", o.policy, spec.Name)
 		}
-		if o.policy == "linear-q" {
+		switch o.policy {
+		case "linear-q":
 			return collector.NewLinearQ(spec.ObsElems(), spec.NumActions, o.epsilon), nil
+		case "gru-q":
+			return collector.NewGRUQ(spec.ObsElems(), o.hidden, spec.NumActions, o.epsilon, o.seed), nil
 		}
 		return collector.NewMLPQ(spec.ObsElems(), o.hidden, spec.NumActions, o.epsilon, o.seed), nil
 	}
-	return nil, fmt.Errorf("--policy %q: want random, linear-q or mlp-q", o.policy)
+	return nil, fmt.Errorf("--policy %q: want random, linear-q, mlp-q or gru-q", o.policy)
 }
 
 // progress reports a run on stderr: a bar on a terminal, log lines

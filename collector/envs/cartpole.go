@@ -99,3 +99,35 @@ func (c *cartPoleCopy) Step(a int64, _ []float32, obs []byte) (float32, bool, bo
 	putF32s(obs, o[:])
 	return r, term, trunc
 }
+
+// CartPoleMaskedSpec is the spec of CartPole-v1 with the velocities hidden:
+// the observation is float32 [2] (x, theta), the dynamics, rewards and time
+// limit are CartPole-v1's. A policy that sees only positions cannot tell
+// which way the pole is moving from one observation, so it must remember
+// earlier ones: the partially observable env recurrent policies need.
+func CartPoleMaskedSpec() Spec {
+	return Spec{Name: "cartpole-masked", ObsDType: "float32", ObsShape: []int{2},
+		NumActions: CartPoleActionsCount, MaxEpisodeSteps: CartPoleMaxSteps}
+}
+
+// MaskedObs returns the observation of cartpole-masked: x and theta as
+// float32 (the velocities left out).
+func (c *CartPole) MaskedObs() [2]float32 {
+	return [2]float32{float32(c.x), float32(c.theta)}
+}
+
+type cartPoleMaskedCopy struct{ c CartPole }
+
+func (c *cartPoleMaskedCopy) Reset(rng *rand.Rand, obs []byte) {
+	c.c.rng = rng
+	c.c.Reset()
+	o := c.c.MaskedObs()
+	putF32s(obs, o[:])
+}
+
+func (c *cartPoleMaskedCopy) Step(a int64, _ []float32, obs []byte) (float32, bool, bool) {
+	_, r, term, trunc := c.c.Step(int(a))
+	o := c.c.MaskedObs()
+	putF32s(obs, o[:])
+	return r, term, trunc
+}

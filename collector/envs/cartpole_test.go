@@ -1,6 +1,7 @@
 package envs
 
 import (
+	"encoding/binary"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -99,4 +100,89 @@ func TestCartPoleResetRangeAndDeterminism(t *testing.T) {
 	if mean := float64(total) / float64(episodes); mean < 15 || mean > 30 {
 		t.Fatalf("random policy mean episode length %.1f, want about 22", mean)
 	}
+}
+
+// cartpole-masked is cartpole with the velocities dropped: the same seed
+// and actions give the same episodes, observations (x, theta) and rewards.
+func TestCartPoleMaskedIsCartPoleWithoutVelocities(t *testing.T) {
+	const n = 3
+	full, err := New("cartpole", n, &Options{Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	masked, err := New("cartpole-masked", n, &Options{Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := masked.Spec(); s.ObsElems() != 2 || s.NumActions != 2 || s.MaxEpisodeSteps != 500 {
+		t.Fatalf("masked spec %+v", s)
+	}
+	full.Seed(7)
+	masked.Seed(7)
+	fo, mo := make([]byte, n*16), make([]byte, n*8)
+	if err := full.Reset(nil, fo); err != nil {
+		t.Fatal(err)
+	}
+	if err := masked.Reset(nil, mo); err != nil {
+		t.Fatal(err)
+	}
+	check := func(step int) {
+		t.Helper()
+		for e := range n {
+			f, m := getF32s(fo[e*16:(e+1)*16]), getF32s(mo[e*8:(e+1)*8])
+			if m[0] != f[0] || m[1] != f[2] {
+				t.Fatalf("step %d copy %d: masked %v, full %v", step, e, m, f)
+			}
+		}
+	}
+	check(0)
+	rng := rand.New(rand.NewPCG(1, 1))
+	fa, ma := NewActions(full.Spec(), n), NewActions(masked.Spec(), n)
+	fr, mr := NewStepResult(full.Spec(), n), NewStepResult(masked.Spec(), n)
+	fr.Obs, mr.Obs = fo, mo
+	mask, dones := make([]bool, n), 0
+	for step := 1; step <= 300; step++ {
+		for e := range n {
+			fa.Discrete[e] = int64(rng.IntN(2))
+			ma.Discrete[e] = fa.Discrete[e]
+		}
+		if err := full.Step(fa, fr); err != nil {
+			t.Fatal(err)
+		}
+		if err := masked.Step(ma, mr); err != nil {
+			t.Fatal(err)
+		}
+		check(step)
+		any := false
+		for e := range n {
+			if fr.Reward[e] != mr.Reward[e] || fr.Terminated[e] != mr.Terminated[e] || fr.Truncated[e] != mr.Truncated[e] {
+				t.Fatalf("step %d copy %d: rewards or ends differ", step, e)
+			}
+			mask[e] = fr.Terminated[e] || fr.Truncated[e]
+			if mask[e] {
+				any = true
+				dones++
+			}
+		}
+		if any {
+			if err := full.Reset(mask, fo); err != nil {
+				t.Fatal(err)
+			}
+			if err := masked.Reset(mask, mo); err != nil {
+				t.Fatal(err)
+			}
+			check(step)
+		}
+	}
+	if dones == 0 {
+		t.Fatal("no episode ended in 300 random steps")
+	}
+}
+
+func getF32s(b []byte) []float32 {
+	out := make([]float32, len(b)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return out
 }

@@ -13,7 +13,8 @@ import (
 // takes. Observations travel as little-endian bytes in ObsDType (what a
 // buffer stores), actions as int64 (discrete) or float32 (continuous).
 type Spec struct {
-	// Name is the registry name ("cartpole", "pendulum", "catch").
+	// Name is the registry name ("cartpole", "cartpole-masked", "pendulum",
+	// "catch").
 	Name string
 	// ObsDType is "float32" or "uint8".
 	ObsDType string
@@ -325,7 +326,7 @@ type Options struct {
 }
 
 // Names lists the built-in envs.
-var Names = []string{"cartpole", "pendulum", "catch"}
+var Names = []string{"cartpole", "cartpole-masked", "pendulum", "catch"}
 
 // New returns n copies of the built-in env name, batched. opts may be nil.
 func New(name string, n int, opts *Options) (*Vector, error) {
@@ -347,6 +348,11 @@ func New(name string, n int, opts *Options) (*Vector, error) {
 		for i := range copies {
 			copies[i] = &cartPoleCopy{}
 		}
+	case "cartpole-masked":
+		spec = CartPoleMaskedSpec()
+		for i := range copies {
+			copies[i] = &cartPoleMaskedCopy{}
+		}
 	case "pendulum":
 		spec = PendulumSpec()
 		for i := range copies {
@@ -361,7 +367,7 @@ func New(name string, n int, opts *Options) (*Vector, error) {
 			copies[i] = &catchCopy{c: NewCatch(nil, o.FrameStack)}
 		}
 	default:
-		return nil, fmt.Errorf("envs: unknown env %q (built in: cartpole, pendulum, catch)", name)
+		return nil, fmt.Errorf("envs: unknown env %q (built in: cartpole, cartpole-masked, pendulum, catch)", name)
 	}
 	return NewVector(spec, copies, o.Workers), nil
 }
