@@ -598,6 +598,35 @@ func (c *Client) UpdatePriorities(ctx context.Context, name string, seq []int64,
 	return ans.Updated, ans.Stale, nil
 }
 
+// UpdateFields sets mutable fields of live rows by seq (POST
+// /v1/buffers/{name}/update): each tensor is a field the buffer's spec
+// marks mutable, [len(seq), shape...] in its dtype (e.g. recurrent states a
+// learner recomputed). Rows overwritten since they were sampled are skipped
+// and counted as stale; with duplicate seqs the last value wins.
+func (c *Client) UpdateFields(ctx context.Context, name string, seq []int64, fields ...codec.Tensor) (updated, stale int, err error) {
+	path, err := bufferPath(name, "/update")
+	if err != nil {
+		return 0, 0, fmt.Errorf("update: %w", err)
+	}
+	tensors := append([]codec.Tensor{NewTensor("seq", nil, seq)}, fields...)
+	b, err := safetensorsBody(tensors)
+	if err != nil {
+		return 0, 0, fmt.Errorf("update %s: %w", name, err)
+	}
+	resp, err := c.send(ctx, http.MethodPost, path, nil, b, "application/json")
+	if err != nil {
+		return 0, 0, fmt.Errorf("update %s: %w", name, err)
+	}
+	var ans struct {
+		Updated int `json:"updated"`
+		Stale   int `json:"stale"`
+	}
+	if err := readJSON(resp, &ans); err != nil {
+		return 0, 0, fmt.Errorf("update %s: %w", name, err)
+	}
+	return ans.Updated, ans.Stale, nil
+}
+
 // Rows reads live rows from fromSeq on, in seq order (GET
 // /v1/buffers/{name}/rows): every stored field as [n, shape...] plus int64
 // seq, traj_id, step, prev_seq and next_seq (-1 = none). The answer may

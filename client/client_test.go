@@ -487,6 +487,63 @@ func TestPriorities(t *testing.T) {
 	}
 }
 
+// UpdateFields sets a mutable field of live rows; stale seqs are skipped;
+// an immutable field or a wrong shape is a 400 naming the field.
+func TestUpdateFields(t *testing.T) {
+	ts, _ := newServer(t, nil)
+	c := newClient(t, ts.URL, nil)
+	ctx := ctxT(t)
+	spec := cartpole(8)
+	spec.Fields = append(spec.Fields, client.Field{Name: "h", DType: "float32", Shape: []int{2}, Mutable: true})
+	if _, _, err := c.CreateBuffer(ctx, "r", spec); err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f, ok := info.Spec.Field("h"); !ok || !f.Mutable {
+		t.Fatalf("the server's spec lost mutable: %+v", info.Spec.Fields)
+	}
+	// 10 rows into 8 slots: seqs 0 and 1 are overwritten.
+	h := make([]float32, 20)
+	tensors := append(steps(seqToks(0, 10), make([]bool, 10), nil), client.NewTensor("h", []int{10, 2}, h))
+	if _, err := c.Extend(ctx, "r", "s", tensors); err != nil {
+		t.Fatal(err)
+	}
+	updated, stale, err := c.UpdateFields(ctx, "r", []int64{1, 4, 9}, client.NewTensor("h", []int{3, 2}, []float32{1, 1, 4, 4, 9, 9}))
+	if err != nil || updated != 2 || stale != 1 {
+		t.Fatalf("update: updated=%d stale=%d err=%v, want 2 and 1", updated, stale, err)
+	}
+	rows, err := c.Rows(ctx, "r", 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seqs, _ := client.Column[int64](rows, "seq")
+	hs, _ := client.Column[float32](rows, "h")
+	for i, s := range seqs {
+		want := float32(0)
+		if s == 4 || s == 9 {
+			want = float32(s)
+		}
+		if hs[2*i] != want || hs[2*i+1] != want {
+			t.Fatalf("seq %d: h %v, want %v", s, hs[2*i:2*i+2], want)
+		}
+	}
+	for _, bad := range []struct {
+		tensor codec.Tensor
+		want   string
+	}{
+		{client.NewTensor("action", []int{1}, []int64{7}), `field "action": not mutable`},
+		{client.NewTensor("h", []int{1, 3}, []float32{1, 2, 3}), `field "h": shape [1 3], want [N [2]]`},
+	} {
+		_, _, err := c.UpdateFields(ctx, "r", []int64{4}, bad.tensor)
+		if !errors.Is(err, client.ErrBadRequest) || !strings.Contains(err.Error(), bad.want) {
+			t.Fatalf("update with %s: %v, want a 400 saying %q", bad.tensor.Name, err, bad.want)
+		}
+	}
+}
+
 func TestRows(t *testing.T) {
 	ts, _ := newServer(t, nil)
 	c := newClient(t, ts.URL, nil)

@@ -197,6 +197,9 @@ type Field struct {
 	Compress *bool
 	// FrameStack stores only the newest frame of a stacked observation.
 	FrameStack *FrameStack
+	// Mutable lets Client.UpdateFields set the field of rows after they
+	// are written (e.g. recurrent states); false keeps rows immutable.
+	Mutable bool
 }
 
 // Priority configures prioritised sampling. Both values are sent as given:
@@ -232,6 +235,7 @@ type fieldJSON struct {
 	Shape      []int       `json:"shape"`
 	Compress   *bool       `json:"compress,omitempty"`
 	FrameStack *FrameStack `json:"frame_stack,omitempty"`
+	Mutable    bool        `json:"mutable,omitempty"`
 }
 
 // MarshalJSON writes the spec with its fields in order, leaving out unset
@@ -273,7 +277,7 @@ func (s Spec) MarshalJSON() ([]byte, error) {
 		if shape == nil {
 			shape = []int{}
 		}
-		v, err := json.Marshal(fieldJSON{DType: f.DType, Shape: shape, Compress: f.Compress, FrameStack: f.FrameStack})
+		v, err := json.Marshal(fieldJSON{DType: f.DType, Shape: shape, Compress: f.Compress, FrameStack: f.FrameStack, Mutable: f.Mutable})
 		if err != nil {
 			return nil, fmt.Errorf("spec field %q: %w", f.Name, err)
 		}
@@ -342,7 +346,7 @@ func (s *Spec) UnmarshalJSON(data []byte) error {
 			if err := dec.Decode(&f); err != nil {
 				return fmt.Errorf("spec field %q: %w", name, err)
 			}
-			out.Fields = append(out.Fields, Field{Name: name, DType: f.DType, Shape: f.Shape, Compress: f.Compress, FrameStack: f.FrameStack})
+			out.Fields = append(out.Fields, Field{Name: name, DType: f.DType, Shape: f.Shape, Compress: f.Compress, FrameStack: f.FrameStack, Mutable: f.Mutable})
 		}
 	}
 	*s = out

@@ -20,7 +20,8 @@ const (
 	RoleNone Role = iota
 	// RoleRead may read: every GET (info, rows, metrics) and sample.
 	RoleRead
-	// RoleWrite may also write rows: extend, priorities, close streams,
+	// RoleWrite may also write rows: extend, priorities, updates of mutable
+	// fields, close streams,
 	// collector weights.
 	RoleWrite
 	// RoleAdmin may also manage the server: create and delete buffers,
@@ -51,6 +52,7 @@ var endpointRoles = map[string]Role{
 	"collector":    RoleRead,
 	"extend":       RoleWrite,
 	"priorities":   RoleWrite,
+	"update":       RoleWrite,
 	"close_stream": RoleWrite,
 	"weights":      RoleWrite,
 	"create":       RoleAdmin,

@@ -49,6 +49,7 @@ func TestRoleRouteTable(t *testing.T) {
 		{"not_found", "GET", "/v1/nothing", ""},
 		{"extend", "POST", "/v1/buffers/cp/extend?stream=s", rows},
 		{"priorities", "POST", "/v1/buffers/cp/priorities", `{"seq": [0], "priority": [1]}`},
+		{"update", "POST", "/v1/buffers/cp/update", `{"seq": [0], "observation": [[1,2,3,4]]}`},
 		{"close_stream", "DELETE", "/v1/buffers/cp/streams/s", ""},
 		{"weights", "PUT", "/v1/collectors/demo/weights", ""},
 		{"collector", "GET", "/v1/collectors/demo", ""},

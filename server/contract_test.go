@@ -68,6 +68,12 @@ const ctPlain = `{"capacity": 16, "storage": "memmap", "durability": "fsync",
             "next.observation": {"dtype": "uint8", "shape": [2, 2]},
             "next.done": {"dtype": "bool"}}}`
 
+// ctRecurrent is a buffer with a mutable field (recurrent states).
+const ctRecurrent = `{"capacity": 8, "storage": "memmap", "durability": "fsync",
+ "fields": {"observation": {"dtype": "float32", "shape": [2]},
+            "h": {"dtype": "float32", "shape": [2], "mutable": true},
+            "next.done": {"dtype": "bool"}}}`
+
 var ctDecodersOnce sync.Once
 
 // ctRegisterDecoders teaches kin-openapi that control bodies sent as form
@@ -459,6 +465,35 @@ func ctCases(t *testing.T) []ctCase {
 		{name: "priorities as csv", method: "POST", path: "/v1/buffers/cp/priorities", ctype: "text/csv", body: []byte("0,1\n"), want: 415, invalid: true},
 		{name: "priorities unknown buffer", method: "POST", path: "/v1/buffers/nope/priorities", ctype: js, body: []byte(`{"seq": [0], "priority": [1]}`), want: 404},
 		{name: "priorities too large", method: "POST", path: "/v1/buffers/cp/priorities", ctype: js, body: ctPad(`{"seq": [0], "priority": [1]}`), want: 413},
+
+		// updates of mutable fields
+		{name: "create with a mutable field", method: "PUT", path: "/v1/buffers/rec", ctype: js, body: []byte(ctRecurrent), want: 201},
+		{name: "create mutable episode flag", method: "PUT", path: "/v1/buffers/x", ctype: js,
+			body: []byte(strings.Replace(ctRecurrent, `"next.done": {"dtype": "bool"}`, `"next.done": {"dtype": "bool", "mutable": true}`, 1)), want: 400},
+		{name: "extend with a mutable field", method: "POST", path: "/v1/buffers/rec/extend", ctype: js,
+			body: []byte(`{"observation": [[0,0],[1,1],[2,2]], "h": [[0,0],[1,1],[2,2]], "next.done": [false,false,true]}`), want: 200},
+		{name: "update JSON", method: "POST", path: "/v1/buffers/rec/update", ctype: js,
+			body: []byte(`{"seq": [1, 2, 99], "h": [[0.5,0.5],[2.5,2.5],[9,9]]}`), want: 200},
+		{name: "update safetensors", method: "POST", path: "/v1/buffers/rec/update", ctype: st,
+			body: ctSafetensors(t, codec.Tensor{Name: "seq", DType: "int64", Shape: []int{1}, Data: ctI64(0)},
+				codec.Tensor{Name: "h", DType: "float32", Shape: []int{1, 2}, Data: ctF32(-1, -1)}), want: 200},
+		{name: "update an immutable field", method: "POST", path: "/v1/buffers/rec/update", ctype: js,
+			body: []byte(`{"seq": [0], "observation": [[1,1]]}`), want: 400},
+		{name: "update without seq", method: "POST", path: "/v1/buffers/rec/update", ctype: js,
+			body: []byte(`{"h": [[1,1]]}`), want: 400, invalid: true},
+		{name: "update without fields", method: "POST", path: "/v1/buffers/rec/update", ctype: js,
+			body: []byte(`{"seq": [0]}`), want: 400, invalid: true},
+		{name: "update rows differ from seq", method: "POST", path: "/v1/buffers/rec/update", ctype: js,
+			body: []byte(`{"seq": [0, 1], "h": [[1,1]]}`), want: 400},
+		{name: "update wrong dtype", method: "POST", path: "/v1/buffers/rec/update", ctype: bin,
+			body: ctSafetensors(t, codec.Tensor{Name: "seq", DType: "int64", Shape: []int{1}, Data: ctI64(0)},
+				codec.Tensor{Name: "h", DType: "int64", Shape: []int{1, 2}, Data: ctI64(1, 1)}), want: 400},
+		{name: "update as csv", method: "POST", path: "/v1/buffers/rec/update", ctype: "text/csv", body: []byte("0,1\n"), want: 415, invalid: true},
+		{name: "update unknown buffer", method: "POST", path: "/v1/buffers/nope/update", ctype: js, body: []byte(`{"seq": [0], "h": [[1,1]]}`), want: 404},
+		{name: "update too large", method: "POST", path: "/v1/buffers/rec/update", ctype: js, body: ctPad(`{"seq": [0], "h": [[1,1]]}`), want: 413},
+		{name: "update without token", method: "POST", path: "/v1/buffers/rec/update", ctype: js, auth: "-", body: []byte(`{"seq": [0], "h": [[1,1]]}`), want: 401, invalid: true},
+		{name: "update shutting down", shut: true, method: "POST", path: "/v1/buffers/rec/update", ctype: js, body: []byte(`{"seq": [0], "h": [[1,1]]}`), want: 503, code: "shutting_down"},
+		{name: "rows after updates", method: "GET", path: "/v1/buffers/rec/rows", accept: js, want: 200},
 
 		// rows
 		{name: "rows JSON", method: "GET", path: "/v1/buffers/cp/rows?from_seq=0&count=10", accept: js, want: 200},

@@ -153,6 +153,7 @@ func New(db *rbd.DB, opts *Options) *Server {
 	s.route("POST /v1/buffers/{name}/extend", "extend", s.extend)
 	s.route("POST /v1/buffers/{name}/sample", "sample", s.sample)
 	s.route("POST /v1/buffers/{name}/priorities", "priorities", s.priorities)
+	s.route("POST /v1/buffers/{name}/update", "update", s.update)
 	s.route("GET /v1/buffers/{name}/rows", "rows", s.rows)
 	s.route("DELETE /v1/buffers/{name}/streams/{stream}", "close_stream", s.closeStream)
 	s.route("POST /v1/buffers/{name}/checkpoint", "checkpoint", s.checkpoint)

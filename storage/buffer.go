@@ -113,6 +113,12 @@ type Buffer struct {
 	// committed is the state last committed to the catalog (nil: unknown),
 	// guarded by catMu: checkpoints skip a commit that would change nothing.
 	committed *bufferState
+	// mutGen is the seqlock of mutable fields: odd while UpdateFields
+	// rewrites them, bumped twice per update. Readers copy mutable
+	// columns optimistically and copy again if it moved (readMutable).
+	// umu serialises updates (taken after wmu).
+	mutGen atomic.Uint64
+	umu    sync.Mutex
 	// dirty is set by every change a checkpoint must make durable (rows
 	// written, priorities set) and cleared by the checkpoint that starts
 	// after it, so the checkpoint loop skips idle buffers without taking a

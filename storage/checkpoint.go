@@ -291,7 +291,12 @@ func (cp *rowCopier) copyBlock(lo, hi int64) (kept, overwritten int64, err error
 	bufs := make([][]byte, len(cp.cols)+1)
 	for i, c := range cp.cols {
 		rb := int64(c.rowBytes)
-		bufs[i] = append([]byte(nil), c.data[s0*rb:(s0+n)*rb]...)
+		copyCol := func() { bufs[i] = append(bufs[i][:0], c.data[s0*rb:(s0+n)*rb]...) }
+		if c.field.Mutable {
+			b.readMutable(copyCol)
+		} else {
+			copyCol()
+		}
 	}
 	recs := append([]byte(nil), b.recs[s0*recordSize:(s0+n)*recordSize]...)
 	bufs[len(cp.cols)] = recs

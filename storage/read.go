@@ -129,6 +129,10 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 			}
 			continue
 		}
+		if c.c.field.Mutable {
+			b.readMutable(func() { gatherColumn(dst[i], c, slots, recs) })
+			continue
+		}
 		gatherColumn(dst[i], c, slots, recs)
 	}
 	var damaged []error

@@ -334,11 +334,13 @@ func (b *Buffer) overwrittenMeanwhile(seq int64) bool {
 	return raw > seq || markedSeq(raw) > seq
 }
 
-// dataCRC recomputes the data checksum of the row in slot.
+// dataCRC recomputes the data checksum of the row in slot. Mutable fields
+// are left out: an update rewrites them in place without touching the
+// record, so a crash mid-update must not make the row look damaged.
 func (b *Buffer) dataCRC(slot int64, flags uint32) uint32 {
 	var crc uint32
 	for _, c := range b.cols {
-		if c.cz < 0 {
+		if c.cz < 0 && !c.field.Mutable {
 			crc = crc32.Update(crc, castagnoli, c.row(slot))
 		}
 	}

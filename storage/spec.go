@@ -97,6 +97,13 @@ type Field struct {
 	Compress *bool
 	// FrameStack is nil for ordinary fields.
 	FrameStack *FrameStack
+	// Mutable lets Buffer.UpdateFields (POST .../update) set the field of
+	// live rows after they are written, e.g. recurrent states a learner
+	// recomputed. false (the default) means rows are immutable. A mutable
+	// field is kept plain (never in compressed chunks) and left out of the
+	// row's data checksum, and cannot be an episode flag, an obs key or
+	// frame-stacked (see docs/format.md and docs/recurrent.md).
+	Mutable bool
 }
 
 // RowElems returns the number of elements one row of the field holds: the
@@ -550,6 +557,18 @@ func (v *specValidator) validate(s Spec) {
 // against the buffer's storage kind.
 func (v *specValidator) fieldStorage(path string, f Field, s Spec) {
 	isFlag := f.Name == "next.done" || f.Name == "next.terminated" || f.Name == "next.truncated"
+	if f.Mutable {
+		switch {
+		case isFlag:
+			v.add(path+".mutable", "%s is an episode flag: trajectories are built from it when the row is written", f.Name)
+		case s.CompactObs && slices.Contains(s.ObsKeys, f.Name):
+			v.add(path+".mutable", "%s is an obs key: next observations are rebuilt from it", f.Name)
+		case f.FrameStack != nil:
+			v.add(path+".mutable", "a frame-stacked field shares frames between rows and cannot change")
+		case f.Compress != nil && *f.Compress:
+			v.add(path+".mutable", "a mutable field stays plain; drop \"compress\": true")
+		}
+	}
 	if f.Compress != nil {
 		switch {
 		case s.Storage != KindCompressed:
@@ -598,6 +617,9 @@ func (s Spec) Compressed(f Field) bool {
 	}
 	switch f.Name {
 	case "next.done", "next.terminated", "next.truncated":
+		return false
+	}
+	if f.Mutable {
 		return false
 	}
 	if f.Compress != nil {
@@ -748,6 +770,9 @@ func (s Spec) MarshalJSON() ([]byte, error) {
 		if f.Compress != nil {
 			e.raw(`,"compress":`)
 			e.raw(strconv.FormatBool(*f.Compress))
+		}
+		if f.Mutable {
+			e.raw(`,"mutable":true`)
 		}
 		if f.FrameStack != nil {
 			e.raw(`,"frame_stack":{"k":`)
@@ -1044,6 +1069,8 @@ func (d specDecoder) field(path, name string) (Field, error) {
 			return d.value(keyPath, "a boolean", &f.Compress)
 		case "frame_stack":
 			return d.frameStack(keyPath, &f.FrameStack)
+		case "mutable":
+			return d.value(keyPath, "a boolean", &f.Mutable)
 		default:
 			return d.unknownKey(keyPath)
 		}

@@ -480,7 +480,9 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 		}
 		src := p.src[i][r*c.rowBytes : (r+1)*c.rowBytes]
 		copy(c.row(slot), src)
-		if b.persistent {
+		// Mutable fields stay out of the checksum: updates rewrite them
+		// in place and leave the record alone.
+		if b.persistent && !c.field.Mutable {
 			crc = crc32.Update(crc, castagnoli, src)
 		}
 	}

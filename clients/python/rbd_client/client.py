@@ -468,6 +468,36 @@ class Client:
         return self._json("POST", self._path("v1", "buffers", name, "priorities"),
                           {"seq": seq.tolist(), "priority": priority.tolist()})
 
+    def update(self, name, seq, fields, cast=True):
+        """Set mutable fields of live rows named by seq: ``fields`` maps each
+        field the spec marks ``"mutable": true`` to an array ``[N, *shape]``
+        (e.g. recurrent states a learner recomputed, R2D2-style).
+
+        Returns ``{"updated": u, "stale": k}``; rows overwritten since they
+        were sampled are stale and skipped. With ``cast`` arrays are
+        converted to the field's dtype as in :meth:`extend`.
+        """
+        seq = np.asarray(seq, dtype=np.int64).reshape(-1)
+        want = self._target_dtypes(name) if cast else {}
+        tensors, dtypes = {"seq": seq}, {}
+        for k, v in fields.items():
+            if k == "seq":
+                raise ValueError("seq is given as its own argument, not a field")
+            a = np.asarray(v)
+            dt = want.get(k)
+            if dt == "bfloat16":
+                dtypes[k] = "bfloat16"
+            elif dt is not None:
+                a = self._cast(k, a, dt)
+            if a.ndim == 0 or a.shape[0] != seq.size:
+                raise ValueError("field %r: %s rows for %d seqs" % (k, a.shape[0] if a.ndim else "no", seq.size))
+            tensors[k] = a
+        header, parts, _ = safetensors.encode(tensors, dtypes=dtypes)
+        body = [header] + [safetensors.byte_view(p) for p in parts]
+        headers = {"Content-Type": "application/octet-stream", "Accept": "application/json"}
+        _, _, data = self._request("POST", self._path("v1", "buffers", name, "update"), body, headers, self.timeout)
+        return json.loads(bytes(data))
+
     def rows(self, name, from_seq=0, count=100):
         """Live rows with seq >= from_seq, in seq order: every stored field
         plus seq, traj_id, step, prev_seq, next_seq. May hold fewer than

@@ -364,6 +364,32 @@ class ClientTest(ServerTest):
         with self.assertRaises(ValueError):
             self.c.update_priorities(name, [0, 1], [1.0])
 
+    def test_update_mutable_fields(self):
+        name = self.id().rsplit(".", 1)[-1].replace("test_", "")
+        sp = spec(capacity=8)
+        sp["fields"]["recurrent_state"] = {"dtype": "float32", "shape": [3], "mutable": True}
+        self.c.create_buffer(name, sp)
+        self.addCleanup(lambda: self._delete(name))
+        rows = episode(0, 10)
+        rows["recurrent_state"] = np.zeros((10, 3), np.float32)
+        self.c.extend(name, rows, stream="s")  # 10 rows into 8 slots: 0 and 1 are gone
+        new = np.arange(9, dtype=np.float64).reshape(3, 3)  # cast to float32
+        self.assertEqual(self.c.update(name, [1, 4, 9], {"recurrent_state": new}), {"updated": 2, "stale": 1})
+        b = self.c.rows(name, 0, 100)
+        got = dict(zip(b["seq"].tolist(), b["recurrent_state"].tolist()))
+        self.assertEqual(got[4], [3.0, 4.0, 5.0])
+        self.assertEqual(got[9], [6.0, 7.0, 8.0])
+        self.assertEqual(got[5], [0.0, 0.0, 0.0])
+        # Slices carry the stored state of every row, shaped [slices, len, H].
+        s = self.c.sample(name, sampler="slice", num_slices=2, slice_len=4, seed=3)
+        self.assertEqual(s["recurrent_state"].shape, (2, 4, 3))
+        with self.assertRaisesRegex(BadRequest, "not mutable"):
+            self.c.update(name, [4], {"action": [1]})
+        with self.assertRaisesRegex(BadRequest, "recurrent_state"):
+            self.c.update(name, [4], {"recurrent_state": np.zeros((1, 2), np.float32)})
+        with self.assertRaises(ValueError):
+            self.c.update(name, [4, 5], {"recurrent_state": np.zeros((1, 3), np.float32)})
+
     def test_slices_and_epochs(self):
         name = self.buffer()
         self.c.extend(name, episode(0, 20), stream="s")
