@@ -46,7 +46,7 @@ type SpecOptions struct {
 //	next.terminated    bool []
 //	next.truncated     bool []
 //	next.observation   ObsDType ObsShape   (not with CompactObs)
-//	recurrent_state    float32 [H]         (with RecurrentState H)
+//	recurrent_state    float32 [H] mutable (with RecurrentState H)
 func BufferSpec(env envs.Spec, o SpecOptions) storage.Spec {
 	obsDT, err := storage.ParseDType(env.ObsDType)
 	if err != nil {
@@ -79,7 +79,8 @@ func BufferSpec(env envs.Spec, o SpecOptions) storage.Spec {
 		s.Fields = append(s.Fields, storage.Field{Name: "next.observation", DType: obsDT, Shape: slices.Clone(env.ObsShape)})
 	}
 	if o.RecurrentState > 0 {
-		s.Fields = append(s.Fields, storage.Field{Name: DefaultStateField, DType: storage.Float32, Shape: []int{o.RecurrentState}})
+		// Mutable, so a learner can write back the states it recomputed.
+		s.Fields = append(s.Fields, storage.Field{Name: DefaultStateField, DType: storage.Float32, Shape: []int{o.RecurrentState}, Mutable: true})
 	}
 	if o.Priority {
 		p := storage.DefaultPriority()
