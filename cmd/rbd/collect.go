@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/rbdb/rbd"
 	"github.com/rbdb/rbd/client"
+	"github.com/rbdb/rbd/codec"
 	"github.com/rbdb/rbd/collector"
 	"github.com/rbdb/rbd/collector/envs"
 	"github.com/rbdb/rbd/storage"
@@ -45,6 +48,7 @@ type collectOptions struct {
 	policy           string
 	epsilon          float64
 	hidden           int
+	weights          string
 	maxFramesPerTraj int
 	initRandomFrames int64
 	resetAtEachIter  bool
@@ -80,6 +84,7 @@ func (o *collectOptions) AddFlags(f *pflag.FlagSet) {
 	f.StringVar(&o.policy, "policy", "random", "policy: random, linear-q, mlp-q or gru-q (epsilon-greedy; discrete envs; gru-q stores its state in field recurrent_state)")
 	f.Float64Var(&o.epsilon, "epsilon", 0.1, "exploration rate of the Q policies")
 	f.IntVar(&o.hidden, "hidden", 32, "hidden units of mlp-q and gru-q")
+	f.StringVar(&o.weights, "weights", "", "start the policy from these weights (a safetensors file of float32 tensors, named as PUT /v1/collectors/{name}/weights takes them)")
 	f.IntVar(&o.maxFramesPerTraj, "max-frames-per-traj", 0, "truncate trajectories at this many steps (0: the env's own limit)")
 	f.Int64Var(&o.initRandomFrames, "init-random-frames", 0, "act randomly until this many frames are collected")
 	f.BoolVar(&o.resetAtEachIter, "reset-at-each-iter", false, "reset every env before each batch (trajectories never span batches)")
@@ -210,6 +215,11 @@ func runCollect(ctx context.Context, stdout, stderr io.Writer, o *collectOptions
 	if err != nil {
 		return err
 	}
+	if o.weights != "" {
+		if err := loadWeights(o.weights, policy); err != nil {
+			return err
+		}
+	}
 	so := collector.SpecOptions{Capacity: o.capacity, Storage: storage.Kind(o.storage), CompactObs: o.compact, FrameDedup: o.frameDedup}
 	if rp, ok := policy.(collector.RecurrentPolicy); ok {
 		so.RecurrentState = rp.StateSize()
@@ -293,6 +303,37 @@ func specError(o *collectOptions, err error, conflict bool) error {
 			"pass another --buffer or the options it was created with: %w", o.buffer, err)
 	}
 	return fmt.Errorf("create buffer %q: %w", o.buffer, err)
+}
+
+// loadWeights sets the policy's weights from a safetensors file.
+func loadWeights(path string, p collector.Policy) error {
+	ws, ok := p.(collector.WeightSetter)
+	if !ok {
+		return fmt.Errorf("--weights %s: the random policy has no weights (use --policy linear-q, mlp-q or gru-q)", path)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("--weights: %w", err)
+	}
+	tensors, _, err := codec.DecodeSafetensors(raw)
+	if err != nil {
+		return fmt.Errorf("--weights %s: %w", path, err)
+	}
+	vals, shapes := map[string][]float32{}, map[string][]int{}
+	for _, t := range tensors {
+		if t.DType != "float32" {
+			return fmt.Errorf("--weights %s: tensor %q is %s, want float32", path, t.Name, t.DType)
+		}
+		v := make([]float32, len(t.Data)/4)
+		for i := range v {
+			v[i] = math.Float32frombits(binary.LittleEndian.Uint32(t.Data[4*i:]))
+		}
+		vals[t.Name], shapes[t.Name] = v, t.Shape
+	}
+	if err := ws.SetWeights(vals, shapes); err != nil {
+		return fmt.Errorf("--weights %s: %w", path, err)
+	}
+	return nil
 }
 
 func (o *collectOptions) newPolicy(spec envs.Spec) (collector.Policy, error) {

@@ -3,14 +3,22 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
+	"math"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/rbdb/rbd"
+	"github.com/rbdb/rbd/codec"
+	"github.com/rbdb/rbd/collector"
 	"github.com/rbdb/rbd/server"
+	"github.com/rbdb/rbd/storage"
 )
 
 // rbd collect --url writes through a server (here in-process, with a
@@ -107,4 +115,104 @@ type cancelOnWrite struct {
 func (c *cancelOnWrite) Write(p []byte) (int, error) {
 	c.cancel()
 	return c.buf.Write(p)
+}
+
+// rbd collect --policy gru-q --weights FILE on cartpole-masked: the buffer
+// gets recurrent_state [H] (mutable), the policy starts from the file's
+// weights (every stored state replays bit for bit with them), and bad
+// weights are refused before anything is written.
+func TestCollectRecurrentWithWeights(t *testing.T) {
+	const H = 4
+	vals, shapes := collector.NewGRUQ(2, H, 2, 0, 77).Weights()
+	// The replay runs the weights as the file holds them (float32).
+	src := collector.NewGRUQ(2, H, 2, 0, 0)
+	if err := src.SetWeights(vals, shapes); err != nil {
+		t.Fatal(err)
+	}
+	var tensors []codec.Tensor
+	for name, v := range vals {
+		b := make([]byte, 4*len(v))
+		for i, x := range v {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+		}
+		tensors = append(tensors, codec.Tensor{Name: name, DType: "float32", Shape: shapes[name], Data: b})
+	}
+	raw, err := codec.EncodeSafetensors(tensors, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	wfile := filepath.Join(dir, "gru.safetensors")
+	if err := os.WriteFile(wfile, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(dir, "d")
+	collect := func(args ...string) (int, string) {
+		var out, errb bytes.Buffer
+		code := run(context.Background(), append([]string{"collect", "--env", "cartpole-masked", "--data", data}, args...), &out, &errb)
+		return code, errb.String()
+	}
+	for _, bad := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--weights", wfile}, "the random policy has no weights"},
+		{[]string{"--policy", "gru-q", "--hidden", "5", "--weights", wfile}, "w_hh: shape [4 12], want [5 15]"},
+		{[]string{"--policy", "gru-q", "--weights", filepath.Join(dir, "nope")}, "no such file"},
+		{[]string{"--policy", "gru-q", "--weights", data + "-not-there"}, "--weights"},
+	} {
+		if code, errs := collect(bad.args...); code == 0 || !strings.Contains(errs, bad.want) {
+			t.Fatalf("%v: exit %d, stderr %q, want it to say %q", bad.args, code, errs, bad.want)
+		}
+	}
+	if _, err := os.Stat(data); err == nil {
+		t.Fatal("a refused run created the data dir")
+	}
+	if code, errs := collect("--policy", "gru-q", "--hidden", "4", "--epsilon", "0.2", "--weights", wfile,
+		"--num-envs", "3", "--frames", "300", "--frames-per-batch", "60", "--compact", "--seed", "2"); code != 0 {
+		t.Fatalf("collect: %s", errs)
+	}
+	db, err := rbd.Open(data, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	buf, err := db.Buffer("cartpole-masked")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f, ok := buf.Spec().Field("recurrent_state"); !ok || !f.Mutable || f.Shape[0] != H {
+		t.Fatalf("recurrent_state field %+v (present %v)", f, ok)
+	}
+	seqs := buf.LiveSeqs(0, 300)
+	oc, _ := buf.Column("observation")
+	hc, _ := buf.Column("recurrent_state")
+	dst := [][]byte{make([]byte, len(seqs)*8), make([]byte, len(seqs)*4*H)}
+	meta := make([]storage.RowMeta, len(seqs))
+	if _, err := buf.Gather(seqs, []storage.Column{oc, hc}, dst, meta); err != nil {
+		t.Fatal(err)
+	}
+	f32 := func(b []byte, n int) []float32 {
+		out := make([]float32, n)
+		for i := range out {
+			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+		}
+		return out
+	}
+	carried := 0
+	for i, m := range meta {
+		if m.Step == 0 {
+			continue
+		}
+		j := int(m.PrevSeq) // every row is live: seq == index
+		next := make([]float32, H)
+		src.Step(f32(dst[0][8*j:], 2), f32(dst[1][4*H*j:], H), 1, next)
+		if got := f32(dst[1][4*H*i:], H); !slices.Equal(got, next) {
+			t.Fatalf("seq %d: stored state %v, the file's weights give %v", m.Seq, got, next)
+		}
+		carried++
+	}
+	if carried < 100 {
+		t.Fatalf("only %d carried states checked", carried)
+	}
 }
