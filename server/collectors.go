@@ -24,7 +24,7 @@ type CollectorInfo struct {
 	Env    string `json:"env"`
 	Envs   int    `json:"envs"`
 	Buffer string `json:"buffer"`
-	// Policy is the kind of policy acting now ("linear" or "mlp" for the
+	// Policy is the kind of policy acting now ("linear", "mlp" or "gru" for the
 	// demo), Hidden its hidden width (0 without one) and Epsilon its
 	// probability of a random action.
 	Policy  string  `json:"policy"`

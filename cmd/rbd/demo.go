@@ -32,7 +32,12 @@ const (
 // optional epsilon. Each update builds a new policy and swaps it in whole,
 // so the collector never acts on half-replaced weights.
 type demoCollector struct {
+	env             string
 	obsDim, actions int
+	// stateSize is the recurrent state the demo buffer stores per row
+	// (recurrent_state, --demo-hidden) with --demo-env cartpole-masked;
+	// 0 otherwise. Only then may a learner push a GRU.
+	stateSize int
 	mu              sync.Mutex // serialises updates
 	active          atomic.Pointer[demoPolicy]
 	version         atomic.Int64
@@ -41,7 +46,7 @@ type demoCollector struct {
 
 // demoPolicy is one version of the demo's policy.
 type demoPolicy struct {
-	kind    string // "linear" or "mlp"
+	kind    string // "linear", "mlp" or "gru"
 	hidden  int
 	epsilon float64
 	act     collector.Policy
@@ -51,11 +56,53 @@ type demoPolicy struct {
 	shapes  map[string][]int
 }
 
-func newDemoCollector(spec envs.Spec) *demoCollector {
-	d := &demoCollector{obsDim: spec.ObsElems(), actions: spec.NumActions}
-	d.active.Store(&demoPolicy{kind: "linear", epsilon: demoEpsilon, act: collector.NewLinearQ(d.obsDim, d.actions, demoEpsilon)})
+// newDemoCollector returns the demo's policy for env, starting from zero
+// weights: the linear Q policy, or with stateSize > 0 a GRU of that width
+// (every action ties, so the collector pushes left but for epsilon).
+func newDemoCollector(spec envs.Spec, stateSize int) *demoCollector {
+	d := &demoCollector{env: spec.Name, obsDim: spec.ObsElems(), actions: spec.NumActions, stateSize: stateSize}
+	p := &demoPolicy{kind: "linear", epsilon: demoEpsilon, act: collector.NewLinearQ(d.obsDim, d.actions, demoEpsilon)}
+	if stateSize > 0 {
+		g := collector.NewGRUQ(d.obsDim, stateSize, d.actions, demoEpsilon, 0)
+		w, sh := g.Weights()
+		for _, v := range w {
+			clear(v)
+		}
+		if err := g.SetWeights(w, sh); err != nil {
+			panic("demo: zero GRU weights refused: " + err.Error())
+		}
+		p = &demoPolicy{kind: "gru", hidden: stateSize, epsilon: demoEpsilon, act: g, weights: w, shapes: sh}
+	}
+	d.active.Store(p)
 	d.stats.Store(&collector.Stats{})
 	return d
+}
+
+// policy is what the collector runs: the demo itself, or with a recurrent
+// state the demo as a collector.RecurrentPolicy.
+func (d *demoCollector) policy() collector.Policy {
+	if d.stateSize > 0 {
+		return recurrentDemo{d}
+	}
+	return d
+}
+
+// recurrentDemo is the demo collector of a buffer with recurrent states:
+// a GRU the learner pushed carries them; a linear or MLP policy has none,
+// so its rows store zero states.
+type recurrentDemo struct{ *demoCollector }
+
+// StateSize implements collector.RecurrentPolicy.
+func (r recurrentDemo) StateSize() int { return r.stateSize }
+
+// ActRecurrent implements collector.RecurrentPolicy.
+func (r recurrentDemo) ActRecurrent(obs *collector.Obs, state, next []float32, act *envs.Actions, rng *rand.Rand) error {
+	p := r.active.Load().act
+	if rp, ok := p.(collector.RecurrentPolicy); ok {
+		return rp.ActRecurrent(obs, state, next, act, rng)
+	}
+	clear(next[:obs.N*r.stateSize])
+	return p.Act(obs, act, rng)
 }
 
 // Act implements collector.Policy with whatever policy is active.
@@ -99,8 +146,11 @@ func (d *demoCollector) SetWeights(name string, vals map[string][]float32, shape
 		kind = "mlp"
 	case w["w"] != nil || w["b"] != nil:
 		kind = "linear"
+	case w["w_ih"] != nil || w["w_hh"] != nil || w["w_q"] != nil:
+		kind = "gru"
 	default:
-		return fmt.Errorf("tensors %v: want w1, b1, w2, b2 (an MLP), w, b (linear) and/or epsilon: %w", slices.Sorted(maps.Keys(w)), errBadWeights)
+		return fmt.Errorf("tensors %v: want w1, b1, w2, b2 (an MLP), w, b (linear), w_ih, w_hh, b_ih, b_hh, w_q, b_q (a GRU, with --demo-env cartpole-masked) and/or epsilon: %w",
+			slices.Sorted(maps.Keys(w)), errBadWeights)
 	}
 	next := &demoPolicy{kind: kind, epsilon: eps, weights: w, shapes: sh}
 	switch kind {
@@ -122,6 +172,19 @@ func (d *demoCollector) SetWeights(name string, vals map[string][]float32, shape
 			return fmt.Errorf("%v: %w", err, errBadWeights)
 		}
 		next.act, next.hidden = p, s[1]
+	case "gru":
+		if d.stateSize == 0 {
+			return fmt.Errorf("GRU weights: the demo buffer stores no recurrent state (serve --demo --demo-env cartpole-masked): %w", errBadWeights)
+		}
+		if s := sh["w_hh"]; len(s) != 2 || s[0] != d.stateSize {
+			return fmt.Errorf("tensor \"w_hh\": shape %v, want [%d, %d]: the demo buffer's recurrent_state holds %d values (--demo-hidden): %w",
+				s, d.stateSize, 3*d.stateSize, d.stateSize, errBadWeights)
+		}
+		p := collector.NewGRUQ(d.obsDim, d.stateSize, d.actions, eps, 0)
+		if err := p.SetWeights(w, sh); err != nil {
+			return fmt.Errorf("%v: %w", err, errBadWeights)
+		}
+		next.act, next.hidden = p, d.stateSize
 	}
 	d.active.Store(next)
 	d.version.Add(1)
@@ -135,7 +198,7 @@ func (d *demoCollector) CollectorInfo(name string) (server.CollectorInfo, error)
 	}
 	p, st := d.active.Load(), d.stats.Load()
 	return server.CollectorInfo{
-		Name: "demo", Env: "cartpole", Envs: demoEnvs, Buffer: "demo",
+		Name: "demo", Env: d.env, Envs: demoEnvs, Buffer: "demo",
 		Policy: p.kind, Hidden: p.hidden, Epsilon: p.epsilon, WeightsVersion: d.version.Load(),
 		Frames: st.Frames, Episodes: st.Episodes, MeanEpisodeReturn: st.MeanReturn, MeanEpisodeLength: st.MeanLength,
 		FramesPerSecond: st.FramesPerSecond(), RateLimited: st.RateLimited, RateLimitWaitSeconds: st.RateLimitWait.Seconds(),

@@ -20,7 +20,7 @@ func TestDemoCollectorWeights(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer env.Close()
-	d := newDemoCollector(env.Spec())
+	d := newDemoCollector(env.Spec(), 0)
 	f := func(n int, v float32) []float32 {
 		out := make([]float32, n)
 		for i := range out {
@@ -92,5 +92,78 @@ func TestDemoCollectorWeights(t *testing.T) {
 	}
 	if _, err := d.CollectorInfo("other"); !errors.Is(err, storage.ErrNotFound) {
 		t.Fatalf("unknown collector info: %v", err)
+	}
+}
+
+// With --demo-env cartpole-masked the demo starts as a zero-weight GRU
+// whose width is the buffer's recurrent_state; a learner may push a GRU of
+// that width (not another), an MLP (whose rows then store zero states) or
+// epsilon; a plain demo refuses GRU weights.
+func TestDemoCollectorRecurrent(t *testing.T) {
+	const H = 4
+	spec := envs.CartPoleMaskedSpec()
+	d := newDemoCollector(spec, H)
+	rp, ok := d.policy().(collector.RecurrentPolicy)
+	if !ok || rp.StateSize() != H {
+		t.Fatalf("the recurrent demo's policy is %T", d.policy())
+	}
+	info, _ := d.CollectorInfo("demo")
+	if info.Policy != "gru" || info.Hidden != H || info.Env != "cartpole-masked" {
+		t.Fatalf("info %+v", info)
+	}
+	gru := func(h int) (map[string][]float32, map[string][]int) {
+		return collector.NewGRUQ(2, h, 2, 0, 3).Weights()
+	}
+	act := func() []float32 {
+		t.Helper()
+		obs := collector.Obs{Spec: &spec, N: 2, Data: make([]byte, 16)}
+		for i := range 4 {
+			obs.Data[4*i+3] = 0x3f // 0.5 in every position
+		}
+		state, next := []float32{1, 1, 1, 1, 0, 0, 0, 0}, make([]float32, 2*H)
+		for i := range next {
+			next[i] = 9
+		}
+		if err := rp.ActRecurrent(&obs, state, next, &envs.Actions{Discrete: make([]int64, 2)}, rand.New(rand.NewPCG(1, 1))); err != nil {
+			t.Fatal(err)
+		}
+		return next
+	}
+	if next := act(); next[0] != 0.5 || next[H] != 0 {
+		// Zero weights: every gate is 1/2 and the candidate 0, so h' = h/2.
+		t.Fatalf("zero-weight GRU: next states %v", next)
+	}
+	v, s := gru(H)
+	if err := d.SetWeights("demo", v, s); err != nil {
+		t.Fatal(err)
+	}
+	if next := act(); next[0] == 0.5 || next[0] == 9 {
+		t.Fatalf("pushed GRU: next states %v", next)
+	}
+	v, s = gru(H + 1)
+	if err := d.SetWeights("demo", v, s); err == nil || !strings.Contains(err.Error(), "recurrent_state holds 4 values") || !errors.Is(err, storage.ErrInvalidBatch) {
+		t.Fatalf("GRU of another width: %v", err)
+	}
+	mlp := map[string][]float32{"w1": make([]float32, 2*3), "b1": make([]float32, 3), "w2": make([]float32, 3*2), "b2": {0, 1}}
+	if err := d.SetWeights("demo", mlp, map[string][]int{"w1": {2, 3}, "b1": {3}, "w2": {3, 2}, "b2": {2}}); err != nil {
+		t.Fatal(err)
+	}
+	for i, x := range act() {
+		if x != 0 {
+			t.Fatalf("an MLP has no state, yet next state %d is %v", i, x)
+		}
+	}
+	plain := newDemoCollector(envs.CartPoleSpec(), 0)
+	if _, ok := plain.policy().(collector.RecurrentPolicy); ok {
+		t.Fatal("the plain demo is recurrent")
+	}
+	v, s = gru(H)
+	for k := range v { // a GRU for 4 inputs
+		if k == "w_ih" {
+			v[k], s[k] = make([]float32, 4*3*H), []int{4, 3 * H}
+		}
+	}
+	if err := plain.SetWeights("demo", v, s); err == nil || !strings.Contains(err.Error(), "stores no recurrent state") {
+		t.Fatalf("GRU weights on the plain demo: %v", err)
 	}
 }

@@ -32,6 +32,8 @@ type serveOptions struct {
 	demoRate    float64
 	demoSPI     float64
 	demoSeed    uint64
+	demoEnv     string
+	demoHidden  int
 	maxBody     int64
 	maxResponse int64
 	checkpoint  time.Duration
@@ -69,7 +71,14 @@ PUT /v1/collectors/demo/weights (safetensors: an MLP Q-network w1 [4,H],
 b1 [H], w2 [H,2], b2 [2], or linear w [4,2], b [2]; optionally epsilon);
 GET /v1/collectors/demo shows how long its episodes last. --demo-spi N puts
 a rate limit of N sampled rows per inserted row on the demo buffer, so the
-collector waits for the learner (docs/flow-control.md).`,
+collector waits for the learner (docs/flow-control.md).
+
+--demo-env cartpole-masked runs CartPole with only the positions observed
+(x, theta): the demo buffer stores each row's recurrent_state
+[--demo-hidden], the policy starts as a zero-weight GRU, and a learner may
+push a GRU (w_ih [2,3H], w_hh [H,3H], b_ih [3H], b_hh [3H], w_q [H,2],
+b_q [2]) as well as the other kinds (docs/recurrent.md,
+examples/r2d2.py).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.token == "" {
@@ -87,6 +96,8 @@ collector waits for the learner (docs/flow-control.md).`,
 	f.Float64Var(&o.demoRate, "demo-rate", 5000, "demo collector steps per second at most")
 	f.Float64Var(&o.demoSPI, "demo-spi", 0, "rate-limit the demo buffer to this many sampled rows per inserted row (min_size 1000); 0 leaves its rate limit as it is")
 	f.Uint64Var(&o.demoSeed, "demo-seed", 0, "seed of the demo collector's envs and exploration (0: from the clock)")
+	f.StringVar(&o.demoEnv, "demo-env", "cartpole", "env of the demo collector: cartpole, or cartpole-masked (positions only; the buffer stores recurrent states for a GRU policy)")
+	f.IntVar(&o.demoHidden, "demo-hidden", 32, "with --demo-env cartpole-masked: the GRU width, i.e. the recurrent_state values stored per row")
 	f.Int64Var(&o.maxBody, "max-body", 64<<20, "largest request body in bytes (413 above)")
 	f.Int64Var(&o.maxResponse, "max-response", 1<<30, "largest sample answer in bytes (400 above)")
 	f.DurationVar(&o.checkpoint, "checkpoint-interval", time.Second, "how often flush-mode buffers are synced")
@@ -181,11 +192,22 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 	var collectorDone chan error
 	if o.demo {
 		collectorDone = make(chan error, 1)
-		env, err := envs.New("cartpole", demoEnvs, nil)
+		so := collector.SpecOptions{Capacity: 100_000, CompactObs: true, Priority: true}
+		switch o.demoEnv {
+		case "cartpole":
+		case "cartpole-masked":
+			if o.demoHidden < 1 || o.demoHidden > demoMaxHidden {
+				return errors.Join(fmt.Errorf("--demo-hidden %d: want 1..%d", o.demoHidden, demoMaxHidden), db.Close())
+			}
+			so.RecurrentState = o.demoHidden
+		default:
+			return errors.Join(fmt.Errorf("--demo-env %q: want cartpole or cartpole-masked", o.demoEnv), db.Close())
+		}
+		env, err := envs.New(o.demoEnv, demoEnvs, nil)
 		if err != nil {
 			return errors.Join(err, db.Close())
 		}
-		spec := collector.BufferSpec(env.Spec(), collector.SpecOptions{Capacity: 100_000, CompactObs: true, Priority: true})
+		spec := collector.BufferSpec(env.Spec(), so)
 		buf, _, err := db.CreateBuffer("demo", spec)
 		if err != nil {
 			return errors.Join(fmt.Errorf("demo buffer: %w", err), env.Close(), db.Close())
@@ -195,7 +217,7 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 				return errors.Join(fmt.Errorf("--demo-spi: %w", err), env.Close(), db.Close())
 			}
 		}
-		demo := newDemoCollector(env.Spec())
+		demo := newDemoCollector(env.Spec(), so.RecurrentState)
 		// Versions continue from the rows a previous run left, so rows of
 		// this run's policies are never counted as older than those.
 		if pv, err := buf.PolicyVersions(); err == nil && pv.Newest > 0 {
@@ -209,7 +231,7 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 		go func() {
 			defer env.Close()
 			_, err := collector.Run(runCtx, collector.Config{
-				Env: env, Policy: demo, Writer: collector.BufferWriter{Buffer: buf.Buffer},
+				Env: env, Policy: demo.policy(), Writer: collector.BufferWriter{Buffer: buf.Buffer},
 				FramesPerBatch: 256, MaxRate: o.demoRate, CompactObs: true, Stream: "demo-collector",
 				Seed:          seed,
 				BeforeBatch:   func(_ context.Context, st collector.Stats) error { demo.observe(st); return nil },
