@@ -38,10 +38,10 @@ type demoCollector struct {
 	// (recurrent_state, --demo-hidden) with --demo-env cartpole-masked;
 	// 0 otherwise. Only then may a learner push a GRU.
 	stateSize int
-	mu              sync.Mutex // serialises updates
-	active          atomic.Pointer[demoPolicy]
-	version         atomic.Int64
-	stats           atomic.Pointer[collector.Stats]
+	mu        sync.Mutex // serialises updates
+	active    atomic.Pointer[demoPolicy]
+	version   atomic.Int64
+	stats     atomic.Pointer[collector.Stats]
 }
 
 // demoPolicy is one version of the demo's policy.
