@@ -175,3 +175,38 @@ func BenchmarkCollect(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkCollectRecurrent runs a GRU Q policy (which stores its state in
+// every row) on cartpole-masked next to a feed-forward MLP of the same
+// width, into an in-process memory buffer: the cost of carrying and storing
+// recurrent states. One op is one frame.
+//
+//	go test ./collector -run '^$' -bench BenchmarkCollectRecurrent -benchtime 2s -count 3 -cpu 2
+func BenchmarkCollectRecurrent(b *testing.B) {
+	for _, policy := range []string{"mlp", "gru"} {
+		for _, hidden := range []int{32, 128} {
+			b.Run(fmt.Sprintf("policy=%s/hidden=%d/envs=8", policy, hidden), func(b *testing.B) {
+				v := benchEnv(b, "cartpole-masked", envs.Options{}, 8)
+				var p collector.Policy = collector.NewMLPQ(2, hidden, 2, 0.1, 1)
+				so := collector.SpecOptions{Capacity: 1 << 17, Storage: storage.KindMemory, CompactObs: true}
+				if policy == "gru" {
+					p, so.RecurrentState = collector.NewGRUQ(2, hidden, 2, 0.1, 1), hidden
+				}
+				db := openDB(b)
+				buf, _, err := db.CreateBuffer("bench", collector.BufferSpec(v.Spec(), so))
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				st, err := collector.Run(context.Background(), collector.Config{Env: v, Policy: p,
+					Writer: collector.BufferWriter{Buffer: buf.Buffer}, FramesPerBatch: 256, TotalFrames: int64(b.N), CompactObs: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(st.Frames)/b.Elapsed().Seconds(), "frames/s")
+			})
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"strconv"
@@ -394,5 +395,47 @@ func TestUpdateKilledMidway(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("round %d: killed after %d acknowledged updates; h intact", round, acked)
+	}
+}
+
+// BenchmarkUpdateFields writes back recurrent states the way an R2D2
+// learner does: 64 slices x 80 rows of float32 [64] (1.3 MB) per call, at
+// random live seqs of a 10^5-row buffer, memory and memmap. One op is one
+// call.
+//
+//	go test ./storage -run '^$' -bench BenchmarkUpdateFields -benchtime 2s -count 3 -cpu 2
+func BenchmarkUpdateFields(b *testing.B) {
+	const rows, h, n = 100_000, 64, 64 * 80
+	for _, kind := range []Kind{KindMemory, KindMemmap} {
+		b.Run("storage="+string(kind), func(b *testing.B) {
+			s := openStore(b, b.TempDir())
+			defer s.Close()
+			spec := testSpec(kind, rows, true)
+			spec.Fields = append(spec.Fields, Field{Name: "h", DType: Float32, Shape: []int{h}, Mutable: true})
+			buf := mustCreate(b, s, "b", spec)
+			fill := make([]row, 1000)
+			for i := range fill {
+				fill[i].val = float32(i)
+			}
+			for range rows / len(fill) {
+				batch := makeBatch(buf.Spec(), fill, true)
+				batch.Fields["h"] = make([]byte, len(fill)*4*h)
+				mustExtend(b, buf, "w", batch)
+			}
+			rng := rand.New(rand.NewPCG(1, 2))
+			seqs := make([]int64, n)
+			for i := range seqs {
+				seqs[i] = rng.Int64N(rows)
+			}
+			vals := map[string][]byte{"h": make([]byte, n*4*h)}
+			b.SetBytes(int64(n * 4 * h))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, stale, err := buf.UpdateFields(seqs, vals); err != nil || stale != 0 {
+					b.Fatal(err, stale)
+				}
+			}
+			b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "rows/s")
+		})
 	}
 }
