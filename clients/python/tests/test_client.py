@@ -383,6 +383,9 @@ class ClientTest(ServerTest):
         # Slices carry the stored state of every row, shaped [slices, len, H].
         s = self.c.sample(name, sampler="slice", num_slices=2, slice_len=4, seed=3)
         self.assertEqual(s["recurrent_state"].shape, (2, 4, 3))
+        # ... as a view of the answer, like every other array: no copy.
+        self.assertIs(root_buffer(s["recurrent_state"]), root_buffer(s["observation"]))
+        self.assertFalse(s["recurrent_state"].flags.owndata)
         with self.assertRaisesRegex(BadRequest, "not mutable"):
             self.c.update(name, [4], {"action": [1]})
         with self.assertRaisesRegex(BadRequest, "recurrent_state"):
