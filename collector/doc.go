@@ -15,8 +15,12 @@
 // done rows, as the final observation of the trajectory.
 //
 // Policies: RandomPolicy, LinearQ and MLPQ (epsilon-greedy over a linear or
-// one-hidden-layer Q-function); the latter two are WeightSetters whose
-// weights may be replaced while a run uses them.
+// one-hidden-layer Q-function) and GRUQ (a GRU Q-function, a
+// RecurrentPolicy); all but the first are WeightSetters whose weights may be
+// replaced while a run uses them. A RecurrentPolicy's hidden states are
+// owned by the run: stored with each row (the state before the step, field
+// recurrent_state), zero where a trajectory starts and carried otherwise,
+// across batches too (docs/recurrent.md).
 //
 // docs/collector-internals.md describes the per-step flow, staging, and
 // when writes, resets and weight syncs happen.
