@@ -14,6 +14,7 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	written  *prometheus.CounterVec
+	updated  *prometheus.CounterVec
 	sampled  *prometheus.CounterVec
 	age      *prometheus.HistogramVec
 }
@@ -30,6 +31,10 @@ func newMetrics(reg *prometheus.Registry, db *rbd.DB, bud *budget) *metrics {
 		written: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rbd_store_rows_written_total", Help: "Rows written through the API, by buffer.",
 		}, []string{"buffer"}),
+		updated: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rbd_store_rows_updated_total",
+			Help: "Seqs named by updates of mutable fields, by buffer and result (updated: applied; stale: no longer live).",
+		}, []string{"buffer", "result"}),
 		sampled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rbd_sampler_rows_sampled_total", Help: "Rows returned by sample requests, by buffer.",
 		}, []string{"buffer"}),
@@ -39,7 +44,7 @@ func newMetrics(reg *prometheus.Registry, db *rbd.DB, bud *budget) *metrics {
 			Buckets: []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024},
 		}, []string{"buffer"}),
 	}
-	reg.MustRegister(m.requests, m.duration, m.written, m.sampled, m.age, &bufferCollector{db: db},
+	reg.MustRegister(m.requests, m.duration, m.written, m.updated, m.sampled, m.age, &bufferCollector{db: db},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rbd_memory_budget_bytes", Help: "Memory requests may hold in flight together (--max-memory).",
 		}, func() float64 { return float64(bud.total) }),

@@ -47,6 +47,8 @@ func (s *Server) update(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	s.metrics.updated.WithLabelValues(b.Name(), "updated").Add(float64(updated))
+	s.metrics.updated.WithLabelValues(b.Name(), "stale").Add(float64(stale))
 	writeJSON(w, http.StatusOK, map[string]int{"updated": updated, "stale": stale})
 	return nil
 }
