@@ -155,6 +155,7 @@ class R2D2Test(unittest.TestCase):
         # samples cannot tell which way the pole moves and stays short.
         with rbdserver.Server(["--demo", "--demo-env", "cartpole-masked", "--demo-spi", "8", "--demo-seed", "1"]) as srv:
             out = run_example("r2d2.py", "--url", srv.url, "--steps", "3000", "--eval-every", "250", "--seed", "1",
+                              "--target-length", "200",
                               "--check", timeout=300)
             with Client(srv.url) as c:
                 info = c.collector("demo")
