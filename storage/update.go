@@ -125,7 +125,10 @@ func (b *Buffer) readMutable(copy func()) {
 		g := b.mutGen.Load()
 		if g&1 == 0 {
 			copy()
-			if b.mutGen.Load() == g {
+			// CompareAndSwap, not Load: a full barrier, so on weakly
+			// ordered CPUs the copy's loads cannot move past the check
+			// (as in Gather's stamp check).
+			if b.mutGen.CompareAndSwap(g, g) {
 				return
 			}
 		}
