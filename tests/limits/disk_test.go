@@ -126,7 +126,7 @@ func TestServeTruncatedFile(t *testing.T) {
 		t.Fatalf("the other buffer: %d %s", st, body)
 	}
 	s.healthy()
-	if !strings.Contains(s.stderr.String(), "buffer failed") {
+	if !s.waitLog("buffer failed") {
 		t.Error("no log line for the failed buffer")
 	}
 }

@@ -296,7 +296,7 @@ func TestClientFaultsAre4xx(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if !strings.Contains(s.stderr.String(), `"status":400`) {
+	if !s.waitLog(`"status":400`) {
 		t.Errorf("no request log line with status 400")
 	}
 	_, info := s.do("GET", "/v1/buffers/b", "", nil)
@@ -433,7 +433,7 @@ func TestStreamNameFlood(t *testing.T) {
 			t.Fatalf("%d streams still held 30s after the flood (idle timeout 1s)", info.Streams)
 		}
 	}
-	if !strings.Contains(s.stderr.String(), "closed idle streams") {
+	if !s.waitLog("closed idle streams") {
 		t.Error("no log line about closed idle streams")
 	}
 }

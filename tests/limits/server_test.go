@@ -49,6 +49,19 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// waitLog waits up to 20s for the server's log to contain substr. A log
+// line travels through the child's stderr pipe, which os/exec copies on
+// its own goroutine: it may arrive after the answer or metric that the
+// same request produced, so a test must wait for it, not look once.
+func (s *server) waitLog(substr string) bool {
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(s.stderr.String(), substr); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
+}
+
 // startServer runs rbd serve on a free loopback port with a fresh data dir
 // (or dataDir, if given) and waits until it listens.
 func startServer(t *testing.T, dataDir string, args ...string) *server {
