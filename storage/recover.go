@@ -169,6 +169,13 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 	for seq := lo; seq < wc; seq++ {
 		slot := seq % capacity
 		r, ok := decodeRecord(b.rec(slot))
+		// Next to a running writer a record can be caught mid-write: read
+		// it again (briefly) before judging it, as the watermark above.
+		// Real damage reads the same every time and is still reported.
+		for try := 0; live && (!ok || r.Seq != seq) && try < 5 && !b.overwrittenMeanwhile(seq); try++ {
+			time.Sleep(time.Millisecond)
+			r, ok = decodeRecord(b.rec(slot))
+		}
 		if !ok || r.Seq != seq {
 			lost(seq, "record missing or torn")
 			continue
