@@ -346,7 +346,8 @@ func (cp *rowCopier) sealRecord(rec []byte, bufs [][]byte, i int64) {
 	r, _ := decodeRecord(rec)
 	var crc uint32
 	for k, c := range cp.cols {
-		if c.role == rolePriority || (c.role == roleTail && r.Flags&flagHasTail == 0) || c.cz >= 0 {
+		// Mutable fields stay out, as in writeRow and dataCRC.
+		if c.role == rolePriority || (c.role == roleTail && r.Flags&flagHasTail == 0) || c.cz >= 0 || c.field.Mutable {
 			continue
 		}
 		rb := int64(c.rowBytes)

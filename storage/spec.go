@@ -397,6 +397,9 @@ func compareFields(x, y Field) int {
 			return c
 		}
 	}
+	if c := cmp.Compare(order(x.Mutable), order(y.Mutable)); c != 0 {
+		return c
+	}
 	if c := cmp.Compare(order(x.FrameStack != nil), order(y.FrameStack != nil)); c != 0 {
 		return c
 	}

@@ -2,12 +2,14 @@ package storage
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -436,6 +438,45 @@ func BenchmarkUpdateFields(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "rows/s")
+		})
+	}
+}
+
+// A hot checkpoint of a buffer with a mutable field (memory too, whose rows
+// get their checksum at copy time) opens with every row and its updated
+// values; and a spec that differs only in "mutable" is another spec.
+func TestMutableCheckpointAndSpecConflict(t *testing.T) {
+	for _, kind := range []Kind{KindMemory, KindMemmap} {
+		t.Run(string(kind), func(t *testing.T) {
+			s := openStore(t, t.TempDir())
+			defer s.Close()
+			b := mustCreate(t, s, "b", mutableSpec(kind, 8))
+			mustExtend(t, b, "w", withH(makeBatch(b.Spec(), make([]row, 4), true), 10))
+			if _, _, err := b.UpdateFields([]int64{2}, map[string][]byte{"h": hRows(-2)}); err != nil {
+				t.Fatal(err)
+			}
+			dest := filepath.Join(t.TempDir(), "cp")
+			if _, err := b.Checkpoint(context.Background(), dest, nil); err != nil {
+				t.Fatal(err)
+			}
+			if rep, err := Verify(dest, nil); err != nil || !rep.OK() {
+				t.Fatalf("verify the checkpoint: %v %+v", err, rep)
+			}
+			c := openStore(t, dest)
+			defer c.Close()
+			cb, err := c.Buffer("b")
+			if err != nil {
+				t.Fatal(err)
+			}
+			h, _, missing := readH(t, cb, 0, 1, 2, 3)
+			if len(missing) != 0 || h[0] != 10 || h[2] != -2 || h[3] != 13 {
+				t.Fatalf("checkpoint rows: h %v, missing %v", h, missing)
+			}
+			immutable := mutableSpec(kind, 8)
+			immutable.Fields[len(immutable.Fields)-1].Mutable = false
+			if _, _, err := s.CreateBuffer("b", immutable); !errorsIs(err, ErrSpecConflict) {
+				t.Fatalf("create with h immutable over a mutable h: %v, want a spec conflict", err)
+			}
 		})
 	}
 }
