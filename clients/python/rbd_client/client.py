@@ -495,7 +495,12 @@ class Client:
         header, parts, _ = safetensors.encode(tensors, dtypes=dtypes)
         body = [header] + [safetensors.byte_view(p) for p in parts]
         headers = {"Content-Type": "application/octet-stream", "Accept": "application/json"}
-        _, _, data = self._request("POST", self._path("v1", "buffers", name, "update"), body, headers, self.timeout)
+        try:
+            _, _, data = self._request("POST", self._path("v1", "buffers", name, "update"), body, headers, self.timeout)
+        except RbdError as e:
+            if e.status in (400, 404):
+                self._specs.pop(name, None)  # the buffer may have been re-created
+            raise
         return json.loads(bytes(data))
 
     def rows(self, name, from_seq=0, count=100):
