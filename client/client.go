@@ -588,14 +588,10 @@ func (c *Client) UpdatePriorities(ctx context.Context, name string, seq []int64,
 	if err != nil {
 		return 0, 0, fmt.Errorf("update priorities %s: %w", name, err)
 	}
-	var ans struct {
-		Updated int `json:"updated"`
-		Stale   int `json:"stale"`
-	}
-	if err := readJSON(resp, &ans); err != nil {
+	if updated, stale, err = readUpdateCounts(resp); err != nil {
 		return 0, 0, fmt.Errorf("update priorities %s: %w", name, err)
 	}
-	return ans.Updated, ans.Stale, nil
+	return updated, stale, nil
 }
 
 // UpdateFields sets mutable fields of live rows by seq (POST
@@ -617,14 +613,20 @@ func (c *Client) UpdateFields(ctx context.Context, name string, seq []int64, fie
 	if err != nil {
 		return 0, 0, fmt.Errorf("update %s: %w", name, err)
 	}
+	if updated, stale, err = readUpdateCounts(resp); err != nil {
+		return 0, 0, fmt.Errorf("update %s: %w", name, err)
+	}
+	return updated, stale, nil
+}
+
+// readUpdateCounts reads the answer of a priority or field update.
+func readUpdateCounts(resp *http.Response) (updated, stale int, err error) {
 	var ans struct {
 		Updated int `json:"updated"`
 		Stale   int `json:"stale"`
 	}
-	if err := readJSON(resp, &ans); err != nil {
-		return 0, 0, fmt.Errorf("update %s: %w", name, err)
-	}
-	return ans.Updated, ans.Stale, nil
+	err = readJSON(resp, &ans)
+	return ans.Updated, ans.Stale, err
 }
 
 // Rows reads live rows from fromSeq on, in seq order (GET

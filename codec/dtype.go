@@ -1,6 +1,10 @@
 package codec
 
-import "fmt"
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+)
 
 // DTypes maps rbd dtype names to safetensors dtype names.
 var dtypeToST = map[string]string{
@@ -40,6 +44,24 @@ func (t *Tensor) Elems() int {
 		n *= d
 	}
 	return n
+}
+
+// Float32Map decodes float32 tensors (policy weights, as collectors take
+// them) into values and shapes by name. Any other dtype is an error naming
+// the tensor.
+func Float32Map(tensors []Tensor) (map[string][]float32, map[string][]int, error) {
+	vals, shapes := make(map[string][]float32, len(tensors)), make(map[string][]int, len(tensors))
+	for _, t := range tensors {
+		if t.DType != "float32" {
+			return nil, nil, fmt.Errorf("tensor %q: dtype %s, want float32", t.Name, t.DType)
+		}
+		v := make([]float32, len(t.Data)/4)
+		for i := range v {
+			v[i] = math.Float32frombits(binary.LittleEndian.Uint32(t.Data[4*i:]))
+		}
+		vals[t.Name], shapes[t.Name] = v, t.Shape
+	}
+	return vals, shapes, nil
 }
 
 func checkShape(name string, shape []int, size, nbytes int) error {

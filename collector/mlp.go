@@ -68,16 +68,9 @@ func (p *MLPQ) SetWeights(vals map[string][]float32, shapes map[string][]int) er
 	if err := checkWeights(vals, shapes, p.shapes()); err != nil {
 		return err
 	}
-	f64 := func(v []float32) []float64 {
-		out := make([]float64, len(v))
-		for i, x := range v {
-			out[i] = float64(x)
-		}
-		return out
-	}
 	p.weights.Store(&mlpWeights{
-		w1: mat.NewDense(p.obsDim, p.hidden, f64(vals["w1"])), b1: f64(vals["b1"]),
-		w2: mat.NewDense(p.hidden, p.actions, f64(vals["w2"])), b2: f64(vals["b2"]),
+		w1: mat.NewDense(p.obsDim, p.hidden, toF64(vals["w1"])), b1: toF64(vals["b1"]),
+		w2: mat.NewDense(p.hidden, p.actions, toF64(vals["w2"])), b2: toF64(vals["b2"]),
 	})
 	return nil
 }
@@ -85,15 +78,8 @@ func (p *MLPQ) SetWeights(vals map[string][]float32, shapes map[string][]int) er
 // Weights returns copies of the weights by name, with their shapes.
 func (p *MLPQ) Weights() (map[string][]float32, map[string][]int) {
 	w := p.weights.Load()
-	f32 := func(v []float64) []float32 {
-		out := make([]float32, len(v))
-		for i, x := range v {
-			out[i] = float32(x)
-		}
-		return out
-	}
-	return map[string][]float32{"w1": f32(w.w1.RawMatrix().Data), "b1": f32(w.b1),
-		"w2": f32(w.w2.RawMatrix().Data), "b2": f32(w.b2)}, p.shapes()
+	return map[string][]float32{"w1": toF32(w.w1.RawMatrix().Data), "b1": toF32(w.b1),
+		"w2": toF32(w.w2.RawMatrix().Data), "b2": toF32(w.b2)}, p.shapes()
 }
 
 // Q returns the Q-values of n observations (n rows of obsDim float32

@@ -76,12 +76,18 @@ class MLP:
 
 
 class Adam:
-    def __init__(self, params, lr):
-        self.lr, self.t = lr, 0
+    """Adam; with ``clip``, gradients are first scaled to a global norm of
+    at most ``clip`` (examples/r2d2.py's backpropagation through time)."""
+
+    def __init__(self, params, lr, clip=None):
+        self.lr, self.t, self.clip = lr, 0, clip
         self.m = [np.zeros_like(p) for p in params]
         self.v = [np.zeros_like(p) for p in params]
 
     def step(self, params, grads, b1=0.9, b2=0.999, eps=1e-8):
+        if self.clip is not None:
+            norm = np.sqrt(sum(float((g * g).sum()) for g in grads))
+            grads = [g * min(1.0, self.clip / (norm + 1e-12)) for g in grads]
         self.t += 1
         for p, g, m, v in zip(params, grads, self.m, self.v):
             m *= b1

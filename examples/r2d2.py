@@ -41,8 +41,11 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clients", "python"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "clients", "python"))
+sys.path.insert(0, HERE)
 from rbd_client import Client  # noqa: E402  (the checkout's client if not installed)
+from learner import MLP, Adam, huber  # noqa: E402  (examples/learner.py: the feed-forward baseline's pieces)
 
 ACTIONS = 2
 # Both networks see observations scaled to about [-1, 1] (x by its limit
@@ -130,59 +133,9 @@ class GRUQ:
         return t
 
 
-class MLP:
-    """Q(o) = relu(o @ W1 + b1) @ W2 + b2: the feed-forward baseline."""
-
-    def __init__(self, rng, n_in, hidden):
-        self.params = [(rng.standard_normal((n_in, hidden)) * np.sqrt(2 / n_in)).astype(np.float32),
-                       np.zeros(hidden, np.float32),
-                       (rng.standard_normal((hidden, ACTIONS)) * np.sqrt(1 / hidden)).astype(np.float32),
-                       np.zeros(ACTIONS, np.float32)]
-
-    def copy(self):
-        c = MLP.__new__(MLP)
-        c.params = [p.copy() for p in self.params]
-        return c
-
-    def forward(self, x):
-        W1, b1, W2, b2 = self.params
-        h = np.maximum(x @ W1 + b1, 0)
-        return h @ W2 + b2, (x, h)
-
-    def backward(self, cache, g):
-        x, h = cache
-        W1, b1, W2, b2 = self.params
-        gh = (g @ W2.T) * (h > 0)
-        return [x.T @ gh, gh.sum(0), h.T @ g, g.sum(0)]
-
-
-class Adam:
-    def __init__(self, params, lr, clip=10.0):
-        self.lr, self.t, self.clip = lr, 0, clip
-        self.m = [np.zeros_like(p) for p in params]
-        self.v = [np.zeros_like(p) for p in params]
-
-    def step(self, params, grads, b1=0.9, b2=0.999, eps=1e-8):
-        norm = np.sqrt(sum(float((g * g).sum()) for g in grads))
-        scale = min(1.0, self.clip / (norm + 1e-12))
-        self.t += 1
-        for p, g, m, v in zip(params, grads, self.m, self.v):
-            g = g * scale
-            m *= b1
-            m += (1 - b1) * g
-            v *= b2
-            v += (1 - b2) * g * g
-            p -= self.lr * (m / (1 - b1 ** self.t)) / (np.sqrt(v / (1 - b2 ** self.t)) + eps)
-
-
 def soft_update(target, net, tau):
     for p, o in zip(target.params, net.params):
         p += tau * (o - p)
-
-
-def huber(x, delta=1.0):
-    a = np.abs(x)
-    return np.where(a <= delta, 0.5 * x * x, delta * (a - 0.5 * delta)), np.clip(x, -delta, delta)
 
 
 class MaskedCartPole:
@@ -269,9 +222,9 @@ def main(argv=None):
     D = spec["fields"]["observation"]["shape"][0]
     L = a.burn_in + a.unroll
     rng = np.random.default_rng(a.seed)
-    gru, mlp = GRUQ(rng, D, H), MLP(rng, D, a.mlp_hidden)
+    gru, mlp = GRUQ(rng, D, H), MLP(rng, D, a.mlp_hidden, ACTIONS)
     gru_t, mlp_t = gru.copy(), mlp.copy()
-    opt_g, opt_m = Adam(gru.params, a.lr), Adam(mlp.params, a.lr)
+    opt_g, opt_m = Adam(gru.params, a.lr, clip=10.0), Adam(mlp.params, a.lr, clip=10.0)
     request = dict(sampler="prioritized_slice", num_slices=a.slices, slice_len=L, strict_length=False,
                    n_step={"n": a.n_step, "gamma": a.gamma}, beta=a.beta, timeout_ms=5000,
                    keys=["observation", "action", "recurrent_state", "next.reward", "next.terminated",

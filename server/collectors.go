@@ -1,7 +1,6 @@
 package server
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net/http"
 
@@ -81,16 +80,9 @@ func (s *Server) setWeights(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	vals, shapes := map[string][]float32{}, map[string][]int{}
-	for _, t := range tensors {
-		if t.DType != "float32" {
-			return badRequest(fmt.Sprintf("tensor %q: dtype %s, want float32", t.Name, t.DType))
-		}
-		v := make([]float32, len(t.Data)/4)
-		for i := range v {
-			v[i] = float32frombits(binary.LittleEndian.Uint32(t.Data[4*i:]))
-		}
-		vals[t.Name], shapes[t.Name] = v, t.Shape
+	vals, shapes, err := codec.Float32Map(tensors)
+	if err != nil {
+		return badRequest(err.Error())
 	}
 	if err := s.opts.Weights.SetWeights(name, vals, shapes); err != nil {
 		return err

@@ -258,4 +258,3 @@ func float64s(b []byte) []float64 {
 	return out
 }
 
-func float32frombits(u uint32) float32 { return math.Float32frombits(u) }

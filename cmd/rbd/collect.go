@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -319,16 +317,9 @@ func loadWeights(path string, p collector.Policy) error {
 	if err != nil {
 		return fmt.Errorf("--weights %s: %w", path, err)
 	}
-	vals, shapes := map[string][]float32{}, map[string][]int{}
-	for _, t := range tensors {
-		if t.DType != "float32" {
-			return fmt.Errorf("--weights %s: tensor %q is %s, want float32", path, t.Name, t.DType)
-		}
-		v := make([]float32, len(t.Data)/4)
-		for i := range v {
-			v[i] = math.Float32frombits(binary.LittleEndian.Uint32(t.Data[4*i:]))
-		}
-		vals[t.Name], shapes[t.Name] = v, t.Shape
+	vals, shapes, err := codec.Float32Map(tensors)
+	if err != nil {
+		return fmt.Errorf("--weights %s: %w", path, err)
 	}
 	if err := ws.SetWeights(vals, shapes); err != nil {
 		return fmt.Errorf("--weights %s: %w", path, err)
