@@ -257,4 +257,3 @@ func float64s(b []byte) []float64 {
 	}
 	return out
 }
-
