@@ -289,10 +289,7 @@ func (b *Buffer) planSample(req *SampleRequest, maxBytes int64) (*plan, error) {
 		return nil, err
 	}
 	if len(p.recon) > 0 && !req.IncludeIncomplete && !p.slices {
-		compact := p.compact
-		p.params.Eligible = func(_ storage.Index, m storage.RowMeta) bool {
-			return nextKnown(m, compact)
-		}
+		p.params.NextKnown = true
 	}
 	if v := req.MinPolicyVersion; v != nil {
 		if *v < 0 {
@@ -300,9 +297,9 @@ func (b *Buffer) planSample(req *SampleRequest, maxBytes int64) (*plan, error) {
 		}
 		p.minVersion = *v
 		p.params.MinPolicyVersion = *v // slice samplers: the slice's first row
-		min, next := *v, p.params.Eligible
-		p.params.Eligible = func(ix storage.Index, m storage.RowMeta) bool {
-			return m.PolicyVersion >= min && (next == nil || next(ix, m))
+		min := *v
+		p.params.Eligible = func(_ storage.Index, m storage.RowMeta) bool {
+			return m.PolicyVersion >= min
 		}
 	}
 	var rowBytes int64 = 8 * 3

@@ -214,10 +214,6 @@ func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOpt
 	}
 }
 
-func nextKnown(m storage.RowMeta, compact bool) bool {
-	return transforms.NextOf(m, compact).Known()
-}
-
 // resolve reads, under the index lock, everything the gather needs.
 func (p *plan) resolve(ix storage.Index, sel *sampler.Selection) *drawn {
 	n := len(sel.Seqs)

@@ -53,9 +53,15 @@ type Params struct {
 	DropLast bool
 	// Consumer names the epoch state of without-replacement kinds.
 	Consumer string
-	// Eligible reports whether a transition sampler may return a row (for
-	// instance, whether its next observation is known). Nil admits every
-	// live row. Slice samplers ignore it: they flag such positions instead.
+	// NextKnown makes transition samplers return only rows whose next
+	// observation is known (storage.Index.NextKnown). The index answers it
+	// without reading the row, so it costs far less than the same test in
+	// Eligible. Slice samplers ignore it: they flag such positions instead.
+	NextKnown bool
+	// Eligible reports whether a transition sampler may return a row that
+	// passed NextKnown (for instance, whether its policy version is recent
+	// enough). Nil admits every such row. It reads the row's record, so it
+	// is for what the index cannot answer. Slice samplers ignore it.
 	Eligible func(storage.Index, storage.RowMeta) bool
 	// MinPolicyVersion makes slice samplers start slices only at rows whose
 	// policy version is at least this (0 admits every row); they draw among
@@ -128,8 +134,22 @@ func (s *State) Draw(ix storage.Index, p Params, rng *rand.Rand) (*Selection, er
 	return nil, fmt.Errorf("sampler: unknown kind %q", p.Kind)
 }
 
-func eligible(ix storage.Index, p Params, m storage.RowMeta) bool {
-	return p.Eligible == nil || p.Eligible(ix, m)
+// admits reports whether a transition sampler may return seq: live (and
+// with a known next observation under NextKnown), then Eligible. The index
+// answers the first test alone; only Eligible reads the row's record.
+func admits(ix storage.Index, p Params, seq int64) bool {
+	if p.NextKnown {
+		if !ix.NextKnown(seq) {
+			return false
+		}
+	} else if !ix.Live(seq) {
+		return false
+	}
+	if p.Eligible == nil {
+		return true
+	}
+	m, ok := ix.Row(seq)
+	return ok && p.Eligible(ix, m)
 }
 
 // rejectionBudget bounds the random tries before a sampler falls back to an
@@ -142,7 +162,7 @@ func drawUniform(ix storage.Index, p Params, rng *rand.Rand) (*Selection, error)
 	sel := &Selection{Seqs: make([]int64, 0, p.BatchSize)}
 	for tries := rejectionBudget(p.BatchSize); len(sel.Seqs) < p.BatchSize && tries > 0; tries-- {
 		seq := lo + rng.Int64N(hi-lo)
-		if m, ok := ix.Row(seq); ok && eligible(ix, p, m) {
+		if admits(ix, p, seq) {
 			sel.Seqs = append(sel.Seqs, seq)
 		}
 	}
@@ -164,7 +184,7 @@ func eligibleRows(ix storage.Index, p Params) []int64 {
 	lo, hi := ix.Window()
 	var out []int64
 	for seq := lo; seq < hi; seq++ {
-		if m, ok := ix.Row(seq); ok && eligible(ix, p, m) {
+		if admits(ix, p, seq) {
 			out = append(out, seq)
 		}
 	}
@@ -186,8 +206,7 @@ func drawPrioritized(ix storage.Index, p Params, rng *rand.Rand) (*Selection, er
 	sel := &Selection{Seqs: make([]int64, 0, p.BatchSize), Weights: make([]float32, 0, p.BatchSize)}
 	for tries := rejectionBudget(p.BatchSize); len(sel.Seqs) < p.BatchSize && tries > 0; tries-- {
 		seq := ix.PriorityFind(rng.Float64() * total)
-		m, ok := ix.Row(seq)
-		if !ok || !eligible(ix, p, m) {
+		if !admits(ix, p, seq) {
 			continue
 		}
 		sel.Seqs = append(sel.Seqs, seq)
@@ -268,7 +287,7 @@ func (s *State) drawWithoutReplacement(ix storage.Index, p Params, rng *rand.Ran
 		if seq < 0 {
 			continue
 		}
-		if m, ok := ix.Row(seq); ok && eligible(ix, p, m) {
+		if admits(ix, p, seq) {
 			sel.Seqs = append(sel.Seqs, seq)
 		}
 	}
@@ -277,7 +296,7 @@ func (s *State) drawWithoutReplacement(ix storage.Index, p Params, rng *rand.Ran
 	// is skipped once per epoch: O(n) per epoch in all).
 	for e.cursor < e.perm.N() {
 		seq := ix.SlotSeq(int64(e.perm.At(e.cursor)))
-		if m, ok := ix.Row(seq); seq >= 0 && ok && eligible(ix, p, m) {
+		if seq >= 0 && admits(ix, p, seq) {
 			break
 		}
 		e.cursor++

@@ -225,7 +225,7 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) (*Buffer, error) {
 	}
 	b.notify = make(chan struct{})
 	b.stamps = newStampTable(spec.Capacity)
-	b.ix.init()
+	b.ix.init(spec.Capacity)
 	b.sync.init()
 	if spec.Storage == KindCompressed {
 		cs, err := newChunkStore(b)

@@ -55,14 +55,25 @@ type index struct {
 	// versions counts live rows by policy version (kept by the write
 	// path, rebuilt after recovery).
 	versions versionCounts
+	// known has a bit per ring slot, set while the slot holds an indexed
+	// row whose next observation is known in compact_obs terms: the row
+	// has an indexed successor in its trajectory, or is done and carries
+	// its final observation. Transition samplers of compact buffers test
+	// it instead of reading the row's record: one bit per row keeps the
+	// test in cache where a record read is a cache miss.
+	known slotBits
+	// capacity maps seqs to slots.
+	capacity int64
 }
 
-func (ix *index) init() {
+func (ix *index) init(capacity int64) {
 	ix.byID = map[int64]*Trajectory{}
 	ix.list = nil
 	ix.rows, ix.tails, ix.open = 0, 0, 0
 	ix.byLen = &lenIndex{}
 	ix.versions.init()
+	ix.known = slotBits{}
+	ix.capacity = capacity
 }
 
 // add appends a newly written row to its trajectory.
@@ -75,7 +86,10 @@ func (ix *index) add(id, step, seq int64, done, hasTail bool) error {
 		ix.open++
 	} else if want := t.firstStep + int64(t.Len()); step != want || !t.open {
 		return fmt.Errorf("trajectory %d: row seq %d has step %d, want %d (open=%v)", id, seq, step, want, t.open)
+	} else if t.Len() > 0 {
+		ix.known.set(t.seqs[len(t.seqs)-1] % ix.capacity) // its successor arrived
 	}
+	ix.known.put(seq%ix.capacity, done && hasTail)
 	t.seqs = append(t.seqs, seq)
 	ix.byLen.moved(t, t.Len()-1)
 	ix.rows++
@@ -102,6 +116,7 @@ func (ix *index) evict(id, seq int64, hasTail bool) error {
 	if t == nil || t.Len() == 0 || t.seqs[t.head] != seq {
 		return fmt.Errorf("evict seq %d: not the oldest live row of trajectory %d", seq, id)
 	}
+	ix.known.put(seq%ix.capacity, false)
 	t.head++
 	t.firstStep++
 	ix.byLen.moved(t, t.Len()+1)
@@ -211,6 +226,27 @@ func (v Index) Row(seq int64) (RowMeta, bool) {
 	return m, true
 }
 
+// Live reports whether seq is an indexed row: live and published. Unlike
+// Row it reads no record.
+func (v Index) Live(seq int64) bool { return v.b.Live(seq) }
+
+// NextKnown reports whether seq is an indexed row whose next observation
+// can be given: in a buffer that stores next observations, every indexed
+// row; in a compact_obs buffer, a row whose trajectory has an indexed row
+// after it, or a done row that carries its final observation (the rule of
+// transforms.NextOf). It reads one bit of the index, no record, so
+// rejection sampling over it costs no cache miss outside the index.
+func (v Index) NextKnown(seq int64) bool {
+	if !v.b.spec.CompactObs {
+		return v.Live(seq)
+	}
+	lo, hi := v.Window()
+	// Inside the window a slot can only hold that one seq, and a set bit
+	// means the slot's row is indexed (evict clears it before the slot
+	// is reused, under the lock the caller holds).
+	return seq >= lo && seq < hi && v.ix.known.get(seq%v.ix.capacity)
+}
+
 // Window returns the live seq range [lo, hi): hi is the write count.
 func (v Index) Window() (lo, hi int64) {
 	hi = v.b.writeCount.Load()
@@ -238,4 +274,31 @@ func (v Index) SlotSeq(slot int64) int64 {
 		return -1
 	}
 	return seq
+}
+
+// slotBits is a bit per ring slot, grown as slots are first used (slots
+// fill in order while the ring first goes round), so it costs capacity/8
+// bytes at most and nothing for slots never written.
+type slotBits struct{ words []uint64 }
+
+func (s *slotBits) get(slot int64) bool {
+	w := slot >> 6
+	return w < int64(len(s.words)) && s.words[w]&(1<<(slot&63)) != 0
+}
+
+func (s *slotBits) set(slot int64) { s.put(slot, true) }
+
+func (s *slotBits) put(slot int64, on bool) {
+	w := int(slot >> 6)
+	if w >= len(s.words) {
+		if !on {
+			return
+		}
+		s.words = append(s.words, make([]uint64, w+1-len(s.words))...)
+	}
+	if on {
+		s.words[w] |= 1 << (slot & 63)
+	} else {
+		s.words[w] &^= 1 << (slot & 63)
+	}
 }

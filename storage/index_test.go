@@ -1,0 +1,122 @@
+package storage
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// nextKnownFromRow is the reference rule Index.NextKnown must agree with,
+// computed from the row's record and the trajectory index the slow way
+// (the rule of transforms.NextOf, which this package cannot import).
+func nextKnownFromRow(v Index, seq int64, compact bool) bool {
+	m, ok := v.Row(seq)
+	switch {
+	case !ok:
+		return false
+	case !compact:
+		return true
+	case m.Done:
+		return m.HasTail
+	default:
+		return m.NextSeq >= 0
+	}
+}
+
+// checkNextKnown compares Index.NextKnown with the reference for every seq
+// of the window and a few on each side of it.
+func checkNextKnown(t *testing.T, b *Buffer, when string) {
+	t.Helper()
+	err := b.ReadIndex(func(v Index) {
+		lo, hi := v.Window()
+		for seq := lo - 3; seq < hi+3; seq++ {
+			want := nextKnownFromRow(v, seq, b.spec.CompactObs)
+			if got := v.NextKnown(seq); got != want {
+				m, _ := v.Row(seq)
+				t.Fatalf("%s: NextKnown(%d) = %v, rows say %v (window [%d, %d), row %+v)", when, seq, got, want, lo, hi, m)
+			}
+			if got, want := v.Live(seq), seq >= 0 && v.b.Live(seq); got != want {
+				t.Fatalf("%s: Live(%d) = %v, want %v", when, seq, got, want)
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNextKnownMatchesRows drives random interleaved writes (several
+// streams and envs, done rows with and without final observations, stream
+// closes, anonymous extends, ring overwrites, a reopen) and checks after
+// every step that the index's next-known bits say what the rows say.
+func TestNextKnownMatchesRows(t *testing.T) {
+	cases := []struct {
+		kind     Kind
+		capacity int64
+		compact  bool
+	}{
+		{KindMemory, 37, true},
+		{KindMemory, 200, true},
+		{KindMemory, 37, false},
+		{KindMemmap, 53, true},
+		{KindCompressed, 64, true},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("%s/cap=%d/compact=%v", tc.kind, tc.capacity, tc.compact), func(t *testing.T) {
+			dir := t.TempDir()
+			s := openStore(t, dir)
+			spec := testSpec(tc.kind, tc.capacity, tc.compact)
+			b := mustCreate(t, s, "b", spec)
+			rng := rand.New(rand.NewPCG(7, uint64(tc.capacity)))
+			streams := []string{"a", "b", "c", ""}
+			val := float32(0)
+			for op := range 400 {
+				if op == 200 && tc.kind != KindMemory {
+					if err := s.Close(); err != nil {
+						t.Fatal(err)
+					}
+					s = openStore(t, dir)
+					var err error
+					if b, err = s.Buffer("b"); err != nil {
+						t.Fatal(err)
+					}
+					checkNextKnown(t, b, "after reopen")
+				}
+				stream := streams[rng.IntN(len(streams))]
+				if stream != "" && rng.IntN(10) == 0 {
+					if _, err := b.CloseStream(stream); err != nil {
+						t.Fatal(err)
+					}
+					checkNextKnown(t, b, fmt.Sprintf("op %d: close %q", op, stream))
+					continue
+				}
+				rows := make([]row, 1+rng.IntN(12))
+				for i := range rows {
+					val++
+					rows[i] = row{env: int64(rng.IntN(3)), val: val, final: -val}
+					switch rng.IntN(8) {
+					case 0:
+						rows[i].terminated = true
+					case 1:
+						rows[i].truncated = true
+					}
+				}
+				mustExtend(t, b, stream, makeBatch(spec, rows, rng.IntN(3) != 0))
+				checkNextKnown(t, b, fmt.Sprintf("op %d: extend %q with %d rows", op, stream, len(rows)))
+			}
+			if tc.kind == KindMemory {
+				// The middle of an extend: the rows about to be
+				// overwritten have left the index, the write count has
+				// not moved, so they are still inside the window.
+				wc := b.writeCount.Load()
+				b.wmu.Lock()
+				b.evictForWrite(wc, wc+5)
+				b.wmu.Unlock()
+				checkNextKnown(t, b, "mid-extend, after the eviction")
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
