@@ -20,6 +20,8 @@ type Trajectory struct {
 	ended     bool  // its last row carries done
 	pos       int   // position in index.list
 	lenPos    int   // position in its length bucket
+	filed     int   // the length it is filed under in index.byLen (0: not filed)
+	unsettled bool  // in index.unsettled
 }
 
 // ID returns the trajectory id.
@@ -52,6 +54,10 @@ type index struct {
 	tails int64         // live rows that carry a final observation
 	open  int           // open trajectories
 	byLen *lenIndex
+	// unsettled are the trajectories whose length changed since byLen last
+	// filed them. A batch of rows moves each trajectory once (settle), not
+	// once per row: refiling is a Fenwick update of the length buckets.
+	unsettled []*Trajectory
 	// versions counts live rows by policy version (kept by the write
 	// path, rebuilt after recovery).
 	versions versionCounts
@@ -71,6 +77,7 @@ func (ix *index) init(capacity int64) {
 	ix.list = nil
 	ix.rows, ix.tails, ix.open = 0, 0, 0
 	ix.byLen = &lenIndex{}
+	ix.unsettled = nil
 	ix.versions.init()
 	ix.known = slotBits{}
 	ix.capacity = capacity
@@ -91,7 +98,7 @@ func (ix *index) add(id, step, seq int64, done, hasTail bool) error {
 	}
 	ix.known.put(seq%ix.capacity, done && hasTail)
 	t.seqs = append(t.seqs, seq)
-	ix.byLen.moved(t, t.Len()-1)
+	ix.lengthChanged(t)
 	ix.rows++
 	if hasTail {
 		ix.tails++
@@ -101,6 +108,26 @@ func (ix *index) add(id, step, seq int64, done, hasTail bool) error {
 		ix.setClosed(t)
 	}
 	return nil
+}
+
+func (ix *index) lengthChanged(t *Trajectory) {
+	if !t.unsettled {
+		t.unsettled = true
+		ix.unsettled = append(ix.unsettled, t)
+	}
+}
+
+// settle files every trajectory whose length changed under its new length
+// (a trajectory with no live row left leaves byLen). Every writer calls it
+// before it lets go of the index lock.
+func (ix *index) settle() {
+	for i, t := range ix.unsettled {
+		ix.byLen.moved(t, t.filed)
+		t.filed = t.Len()
+		t.unsettled = false
+		ix.unsettled[i] = nil
+	}
+	ix.unsettled = ix.unsettled[:0]
 }
 
 func (ix *index) setClosed(t *Trajectory) {
@@ -119,7 +146,7 @@ func (ix *index) evict(id, seq int64, hasTail bool) error {
 	ix.known.put(seq%ix.capacity, false)
 	t.head++
 	t.firstStep++
-	ix.byLen.moved(t, t.Len()+1)
+	ix.lengthChanged(t)
 	ix.rows--
 	if hasTail {
 		ix.tails--
@@ -180,11 +207,25 @@ func (v Index) Trajectory(i int) *Trajectory { return v.ix.list[i] }
 func (v Index) ByID(id int64) *Trajectory { return v.ix.byID[id] }
 
 // CountAtLeast returns how many trajectories have at least n live rows.
-func (v Index) CountAtLeast(n int) int { return v.ix.byLen.countAtLeast(n) }
+func (v Index) CountAtLeast(n int) int {
+	v.ix.mustBeSettled()
+	return v.ix.byLen.countAtLeast(n)
+}
 
 // PickAtLeast draws a trajectory uniformly among those with at least n live
 // rows in O(log) time, or returns nil when there is none.
-func (v Index) PickAtLeast(n int, rng *rand.Rand) *Trajectory { return v.ix.byLen.pickAtLeast(n, rng) }
+func (v Index) PickAtLeast(n int, rng *rand.Rand) *Trajectory {
+	v.ix.mustBeSettled()
+	return v.ix.byLen.pickAtLeast(n, rng)
+}
+
+// mustBeSettled catches a write path that forgot settle: byLen would give
+// wrong trajectories, silently.
+func (ix *index) mustBeSettled() {
+	if len(ix.unsettled) > 0 {
+		panic(fmt.Sprintf("rbd: trajectory length index read with %d trajectories unsettled", len(ix.unsettled)))
+	}
+}
 
 // LiveRows returns the number of live rows.
 func (v Index) LiveRows() int64 { return v.ix.rows }

@@ -23,9 +23,10 @@ func nextKnownFromRow(v Index, seq int64, compact bool) bool {
 	}
 }
 
-// checkNextKnown compares Index.NextKnown with the reference for every seq
-// of the window and a few on each side of it.
-func checkNextKnown(t *testing.T, b *Buffer, when string) {
+// checkIndex compares Index.NextKnown with the reference for every seq of
+// the window and a few on each side of it, and the length buckets with a
+// count over the trajectories.
+func checkIndex(t *testing.T, b *Buffer, when string) {
 	t.Helper()
 	err := b.ReadIndex(func(v Index) {
 		lo, hi := v.Window()
@@ -39,17 +40,38 @@ func checkNextKnown(t *testing.T, b *Buffer, when string) {
 				t.Fatalf("%s: Live(%d) = %v, want %v", when, seq, got, want)
 			}
 		}
+		longest := 0
+		for i := range v.NumTrajectories() {
+			longest = max(longest, v.Trajectory(i).Len())
+		}
+		rng := rand.New(rand.NewPCG(1, 1))
+		for n := 1; n <= longest+1; n++ {
+			want := 0
+			for i := range v.NumTrajectories() {
+				if v.Trajectory(i).Len() >= n {
+					want++
+				}
+			}
+			if got := v.CountAtLeast(n); got != want {
+				t.Fatalf("%s: CountAtLeast(%d) = %d, trajectories say %d", when, n, got, want)
+			}
+			tr := v.PickAtLeast(n, rng)
+			if (tr == nil) != (want == 0) || (tr != nil && (tr.Len() < n || v.ByID(tr.ID()) != tr)) {
+				t.Fatalf("%s: PickAtLeast(%d) = %v with %d qualifying", when, n, tr, want)
+			}
+		}
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 }
 
-// TestNextKnownMatchesRows drives random interleaved writes (several
+// TestIndexMatchesRows drives random interleaved writes (several
 // streams and envs, done rows with and without final observations, stream
 // closes, anonymous extends, ring overwrites, a reopen) and checks after
-// every step that the index's next-known bits say what the rows say.
-func TestNextKnownMatchesRows(t *testing.T) {
+// every step that the index's next-known bits say what the rows say and
+// that its length buckets hold every trajectory under its live length.
+func TestIndexMatchesRows(t *testing.T) {
 	cases := []struct {
 		kind     Kind
 		capacity int64
@@ -80,14 +102,14 @@ func TestNextKnownMatchesRows(t *testing.T) {
 					if b, err = s.Buffer("b"); err != nil {
 						t.Fatal(err)
 					}
-					checkNextKnown(t, b, "after reopen")
+					checkIndex(t, b, "after reopen")
 				}
 				stream := streams[rng.IntN(len(streams))]
 				if stream != "" && rng.IntN(10) == 0 {
 					if _, err := b.CloseStream(stream); err != nil {
 						t.Fatal(err)
 					}
-					checkNextKnown(t, b, fmt.Sprintf("op %d: close %q", op, stream))
+					checkIndex(t, b, fmt.Sprintf("op %d: close %q", op, stream))
 					continue
 				}
 				rows := make([]row, 1+rng.IntN(12))
@@ -102,7 +124,7 @@ func TestNextKnownMatchesRows(t *testing.T) {
 					}
 				}
 				mustExtend(t, b, stream, makeBatch(spec, rows, rng.IntN(3) != 0))
-				checkNextKnown(t, b, fmt.Sprintf("op %d: extend %q with %d rows", op, stream, len(rows)))
+				checkIndex(t, b, fmt.Sprintf("op %d: extend %q with %d rows", op, stream, len(rows)))
 			}
 			if tc.kind == KindMemory {
 				// The middle of an extend: the rows about to be
@@ -112,7 +134,7 @@ func TestNextKnownMatchesRows(t *testing.T) {
 				b.wmu.Lock()
 				b.evictForWrite(wc, wc+5)
 				b.wmu.Unlock()
-				checkNextKnown(t, b, "mid-extend, after the eviction")
+				checkIndex(t, b, "mid-extend, after the eviction")
 			}
 			if err := s.Close(); err != nil {
 				t.Fatal(err)

@@ -283,6 +283,7 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		}
 		b.cs.finishLoad(continued)
 	}
+	b.ix.settle()
 	for _, t := range b.ix.list {
 		// Next to a running server the writer has not stopped: its open
 		// trajectories stay open.

@@ -393,6 +393,7 @@ func (b *Buffer) evictForWrite(first, end int64) {
 	capacity := b.capacity
 	b.imu.Lock()
 	defer b.imu.Unlock()
+	defer b.ix.settle()
 	var run versionRun
 	defer run.done(b.ix.versions.remove)
 	for s := max(0, first-capacity); s < end-capacity; s++ {
@@ -400,7 +401,10 @@ func (b *Buffer) evictForWrite(first, end int64) {
 		if b.stamps.Load(slot) != s {
 			continue // a hole
 		}
-		r, _ := decodeRecord(b.rec(slot))
+		// No checksum: an indexed row's record was checked when it was
+		// written or recovered, and only writers (we hold wmu) change it.
+		var r record
+		readRecord(b.rec(slot), &r)
 		if err := b.ix.evict(r.TrajID, s, r.Flags&flagHasTail != 0); err != nil {
 			panic(fmt.Sprintf("rbd: buffer %q index out of step with rows: %v", b.name, err))
 		}
@@ -419,6 +423,7 @@ func (b *Buffer) evictForWrite(first, end int64) {
 func (b *Buffer) publish(recs []record, first, written, end int64, stream string, envs map[int64]*streamPos) map[int64]*streamPos {
 	b.imu.Lock()
 	defer b.imu.Unlock()
+	defer b.ix.settle()
 	var run versionRun
 	defer run.done(b.ix.versions.add)
 	for s := written; s < end; s++ {
