@@ -27,14 +27,32 @@ type column struct {
 	// cz is the column's index among the compressed fields of a
 	// compressed buffer (its bytes live in chunks, not in data), or -1.
 	cz     int
-	region *mmapfile.Region
-	data   []byte // capacity*rowBytes, after the header for files
+	region *mmapfile.Region // nil for a column in the buffer's row group
+	data   []byte           // capacity*rowBytes, after the header for files
+	// stride is the distance in data from one row to the next. Zero means
+	// rowBytes (one column after another); a memory buffer's small fields
+	// share rows instead (see interleaveSmallFields), so stride is the
+	// group's row size and data starts at the column's offset in it.
+	stride int64
 }
 
 func (c *column) row(slot int64) []byte {
-	off := slot * int64(c.rowBytes)
+	off := slot * c.pitch()
 	return c.data[off : off+int64(c.rowBytes)]
 }
+
+func (c *column) pitch() int64 {
+	if c.stride != 0 {
+		return c.stride
+	}
+	return int64(c.rowBytes)
+}
+
+// rowGroupMaxField is the largest field a memory buffer interleaves with
+// the others: a gather of a few-dozen-byte row then costs one or two cache
+// misses for every field together instead of one per field. Larger fields
+// (images) stay in their own column, where a row is one long copy.
+const rowGroupMaxField = 128
 
 // Buffer is a named ring of rows with a schema, trajectory links and an
 // index of live trajectories. All methods are safe for concurrent use.
@@ -53,11 +71,12 @@ type Buffer struct {
 	tailOf     map[string]int
 	colOf      map[string]int
 	meta       *mmapfile.Region
-	hdr        []byte // meta header (nil for memory buffers)
-	recs       []byte // capacity records
-	doneCol    int    // index of next.done in cols
-	termCol    int    // index of next.terminated, -1 if absent
-	truncCol   int    // index of next.truncated, -1 if absent
+	group      *mmapfile.Region // the small fields of a memory buffer, row-major (nil: none)
+	hdr        []byte           // meta header (nil for memory buffers)
+	recs       []byte           // capacity records
+	doneCol    int              // index of next.done in cols
+	termCol    int              // index of next.terminated, -1 if absent
+	truncCol   int              // index of next.truncated, -1 if absent
 
 	// stamps holds the seq of the complete row in each slot (see
 	// stampTable): readers use it as a seqlock, so they never return a torn
@@ -261,7 +280,13 @@ func (b *Buffer) mapMemory() (retErr error) {
 			retErr = errors.Join(retErr, b.unmap())
 		}
 	}()
+	if err := b.interleaveSmallFields(false); err != nil {
+		return err
+	}
 	for _, c := range b.allColumns() {
+		if c.stride != 0 {
+			continue // in the row group
+		}
 		r, err := mmapfile.Anonymous(b.capacity * int64(c.rowBytes))
 		if err != nil {
 			return fmt.Errorf("buffer %q field %q: %w", b.name, c.name, err)
@@ -399,12 +424,77 @@ func equalInts(a, b []int) bool {
 	return true
 }
 
+// smallFields are the fields a memory buffer lays out row-major
+// together: every field of at most rowGroupMaxField bytes a row, when
+// there are at least two (tails and priorities keep their own columns).
+func (b *Buffer) smallFields() []*column {
+	if b.spec.Storage != KindMemory {
+		return nil
+	}
+	var out []*column
+	for _, c := range b.cols {
+		if c.cz < 0 && c.rowBytes <= rowGroupMaxField {
+			out = append(out, c)
+		}
+	}
+	if len(out) < 2 {
+		return nil
+	}
+	return out
+}
+
+// interleaveSmallFields gives a memory buffer's small fields one
+// anonymous region, row after row, each field at its offset in the row.
+// With copyOld, each field's bytes move there from its own region (a
+// buffer restored from a checkpoint), which is then released. Column-major
+// storage makes a 256-row gather of CartPole rows touch six cache lines a
+// row; row-major, one.
+func (b *Buffer) interleaveSmallFields(copyOld bool) error {
+	group := b.smallFields()
+	if len(group) == 0 {
+		return nil
+	}
+	var size int64
+	for _, c := range group {
+		size += int64(c.rowBytes)
+	}
+	r, err := mmapfile.Anonymous(b.capacity * size)
+	if err != nil {
+		return fmt.Errorf("buffer %q row group: %w", b.name, err)
+	}
+	var off int64
+	var errs []error
+	for _, c := range group {
+		data := r.Bytes()[off:]
+		if copyOld {
+			rb := int64(c.rowBytes)
+			for slot := range b.capacity {
+				copy(data[slot*size:slot*size+rb], c.data[slot*rb:(slot+1)*rb])
+			}
+			errs = append(errs, c.region.Close())
+		}
+		c.region, c.data, c.stride = nil, data, size
+		off += int64(c.rowBytes)
+	}
+	b.group = r
+	return errors.Join(errs...)
+}
+
 func (b *Buffer) unmap() error {
 	var errs []error
 	for _, c := range b.allColumns() {
 		if c.region != nil {
 			errs = append(errs, c.region.Close())
 			c.region, c.data = nil, nil
+		}
+	}
+	if b.group != nil {
+		errs = append(errs, b.group.Close())
+		b.group = nil
+		for _, c := range b.cols {
+			if c.stride != 0 {
+				c.data, c.stride = nil, 0
+			}
 		}
 	}
 	if b.meta != nil {

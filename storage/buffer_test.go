@@ -339,3 +339,73 @@ func TestDeleteBuffer(t *testing.T) {
 		}
 	})
 }
+
+// TestMemoryRowGroup checks which fields a memory buffer lays out row-major
+// together, and that rows read back whole from that layout.
+func TestMemoryRowGroup(t *testing.T) {
+	image := Field{Name: "pixels", DType: Uint8, Shape: []int{84, 84, 4}}
+	cases := []struct {
+		name    string
+		kind    Kind
+		extra   []Field
+		grouped []string // fields in the group; the rest have their own column
+		pitch   int64
+	}{
+		{"cartpole", KindMemory, nil, []string{"observation", "action", "next.reward", "next.done", "next.terminated", "next.truncated"}, 16 + 8 + 4 + 3},
+		{"image stays a column", KindMemory, []Field{image}, []string{"observation", "action", "next.reward", "next.done", "next.terminated", "next.truncated"}, 16 + 8 + 4 + 3},
+		{"memmap keeps columns", KindMemmap, nil, nil, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openStore(t, t.TempDir())
+			defer s.Close()
+			spec := testSpec(tc.kind, 50, true)
+			spec.Fields = append(spec.Fields, tc.extra...)
+			b := mustCreate(t, s, "b", spec)
+			for _, c := range b.cols {
+				want := int64(0)
+				if slices.Contains(tc.grouped, c.name) {
+					want = tc.pitch
+				}
+				if c.stride != want {
+					t.Errorf("field %q: stride %d, want %d", c.name, c.stride, want)
+				}
+			}
+			if (b.group != nil) != (len(tc.grouped) > 0) {
+				t.Errorf("row group region %v, want one: %v", b.group != nil, len(tc.grouped) > 0)
+			}
+			rows := make([]row, 60) // the ring wraps
+			for i := range rows {
+				rows[i] = row{env: int64(i % 3), val: float32(10 * i), terminated: i%7 == 6}
+			}
+			batch := makeBatch(spec, rows, true)
+			for _, f := range tc.extra {
+				batch.Fields[f.Name] = make([]byte, 60*f.RowBytes())
+				for i := range 60 {
+					batch.Fields[f.Name][i*f.RowBytes()] = byte(i)
+				}
+			}
+			mustExtend(t, b, "", batch)
+			seqs := []int64{10, 59, 33, 10, 5}
+			cols := make([]Column, 0, len(b.cols))
+			dst := make([][]byte, 0, len(b.cols))
+			for _, c := range b.cols {
+				col, _ := b.Column(c.name)
+				cols = append(cols, col)
+				dst = append(dst, make([]byte, len(seqs)*col.RowBytes))
+			}
+			missing, err := b.Gather(seqs, cols, dst, nil)
+			if err != nil || !slices.Equal(missing, []int{4}) {
+				t.Fatalf("gather: missing %v, %v (want [4]: seq 5 was overwritten)", missing, err)
+			}
+			for j, seq := range seqs[:4] {
+				for i, c := range cols {
+					got := dst[i][j*c.RowBytes : (j+1)*c.RowBytes]
+					if want := batch.Fields[c.Name][int(seq)*c.RowBytes : int(seq+1)*c.RowBytes]; !slices.Equal(got, want) {
+						t.Errorf("seq %d field %q = %v, want %v", seq, c.Name, got[:min(8, len(got))], want[:min(8, len(want))])
+					}
+				}
+			}
+		})
+	}
+}

@@ -291,7 +291,17 @@ func (cp *rowCopier) copyBlock(lo, hi int64) (kept, overwritten int64, err error
 	bufs := make([][]byte, len(cp.cols)+1)
 	for i, c := range cp.cols {
 		rb := int64(c.rowBytes)
-		copyCol := func() { bufs[i] = append(bufs[i][:0], c.data[s0*rb:(s0+n)*rb]...) }
+		copyCol := func() {
+			if pitch := c.pitch(); pitch != rb {
+				// A row-group field: checkpoint files hold columns.
+				bufs[i] = bufs[i][:0]
+				for slot := s0; slot < s0+n; slot++ {
+					bufs[i] = append(bufs[i], c.data[slot*pitch:slot*pitch+rb]...)
+				}
+				return
+			}
+			bufs[i] = append(bufs[i][:0], c.data[s0*rb:(s0+n)*rb]...)
+		}
 		if c.field.Mutable {
 			b.readMutable(copyCol)
 		} else {
@@ -502,7 +512,7 @@ func (b *Buffer) moveToMemory() error {
 		return err
 	}
 	b.meta, b.recs = r, recs
-	return nil
+	return b.interleaveSmallFields(true)
 }
 
 // dropRestoredFiles deletes the checkpoint files of memory buffers loaded

@@ -197,7 +197,7 @@ func readRecord(rb []byte, rec *record) {
 // Small fixed widths get their own loops: a memmove call per 4-byte value
 // costs more than the copy.
 func gatherColumn(dst []byte, c Column, slots []int64, recs []record) {
-	data, rb := c.c.data, c.RowBytes
+	data, rb, pitch := c.c.data, c.RowBytes, c.c.pitch()
 	le := binary.LittleEndian
 	for j, slot := range slots {
 		if slot < 0 {
@@ -207,18 +207,18 @@ func gatherColumn(dst []byte, c Column, slots []int64, recs []record) {
 			clear(dst[j*rb : (j+1)*rb])
 			continue
 		}
+		off := slot * pitch
 		switch rb {
 		case 1:
-			dst[j] = data[slot]
+			dst[j] = data[off]
 		case 4:
-			le.PutUint32(dst[4*j:], le.Uint32(data[4*slot:]))
+			le.PutUint32(dst[4*j:], le.Uint32(data[off:]))
 		case 8:
-			le.PutUint64(dst[8*j:], le.Uint64(data[8*slot:]))
+			le.PutUint64(dst[8*j:], le.Uint64(data[off:]))
 		case 16:
-			le.PutUint64(dst[16*j:], le.Uint64(data[16*slot:]))
-			le.PutUint64(dst[16*j+8:], le.Uint64(data[16*slot+8:]))
+			le.PutUint64(dst[16*j:], le.Uint64(data[off:]))
+			le.PutUint64(dst[16*j+8:], le.Uint64(data[off+8:]))
 		default:
-			off := slot * int64(rb)
 			copy(dst[j*rb:(j+1)*rb], data[off:off+int64(rb)])
 		}
 	}
