@@ -71,9 +71,10 @@ type Buffer struct {
 	tailOf     map[string]int
 	colOf      map[string]int
 	meta       *mmapfile.Region
-	group      *mmapfile.Region // the small fields of a memory buffer, row-major (nil: none)
+	group      *mmapfile.Region // a memory buffer's records and small fields, row-major (nil: none)
 	hdr        []byte           // meta header (nil for memory buffers)
-	recs       []byte           // capacity records
+	recs       []byte           // capacity records, recPitch bytes apart
+	recPitch   int64            // recordSize, or the row group's row size
 	doneCol    int              // index of next.done in cols
 	termCol    int              // index of next.terminated, -1 if absent
 	truncCol   int              // index of next.truncated, -1 if absent
@@ -206,6 +207,7 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) (*Buffer, error) {
 		log:        s.log.With("buffer", name),
 		persistent: spec.Storage != KindMemory,
 		capacity:   spec.Capacity,
+		recPitch:   recordSize,
 		tailOf:     map[string]int{},
 		colOf:      map[string]int{},
 		termCol:    -1,
@@ -273,7 +275,8 @@ func (b *Buffer) allColumns() []*column {
 	return out
 }
 
-// mapMemory allocates anonymous regions for a memory buffer.
+// mapMemory allocates anonymous regions for a memory buffer: the row group
+// (records and small fields) and a column for each other field.
 func (b *Buffer) mapMemory() (retErr error) {
 	defer func() {
 		if retErr != nil {
@@ -293,11 +296,6 @@ func (b *Buffer) mapMemory() (retErr error) {
 		}
 		c.region, c.data = r, r.Bytes()
 	}
-	r, err := mmapfile.Anonymous(b.capacity * recordSize)
-	if err != nil {
-		return fmt.Errorf("buffer %q row metadata: %w", b.name, err)
-	}
-	b.meta, b.recs = r, r.Bytes()
 	return nil
 }
 
@@ -424,56 +422,55 @@ func equalInts(a, b []int) bool {
 	return true
 }
 
-// smallFields are the fields a memory buffer lays out row-major
-// together: every field of at most rowGroupMaxField bytes a row, when
-// there are at least two (tails and priorities keep their own columns).
+// smallFields are the fields a memory buffer keeps in its row group:
+// every field of at most rowGroupMaxField bytes a row (tails and
+// priorities keep their own columns).
 func (b *Buffer) smallFields() []*column {
-	if b.spec.Storage != KindMemory {
-		return nil
-	}
 	var out []*column
 	for _, c := range b.cols {
 		if c.cz < 0 && c.rowBytes <= rowGroupMaxField {
 			out = append(out, c)
 		}
 	}
-	if len(out) < 2 {
-		return nil
-	}
 	return out
 }
 
-// interleaveSmallFields gives a memory buffer's small fields one
-// anonymous region, row after row, each field at its offset in the row.
-// With copyOld, each field's bytes move there from its own region (a
-// buffer restored from a checkpoint), which is then released. Column-major
-// storage makes a 256-row gather of CartPole rows touch six cache lines a
-// row; row-major, one.
+// interleaveSmallFields gives a memory buffer one anonymous region for its
+// row records and small fields, row after row: the 64-byte record, then
+// each small field at its offset. A sample reads a row's record (trajectory,
+// step, flags) and then its fields; row-major, those are adjacent cache
+// lines instead of one line in each of seven regions for a CartPole row.
+// With copyOld, the records and fields move there from their own regions
+// (a buffer restored from a checkpoint), which are then released.
 func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 	group := b.smallFields()
-	if len(group) == 0 {
-		return nil
-	}
-	var size int64
+	pitch := int64(recordSize)
 	for _, c := range group {
-		size += int64(c.rowBytes)
+		pitch += int64(c.rowBytes)
 	}
-	r, err := mmapfile.Anonymous(b.capacity * size)
+	r, err := mmapfile.Anonymous(b.capacity * pitch)
 	if err != nil {
 		return fmt.Errorf("buffer %q row group: %w", b.name, err)
 	}
-	var off int64
 	var errs []error
+	move := func(dst, src []byte, rb int64) {
+		for slot := range b.capacity {
+			copy(dst[slot*pitch:slot*pitch+rb], src[slot*rb:(slot+1)*rb])
+		}
+	}
+	if copyOld {
+		move(r.Bytes(), b.recs, recordSize)
+		errs = append(errs, b.meta.Close())
+	}
+	b.meta, b.recs, b.recPitch = nil, r.Bytes(), pitch
+	off := int64(recordSize)
 	for _, c := range group {
 		data := r.Bytes()[off:]
 		if copyOld {
-			rb := int64(c.rowBytes)
-			for slot := range b.capacity {
-				copy(data[slot*size:slot*size+rb], c.data[slot*rb:(slot+1)*rb])
-			}
+			move(data, c.data, int64(c.rowBytes))
 			errs = append(errs, c.region.Close())
 		}
-		c.region, c.data, c.stride = nil, data, size
+		c.region, c.data, c.stride = nil, data, pitch
 		off += int64(c.rowBytes)
 	}
 	b.group = r
@@ -490,7 +487,7 @@ func (b *Buffer) unmap() error {
 	}
 	if b.group != nil {
 		errs = append(errs, b.group.Close())
-		b.group = nil
+		b.group, b.recs, b.recPitch = nil, nil, recordSize
 		for _, c := range b.cols {
 			if c.stride != 0 {
 				c.data, c.stride = nil, 0
@@ -508,7 +505,8 @@ func (b *Buffer) unmap() error {
 }
 
 func (b *Buffer) rec(slot int64) []byte {
-	return b.recs[slot*recordSize : (slot+1)*recordSize]
+	off := slot * b.recPitch
+	return b.recs[off : off+recordSize]
 }
 
 func syncDir(dir string) error {

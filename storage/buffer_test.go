@@ -341,7 +341,8 @@ func TestDeleteBuffer(t *testing.T) {
 }
 
 // TestMemoryRowGroup checks which fields a memory buffer lays out row-major
-// together, and that rows read back whole from that layout.
+// with its records, and that rows and their metadata read back whole from
+// that layout.
 func TestMemoryRowGroup(t *testing.T) {
 	image := Field{Name: "pixels", DType: Uint8, Shape: []int{84, 84, 4}}
 	cases := []struct {
@@ -351,8 +352,8 @@ func TestMemoryRowGroup(t *testing.T) {
 		grouped []string // fields in the group; the rest have their own column
 		pitch   int64
 	}{
-		{"cartpole", KindMemory, nil, []string{"observation", "action", "next.reward", "next.done", "next.terminated", "next.truncated"}, 16 + 8 + 4 + 3},
-		{"image stays a column", KindMemory, []Field{image}, []string{"observation", "action", "next.reward", "next.done", "next.terminated", "next.truncated"}, 16 + 8 + 4 + 3},
+		{"cartpole", KindMemory, nil, []string{"observation", "action", "next.reward", "next.done", "next.terminated", "next.truncated"}, recordSize + 16 + 8 + 4 + 3},
+		{"image stays a column", KindMemory, []Field{image}, []string{"observation", "action", "next.reward", "next.done", "next.terminated", "next.truncated"}, recordSize + 16 + 8 + 4 + 3},
 		{"memmap keeps columns", KindMemmap, nil, nil, 0},
 	}
 	for _, tc := range cases {
@@ -374,6 +375,9 @@ func TestMemoryRowGroup(t *testing.T) {
 			if (b.group != nil) != (len(tc.grouped) > 0) {
 				t.Errorf("row group region %v, want one: %v", b.group != nil, len(tc.grouped) > 0)
 			}
+			if want := max(tc.pitch, recordSize); b.recPitch != want {
+				t.Errorf("records %d bytes apart, want %d", b.recPitch, want)
+			}
 			rows := make([]row, 60) // the ring wraps
 			for i := range rows {
 				rows[i] = row{env: int64(i % 3), val: float32(10 * i), terminated: i%7 == 6}
@@ -394,11 +398,15 @@ func TestMemoryRowGroup(t *testing.T) {
 				cols = append(cols, col)
 				dst = append(dst, make([]byte, len(seqs)*col.RowBytes))
 			}
-			missing, err := b.Gather(seqs, cols, dst, nil)
+			meta := make([]RowMeta, len(seqs))
+			missing, err := b.Gather(seqs, cols, dst, meta)
 			if err != nil || !slices.Equal(missing, []int{4}) {
 				t.Fatalf("gather: missing %v, %v (want [4]: seq 5 was overwritten)", missing, err)
 			}
 			for j, seq := range seqs[:4] {
+				if m := meta[j]; m.Seq != seq || m.Env != seq%3 || m.Terminated != (seq%7 == 6) {
+					t.Errorf("seq %d: metadata %+v", seq, m)
+				}
 				for i, c := range cols {
 					got := dst[i][j*c.RowBytes : (j+1)*c.RowBytes]
 					if want := batch.Fields[c.Name][int(seq)*c.RowBytes : int(seq+1)*c.RowBytes]; !slices.Equal(got, want) {

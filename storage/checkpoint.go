@@ -308,7 +308,10 @@ func (cp *rowCopier) copyBlock(lo, hi int64) (kept, overwritten int64, err error
 			copyCol()
 		}
 	}
-	recs := append([]byte(nil), b.recs[s0*recordSize:(s0+n)*recordSize]...)
+	recs := make([]byte, 0, n*recordSize)
+	for slot := s0; slot < s0+n; slot++ {
+		recs = append(recs, b.rec(slot)...) // a memory buffer's are in its row group
+	}
 	bufs[len(cp.cols)] = recs
 	// Newest first: writers overwrite the block from its oldest row up, so
 	// once one row is found overwritten, every older one is (or is about
