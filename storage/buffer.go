@@ -440,8 +440,9 @@ func (b *Buffer) smallFields() []*column {
 // each small field at its offset. A sample reads a row's record (trajectory,
 // step, flags) and then its fields; row-major, those are adjacent cache
 // lines instead of one line in each of seven regions for a CartPole row.
-// With copyOld, the records and fields move there from their own regions
-// (a buffer restored from a checkpoint), which are then released.
+// With copyOld, the records and fields move there from the mappings they
+// are in (the files of a checkpoint being restored), which are then
+// closed.
 func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 	group := b.smallFields()
 	pitch := int64(recordSize)

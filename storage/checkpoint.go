@@ -493,29 +493,27 @@ func (s *Store) restoreMemory(b *Buffer, e catalogEntry) (*Buffer, int64, error)
 }
 
 // moveToMemory replaces every file mapping of the buffer by anonymous
-// memory holding the same bytes.
+// memory holding the same bytes: the records and small fields go straight
+// into the row group, every other column into a region of its own.
 func (b *Buffer) moveToMemory() error {
-	move := func(r *mmapfile.Region, data []byte) (*mmapfile.Region, []byte, error) {
-		anon, err := mmapfile.Anonymous(int64(len(data)))
-		if err != nil {
-			return nil, nil, err
-		}
-		copy(anon.Bytes(), data)
-		return anon, anon.Bytes(), r.Close()
+	if err := b.interleaveSmallFields(true); err != nil {
+		return err
 	}
 	for _, c := range b.allColumns() {
-		r, data, err := move(c.region, c.data)
+		if c.stride != 0 {
+			continue // in the row group
+		}
+		anon, err := mmapfile.Anonymous(int64(len(c.data)))
 		if err != nil {
 			return err
 		}
-		c.region, c.data = r, data
+		copy(anon.Bytes(), c.data)
+		if err := c.region.Close(); err != nil {
+			return errors.Join(err, anon.Close())
+		}
+		c.region, c.data = anon, anon.Bytes()
 	}
-	r, recs, err := move(b.meta, b.recs)
-	if err != nil {
-		return err
-	}
-	b.meta, b.recs = r, recs
-	return b.interleaveSmallFields(true)
+	return nil
 }
 
 // dropRestoredFiles deletes the checkpoint files of memory buffers loaded
