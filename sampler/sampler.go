@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 
 	"github.com/rbdb/rbd/sampler/internal/perm"
@@ -181,6 +182,17 @@ func drawUniform(ix storage.Index, p Params, rng *rand.Rand) (*Selection, error)
 }
 
 func eligibleRows(ix storage.Index, p Params) []int64 {
+	if p.NextKnown {
+		// The index lists them from its bits; only Eligible reads rows.
+		all := ix.AppendNextKnown(nil)
+		if p.Eligible == nil {
+			return all
+		}
+		return slices.DeleteFunc(all, func(seq int64) bool {
+			m, ok := ix.Row(seq)
+			return !ok || !p.Eligible(ix, m)
+		})
+	}
 	lo, hi := ix.Window()
 	var out []int64
 	for seq := lo; seq < hi; seq++ {

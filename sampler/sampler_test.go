@@ -9,6 +9,7 @@ package sampler
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -402,5 +403,75 @@ func TestDrawEmpty(t *testing.T) {
 		if _, err := draw(t, b, NewState(), p, rand.New(rand.NewPCG(1, 1))); !errors.Is(err, ErrNotReady) {
 			t.Errorf("%s on an empty buffer: %v, want ErrNotReady", kind, err)
 		}
+	}
+}
+
+// With NextKnown, the exact fallback lists the eligible rows from the
+// index's bits: in a ring where one row in 200 has a known next observation
+// (one-row trajectories, most of them cut: the rejection budget runs out on
+// every draw), uniform and prioritized draws
+// return only those rows, uniformly (every priority is the initial one), and
+// an Eligible filter on top keeps only the rows it admits.
+func TestNextKnownFallbackDistribution(t *testing.T) {
+	const capacity, every = 5000, 200
+	b := newCompactBuffer(t, capacity, true)
+	fillSparse(t, b, 2*capacity, every) // the ring wraps
+	var elig, even []int64
+	if err := b.ReadIndex(func(ix storage.Index) {
+		lo, hi := ix.Window()
+		for s := lo; s < hi; s++ {
+			if m, ok := ix.Row(s); ok && m.Done && m.HasTail {
+				elig = append(elig, s)
+				if s%400 == 0 {
+					even = append(even, s)
+				}
+			}
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(elig) != capacity/every {
+		t.Fatalf("%d eligible rows, want %d", len(elig), capacity/every)
+	}
+	every400 := func(_ storage.Index, m storage.RowMeta) bool { return m.Seq%400 == 0 }
+	cases := []struct {
+		kind     string
+		eligible func(storage.Index, storage.RowMeta) bool
+		want     []int64
+	}{
+		{Uniform, nil, elig},
+		{Prioritized, nil, elig},
+		{Uniform, every400, even},
+		{Prioritized, every400, even},
+	}
+	rng := rand.New(rand.NewPCG(9, 9))
+	for _, tc := range cases {
+		pos := map[int64]int{}
+		for i, s := range tc.want {
+			pos[s] = i
+		}
+		counts := make([]float64, len(tc.want))
+		const draws, B = 40, 250
+		for range draws {
+			sel, err := draw(t, b, NewState(), Params{Kind: tc.kind, BatchSize: B, Beta: 0.4, NextKnown: true, Eligible: tc.eligible}, rng)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(sel.Seqs) != B {
+				t.Fatalf("%s: %d rows, want %d", tc.kind, len(sel.Seqs), B)
+			}
+			for _, s := range sel.Seqs {
+				k, ok := pos[s]
+				if !ok {
+					t.Fatalf("%s (filter %v): seq %d is not eligible", tc.kind, tc.eligible != nil, s)
+				}
+				counts[k]++
+			}
+		}
+		exp := make([]float64, len(tc.want))
+		for i := range exp {
+			exp[i] = draws * B / float64(len(tc.want))
+		}
+		chi2(t, fmt.Sprintf("%s, NextKnown fallback, filter %v", tc.kind, tc.eligible != nil), counts, exp)
 	}
 }

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"fmt"
+	"math/bits"
 	"math/rand/v2"
 )
 
@@ -288,6 +289,32 @@ func (v Index) NextKnown(seq int64) bool {
 	return seq >= lo && seq < hi && v.ix.known.get(seq%v.ix.capacity)
 }
 
+// AppendNextKnown appends to dst, in seq order, every seq for which
+// NextKnown is true. In a compact_obs buffer it reads the index's bits a
+// 64-slot word at a time, so listing the few eligible rows of a mostly
+// ineligible ring costs capacity/64 word reads, not a record per row.
+func (v Index) AppendNextKnown(dst []int64) []int64 {
+	lo, hi := v.Window()
+	if !v.b.spec.CompactObs {
+		for seq := lo; seq < hi; seq++ {
+			if v.Live(seq) {
+				dst = append(dst, seq)
+			}
+		}
+		return dst
+	}
+	c := v.ix.capacity
+	for seq := lo; seq < hi; {
+		// The window's seqs run from slot lo%c to the ring's end, then
+		// wrap to slot 0.
+		slot := seq % c
+		n := min(hi-seq, c-slot)
+		dst = v.ix.known.appendSet(dst, slot, slot+n, seq-slot)
+		seq += n
+	}
+	return dst
+}
+
 // Window returns the live seq range [lo, hi): hi is the write count.
 func (v Index) Window() (lo, hi int64) {
 	hi = v.b.writeCount.Load()
@@ -328,6 +355,25 @@ func (s *slotBits) get(slot int64) bool {
 }
 
 func (s *slotBits) set(slot int64) { s.put(slot, true) }
+
+// appendSet appends base+slot for every set slot in [from, to).
+func (s *slotBits) appendSet(dst []int64, from, to, base int64) []int64 {
+	to = min(to, int64(len(s.words))*64)
+	for w := from >> 6; w<<6 < to; w++ {
+		word := s.words[w]
+		if lo := w << 6; lo < from {
+			word &^= 1<<(from-lo) - 1
+		}
+		if hi := (w + 1) << 6; hi > to {
+			word &= 1<<(64-(hi-to)) - 1
+		}
+		for word != 0 {
+			dst = append(dst, base+w<<6+int64(bits.TrailingZeros64(word)))
+			word &= word - 1
+		}
+	}
+	return dst
+}
 
 func (s *slotBits) put(slot int64, on bool) {
 	w := int(slot >> 6)

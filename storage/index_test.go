@@ -3,6 +3,7 @@ package storage
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -30,6 +31,15 @@ func checkIndex(t *testing.T, b *Buffer, when string) {
 	t.Helper()
 	err := b.ReadIndex(func(v Index) {
 		lo, hi := v.Window()
+		var known []int64
+		for seq := lo; seq < hi; seq++ {
+			if v.NextKnown(seq) {
+				known = append(known, seq)
+			}
+		}
+		if got := v.AppendNextKnown([]int64{-7}); !slices.Equal(got, append([]int64{-7}, known...)) {
+			t.Fatalf("%s: AppendNextKnown = %v, want %v", when, got, known)
+		}
 		for seq := lo - 3; seq < hi+3; seq++ {
 			want := nextKnownFromRow(v, seq, b.spec.CompactObs)
 			if got := v.NextKnown(seq); got != want {
