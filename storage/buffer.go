@@ -110,6 +110,7 @@ type Buffer struct {
 	streamUsed map[string]time.Time            // last extend of each stream in streams, guarded by wmu
 	seqRes     atomic.Int64                    // seqs below this may have been handed out; written with wmu and catMu held
 	recScratch [recordSize]byte                // a record being built, guarded by wmu
+	recBatch   []record                        // the records of the extend being written (batchRecords), guarded by wmu
 
 	// imu guards the trajectory index. Writers hold it only to evict and to
 	// publish rows, never while copying bytes.

@@ -324,7 +324,7 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	if err != nil {
 		return ExtendResult{}, err
 	}
-	recs := make([]record, p.n)
+	recs := b.batchRecords(p.n)
 	for r := 0; r < p.n; r++ {
 		e := p.envAt(r)
 		seq := first + int64(r)
@@ -449,6 +449,21 @@ func (b *Buffer) publish(recs []record, first, written, end int64, stream string
 	}
 	b.writeCount.Store(end)
 	return envs
+}
+
+// batchRecords returns room for the records of an extend of n rows (every
+// one is assigned before use). Batches of usual sizes reuse one slice, so
+// an extend allocates no 64 bytes a row; a rare huge batch gets its own,
+// which is not kept. Called with wmu held.
+func (b *Buffer) batchRecords(n int) []record {
+	const keep = 1 << 14 // rows: 1 MiB of records at most stays allocated
+	if n > keep {
+		return make([]record, n)
+	}
+	if cap(b.recBatch) < n {
+		b.recBatch = make([]record, n, max(n, 256))
+	}
+	return b.recBatch[:n]
 }
 
 func (p *plan) versionAt(r int) int64 {
