@@ -2,6 +2,7 @@ package storage
 
 import (
 	"fmt"
+	"math"
 	"math/bits"
 	"math/rand/v2"
 )
@@ -69,6 +70,12 @@ type index struct {
 	// it instead of reading the row's record: one bit per row keeps the
 	// test in cache where a record read is a cache miss.
 	known slotBits
+	// nextDelta holds, per slot whose row has an indexed successor, the
+	// successor's seq minus the row's (0: too far for 32 bits; ask the
+	// trajectory). A sample needs each drawn row's next seq; reading it
+	// here costs one load where the trajectory costs a map lookup and two
+	// pointer chases.
+	nextDelta []uint32
 	// capacity maps seqs to slots.
 	capacity int64
 }
@@ -81,6 +88,7 @@ func (ix *index) init(capacity int64) {
 	ix.unsettled = nil
 	ix.versions.init()
 	ix.known = slotBits{}
+	ix.nextDelta = nil
 	ix.capacity = capacity
 }
 
@@ -95,7 +103,9 @@ func (ix *index) add(id, step, seq int64, done, hasTail bool) error {
 	} else if want := t.firstStep + int64(t.Len()); step != want || !t.open {
 		return fmt.Errorf("trajectory %d: row seq %d has step %d, want %d (open=%v)", id, seq, step, want, t.open)
 	} else if t.Len() > 0 {
-		ix.known.set(t.seqs[len(t.seqs)-1] % ix.capacity) // its successor arrived
+		prev := t.seqs[len(t.seqs)-1]
+		ix.known.set(prev % ix.capacity) // its successor arrived
+		ix.setNextDelta(prev%ix.capacity, seq-prev)
 	}
 	ix.known.put(seq%ix.capacity, done && hasTail)
 	t.seqs = append(t.seqs, seq)
@@ -109,6 +119,33 @@ func (ix *index) add(id, step, seq int64, done, hasTail bool) error {
 		ix.setClosed(t)
 	}
 	return nil
+}
+
+func (ix *index) setNextDelta(slot, delta int64) {
+	if int64(len(ix.nextDelta)) <= slot {
+		// Slots fill in order while the ring first goes round.
+		ix.nextDelta = append(ix.nextDelta, make([]uint32, slot+1-int64(len(ix.nextDelta)))...)
+	}
+	if delta > math.MaxUint32 {
+		delta = 0
+	}
+	ix.nextDelta[slot] = uint32(delta)
+}
+
+// nextOf returns the seq of the row after the indexed row seq (trajectory
+// id, step, done flag as recorded), or -1.
+func (ix *index) nextOf(seq, id, step int64, done bool) int64 {
+	slot := seq % ix.capacity
+	// A row that is not done has its next-known bit set exactly when its
+	// successor is indexed (a done row's bit says it has a final
+	// observation instead).
+	if done || !ix.known.get(slot) {
+		return -1
+	}
+	if d := ix.nextDelta[slot]; d != 0 {
+		return seq + int64(d)
+	}
+	return ix.next(id, step)
 }
 
 func (ix *index) lengthChanged(t *Trajectory) {
@@ -264,7 +301,7 @@ func (v Index) Row(seq int64) (RowMeta, bool) {
 	r := record{Seq: seq}
 	readRecord(b.rec(seq%b.capacity), &r)
 	m := metaOf(&r)
-	m.NextSeq = v.ix.next(r.TrajID, r.Step)
+	m.NextSeq = v.ix.nextOf(seq, r.TrajID, r.Step, m.Done)
 	return m, true
 }
 

@@ -165,8 +165,12 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 	if meta != nil {
 		b.imu.RLock()
 		for j := range meta {
-			if meta[j].Seq >= 0 {
-				meta[j].NextSeq = b.ix.next(meta[j].TrajID, meta[j].Step)
+			if seq := meta[j].Seq; seq >= 0 {
+				if b.Live(seq) { // still indexed: the quick way
+					meta[j].NextSeq = b.ix.nextOf(seq, meta[j].TrajID, meta[j].Step, meta[j].Done)
+				} else { // overwritten since it was copied: its trajectory may still know
+					meta[j].NextSeq = b.ix.next(meta[j].TrajID, meta[j].Step)
+				}
 			}
 		}
 		b.imu.RUnlock()
