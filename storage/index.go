@@ -76,6 +76,8 @@ type index struct {
 	// here costs one load where the trajectory costs a map lookup and two
 	// pointer chases.
 	nextDelta []uint32
+	// recent caches the write path's trajectory lookups (writerLookup).
+	recent [recentTrajs]*Trajectory
 	// capacity maps seqs to slots.
 	capacity int64
 }
@@ -89,15 +91,34 @@ func (ix *index) init(capacity int64) {
 	ix.versions.init()
 	ix.known = slotBits{}
 	ix.nextDelta = nil
+	ix.recent = [recentTrajs]*Trajectory{}
 	ix.capacity = capacity
+}
+
+// recentTrajs is the size of the write path's lookup cache (a power of 2).
+const recentTrajs = 16
+
+// writerLookup is byID[id] for the write path (add, evict), through a
+// small direct-mapped cache: a batch's rows come from a few envs, so
+// consecutive rows mostly belong to the last few trajectories, and ids are
+// consecutive. Only writers use it (they hold imu exclusively).
+func (ix *index) writerLookup(id int64) *Trajectory {
+	e := &ix.recent[id&(recentTrajs-1)]
+	if t := *e; t != nil && t.id == id {
+		return t
+	}
+	t := ix.byID[id]
+	*e = t
+	return t
 }
 
 // add appends a newly written row to its trajectory.
 func (ix *index) add(id, step, seq int64, done, hasTail bool) error {
-	t := ix.byID[id]
+	t := ix.writerLookup(id)
 	if t == nil {
 		t = &Trajectory{id: id, firstStep: step, open: true, pos: len(ix.list)}
 		ix.byID[id] = t
+		ix.recent[id&(recentTrajs-1)] = t
 		ix.list = append(ix.list, t)
 		ix.open++
 	} else if want := t.firstStep + int64(t.Len()); step != want || !t.open {
@@ -177,7 +198,7 @@ func (ix *index) setClosed(t *Trajectory) {
 
 // evict removes the oldest live row of trajectory id, which must be seq.
 func (ix *index) evict(id, seq int64, hasTail bool) error {
-	t := ix.byID[id]
+	t := ix.writerLookup(id)
 	if t == nil || t.Len() == 0 || t.seqs[t.head] != seq {
 		return fmt.Errorf("evict seq %d: not the oldest live row of trajectory %d", seq, id)
 	}
@@ -209,6 +230,9 @@ func (ix *index) remove(t *Trajectory) {
 	last.pos = t.pos
 	ix.list = ix.list[:len(ix.list)-1]
 	delete(ix.byID, t.id)
+	if e := &ix.recent[t.id&(recentTrajs-1)]; *e == t {
+		*e = nil
+	}
 	if t.open {
 		ix.open--
 	}
