@@ -141,33 +141,74 @@ func TestCreateRefusedForMemory(t *testing.T) {
 
 // TestIdleBuffersCostNoCPU: a store of many flush-mode buffers that nobody
 // writes does no work at its checkpoints (no sync, no catalog commit, no
-// snapshot), so idle buffers cost no CPU. 400 idle buffers once took 10% of
-// a core. The bound is on CPU seconds used, not on time.
+// snapshot). 400 idle buffers once took 10% of a core doing that work. The
+// test counts the work (catalog page writes, sync rounds, snapshot files),
+// not the CPU time: under -race the detector's own
+// cost of the checkpoint loop's 40 idle rounds (70-130 ms of CPU in 2 s on
+// 2 cores) is near any bound that would catch the regression, so a CPU
+// bound failed at random (1 run in 16 of the suite). The CPU used is logged.
 func TestIdleBuffersCostNoCPU(t *testing.T) {
 	const n = 300
 	raiseFDLimit(t, uint64(4*n+256))
 	dir := t.TempDir()
-	s, err := Open(dir, &Options{CheckpointInterval: 50 * time.Millisecond})
+	spec := Spec{Capacity: 64, Storage: KindMemmap, Durability: DurabilityFlush,
+		Fields: []Field{{Name: "next.done", DType: Bool, Shape: []int{}}}}
+	// Fill, then close: Close syncs and commits every buffer, so the store
+	// reopened below starts with nothing to do and no work in flight.
+	s, err := Open(dir, &Options{CheckpointInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
-	spec := Spec{Capacity: 64, Storage: KindMemmap, Durability: DurabilityFlush,
-		Fields: []Field{{Name: "next.done", DType: Bool, Shape: []int{}}}}
 	for i := range n {
 		b := mustCreate(t, s, fmt.Sprintf("b%03d", i), spec)
 		if _, err := b.Extend("s", &Batch{Rows: 1, Fields: map[string][]byte{"next.done": {0}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(300 * time.Millisecond) // the first checkpoints commit what was written
-	const idle = 2 * time.Second       // 40 checkpoint rounds of n buffers
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(dir, &Options{CheckpointInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	snapshot := func() os.FileInfo {
+		fi, err := os.Stat(filepath.Join(dir, snapshotFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi
+	}
+	catalogWrites := func() int64 {
+		st := s.cat.db.Stats()
+		return st.TxStats.GetWrite()
+	}
+	syncs := func() (n int64) {
+		for _, b := range s.Buffers() {
+			b.sync.mu.Lock()
+			n += b.sync.rounds
+			b.sync.mu.Unlock()
+		}
+		return n
+	}
+	writes0, syncs0, snap0 := catalogWrites(), syncs(), snapshot()
+	const idle = 2 * time.Second // 40 checkpoint rounds of n buffers
 	cpu0 := cpuTime(t)
 	time.Sleep(idle)
 	used := cpuTime(t) - cpu0
-	t.Logf("%d idle flush buffers, checkpoint every 50ms: %v of CPU in %v", n, used, idle)
-	if used > idle/20 {
-		t.Fatalf("%d idle buffers used %v of CPU in %v (more than 5%% of a core)", n, used, idle)
+	writes, synced, snap1 := catalogWrites()-writes0, syncs()-syncs0, snapshot()
+	t.Logf("%d idle flush buffers, checkpoint every 50ms: %v of CPU in %v, %d catalog page writes, %d syncs", n, used, idle, writes, synced)
+	if writes != 0 || synced != 0 {
+		t.Errorf("idle checkpoints wrote %d catalog pages and synced %d times", writes, synced)
+	}
+	if !os.SameFile(snap0, snap1) || !snap0.ModTime().Equal(snap1.ModTime()) {
+		t.Errorf("idle checkpoints published a new catalog snapshot")
+	}
+	for _, b := range s.Buffers() {
+		if b.dirty.Load() {
+			t.Errorf("buffer %s is dirty without a write", b.name)
+		}
 	}
 }
 

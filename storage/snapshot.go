@@ -56,12 +56,18 @@ func (s *Store) publishSnapshot() {
 	s.snapMu.Lock()
 	defer s.snapMu.Unlock()
 	s.snapSeq++
+	// What this snapshot shows is no longer news for the checkpoint loop
+	// (cleared before the state is read: a change racing with the read
+	// sets them again, and costs at most one more snapshot). Left set, an
+	// idle store republished once after every open.
+	s.stateChanged.Store(false)
 	snap := snapshot{Seq: s.snapSeq, WrittenAt: time.Now().UTC(), Format: FormatVersion, PID: os.Getpid()}
 	for _, b := range s.Buffers() {
 		spec, err := b.Spec().MarshalJSON()
 		if err != nil {
 			continue
 		}
+		b.rlShown.Store(b.limiter.Version())
 		sb := snapshotBuffer{Name: b.name, Spec: spec, State: b.state(false)}
 		if st, on := b.limiter.State(); on {
 			sb.RateLimit = &st

@@ -14,6 +14,7 @@ type syncState struct {
 	cond    *sync.Cond
 	durable int64 // every written row with a smaller seq is on stable storage
 	syncing bool
+	rounds  int64 // syncFiles calls: what an idle buffer must not make
 }
 
 func (s *syncState) init() { s.cond = sync.NewCond(&s.mu) }
@@ -47,6 +48,7 @@ func (b *Buffer) syncTo(target int64) error {
 		err := b.syncFiles(goal)
 		b.store.crash.at("after-sync")
 		s.mu.Lock()
+		s.rounds++
 		s.syncing = false
 		s.cond.Broadcast()
 		if err != nil {
