@@ -28,7 +28,9 @@ func newServer(t testing.TB, opts *server.Options) (*httptest.Server, *server.Se
 		t.Fatal(err)
 	}
 	srv := server.New(db, opts)
-	ts := httptest.NewServer(srv.Handler())
+	ts := httptest.NewUnstartedServer(srv.Handler())
+	ts.Config.ConnContext = server.ConnContext // as rbd serve does
+	ts.Start()
 	t.Cleanup(func() {
 		ts.Close()
 		if err := db.Close(); err != nil {

@@ -102,6 +102,20 @@ def huber(x, delta=1.0):
     return np.where(a <= delta, 0.5 * x * x, delta * (a - 0.5 * delta)), np.clip(x, -delta, delta)
 
 
+def timed(batches, waited):
+    """Yield from batches, adding the seconds each next() took to waited[0]:
+    the time the learner waits for rbd rather than computes."""
+    it = iter(batches)
+    while True:
+        t = time.perf_counter()
+        try:
+            b = next(it)
+        except StopIteration:
+            return
+        waited[0] += time.perf_counter() - t
+        yield b
+
+
 def push(client, collector, q_net, epsilon):
     """Send q_net and the exploration rate to the collector; returns the
     collector name, or "" if the server runs none (not started with --demo)."""
@@ -175,8 +189,9 @@ def main(argv=None):
                                   timeout_ms=2000,
                                   keys=["observation", "action", "next.reward", "next.terminated",
                                         "next.observation"])
+    waited = [0.0]  # seconds the loop spent waiting for rbd's next batch
     with batches:
-        for step, bt in enumerate(batches, 1):
+        for step, bt in enumerate(timed(batches, waited), 1):
             obs, act = bt["observation"], bt["action"]
             n = len(act)
             # Bootstrap from the observation k steps ahead unless the episode
@@ -218,6 +233,8 @@ def main(argv=None):
     first, last = float(np.mean(losses[:k])), float(np.mean(losses[-k:]))
     print("%d steps in %.1fs: %.0f batches/s, %.0f rows/s sampled, trained and re-prioritised (%d stale updates)"
           % (len(losses), dt, len(losses) / dt, rows / dt, stale))
+    print("waited for rbd: %.1f%% of the time (%.2fs; transport %s)"
+          % (100 * waited[0] / dt, waited[0], batches.transport))
     print("loss: first 20%% %.4f, last 20%% %.4f: %s%s" % (
         first, last, "down" if last < first else "NOT down",
         " (the pushed policy kept changing the data: longer episodes, larger values and TD errors)"

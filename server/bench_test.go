@@ -16,11 +16,13 @@ package server_test
 //	go tool benchstat -col /server http.txt   # benchstat is not pinned in go.mod yet
 
 import (
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -175,8 +177,10 @@ func bnCapacity(w bnWorkload) int {
 // compact memory buffer (uniform, a fresh random draw each time, answer
 // = obs + next obs + action, reward, flags, seq, traj_id, step as
 // safetensors), then the raw baseline: the same client fetching a prebuilt
-// body of the same size from a handler that only writes it. x_raw is
-// rbd's GB/s over the raw GB/s of the same run.
+// body of the same size from a handler that only writes it, and
+// server=rbd-stream: the same batches from one sample stream per
+// connection (?stream=1, depth 2). x_raw is rbd's GB/s over the raw GB/s
+// of the same run.
 //
 //	go test ./server -run '^$' -bench 'BenchmarkHTTPSample' -benchtime 2s -count 3 -cpu 2
 func BenchmarkHTTPSample(b *testing.B) {
@@ -213,8 +217,20 @@ func BenchmarkHTTPSample(b *testing.B) {
 
 			for _, conns := range []int{1, 4} {
 				var rawGBs float64
-				for _, side := range []string{"raw", "rbd"} {
+				for _, side := range []string{"raw", "rbd", "rbd-stream"} {
 					b.Run(fmt.Sprintf("conns=%d/server=%s", conns, side), func(b *testing.B) {
+						if side == "rbd-stream" {
+							b.SetBytes(int64(len(answer)))
+							bnStreams(b, url, req, conns, len(answer))
+							sec := b.Elapsed().Seconds()
+							gbs := float64(b.N) * float64(len(answer)) / sec / 1e9
+							b.ReportMetric(float64(b.N)/sec, "batches/s")
+							b.ReportMetric(gbs, "GB/s")
+							if rawGBs > 0 {
+								b.ReportMetric(gbs/rawGBs, "x_raw")
+							}
+							return
+						}
 						target := url
 						if side == "raw" {
 							target = raw
@@ -243,6 +259,63 @@ func BenchmarkHTTPSample(b *testing.B) {
 			}
 		})
 	}
+}
+
+// bnStreams reads b.N batches from conns sample streams (POST
+// .../sample?stream=1, one per connection, depth 2), each frame into one
+// reused buffer like the request sides.
+func bnStreams(b *testing.B, url, req string, conns, answer int) {
+	b.Helper()
+	hc := benchdata.Client(conns)
+	defer hc.CloseIdleConnections()
+	var wg sync.WaitGroup
+	var firstErr atomic.Pointer[error]
+	b.ResetTimer()
+	for c := range conns {
+		n := b.N / conns
+		if c < b.N%conns {
+			n++
+		}
+		if n == 0 {
+			continue
+		}
+		wg.Go(func() {
+			if err := bnReadStream(hc, url, fmt.Sprintf(`{"batch_size": 256, "batches": %d}`, n), n, answer); err != nil {
+				firstErr.CompareAndSwap(nil, &err)
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	if p := firstErr.Load(); p != nil {
+		b.Fatal(*p)
+	}
+}
+
+func bnReadStream(hc *http.Client, url, req string, n, answer int) error {
+	resp, err := hc.Post(url+"?stream=1", "application/json", strings.NewReader(req))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("stream: %d %s", resp.StatusCode, msg)
+	}
+	buf := make([]byte, answer)
+	var prefix [8]byte
+	for i := range n {
+		if _, err := io.ReadFull(resp.Body, prefix[:]); err != nil {
+			return fmt.Errorf("batch %d: %w", i, err)
+		}
+		if m := binary.LittleEndian.Uint64(prefix[:]); m != uint64(answer) {
+			return fmt.Errorf("batch %d: frame word %#x, want a %d-byte batch", i, m, answer)
+		}
+		if _, err := io.ReadFull(resp.Body, buf); err != nil {
+			return fmt.Errorf("batch %d: %w", i, err)
+		}
+	}
+	return nil
 }
 
 // BenchmarkHTTPExtend: POST .../extend?stream=actor-<c> with 256 CartPole

@@ -91,6 +91,40 @@ func ctRegisterDecoders() {
 		}
 		openapi3filter.RegisterBodyDecoder("application/x-www-form-urlencoded", jsonish)
 		openapi3filter.RegisterBodyDecoder("text/plain", jsonish)
+		// Sample streams: every frame must be safetensors or, last, an
+		// error object with its status.
+		openapi3filter.RegisterBodyDecoder("application/vnd.rbd.sample-stream", func(body io.Reader, h http.Header, s *openapi3.SchemaRef, enc openapi3filter.EncodingFn) (any, error) {
+			data, err := io.ReadAll(body)
+			if err != nil {
+				return nil, err
+			}
+			for rest := data; len(rest) > 0; {
+				if len(rest) < 8 {
+					return nil, fmt.Errorf("stream: %d bytes left, less than a length word", len(rest))
+				}
+				n := binary.LittleEndian.Uint64(rest)
+				size := n &^ (1 << 63)
+				if uint64(len(rest)-8) < size {
+					return nil, fmt.Errorf("stream: a %d-byte frame with %d bytes left", size, len(rest)-8)
+				}
+				frame := rest[8 : 8+size]
+				rest = rest[8+size:]
+				if n&(1<<63) == 0 {
+					if _, _, err := codec.DecodeSafetensors(frame); err != nil {
+						return nil, fmt.Errorf("stream: batch frame: %w", err)
+					}
+					continue
+				}
+				var e struct {
+					Error  string `json:"error"`
+					Status int    `json:"status"`
+				}
+				if err := json.Unmarshal(frame, &e); err != nil || e.Error == "" || e.Status < 400 || len(rest) > 0 {
+					return nil, fmt.Errorf("stream: error frame %q (%v) must be a JSON error with a status, and last", frame, err)
+				}
+			}
+			return string(data), nil
+		})
 		// NDJSON progress streams (checkpoint): every line must be a JSON
 		// object; the spec types the stream as a string.
 		openapi3filter.RegisterBodyDecoder("application/x-ndjson", func(body io.Reader, h http.Header, s *openapi3.SchemaRef, enc openapi3filter.EncodingFn) (any, error) {
@@ -442,6 +476,11 @@ func ctCases(t *testing.T) []ctCase {
 		{name: "sample slices safetensors", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, body: []byte(sliceKeys), want: 200},
 		{name: "sample without replacement JSON", method: "POST", path: "/v1/buffers/cp/sample", ctype: form, accept: js, body: []byte(wrKeys), want: 200},
 		{name: "sample without replacement safetensors", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, body: []byte(wrKeys), want: 200},
+		{name: "sample stream", method: "POST", path: "/v1/buffers/cp/sample?stream=1", ctype: js, body: []byte(`{"batch_size": 2, "seed": 3, "batches": 3, "depth": 1}`), want: 200},
+		{name: "sample stream, every key", method: "POST", path: "/v1/buffers/cp/sample?stream=1", ctype: js, body: []byte(`{"batch_size": 5, "sampler": "without_replacement", "consumer": "stream", "batches": 2, "stop_at_epoch_end": true}`), want: 200},
+		{name: "sample stream depth 0", method: "POST", path: "/v1/buffers/cp/sample?stream=1", ctype: js, body: []byte(`{"batch_size": 2, "depth": 0}`), want: 400, invalid: true},
+		{name: "sample stream unknown transport", method: "POST", path: "/v1/buffers/cp/sample?stream=shm", ctype: js, body: []byte(`{"batch_size": 2}`), want: 400, invalid: true},
+		{name: "sample stream keys without a stream", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, body: []byte(`{"batch_size": 2, "batches": 2}`), want: 400},
 		{name: "sample unknown sampler", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, body: []byte(`{"batch_size": 1, "sampler": "bogus"}`), want: 400, invalid: true},
 		{name: "sample unknown key", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, body: []byte(`{"batch_size": 1, "colour": 1}`), want: 400, invalid: true},
 		{name: "sample unknown field", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, body: []byte(`{"batch_size": 1, "keys": ["nope"]}`), want: 400},
@@ -782,8 +821,10 @@ func TestContractBodyLimitBoundsMemory(t *testing.T) {
 
 // TestContractSampleRequestKeys checks that the spec's SampleRequest lists
 // exactly the keys of rbd.SampleRequest (the server's parser) and of the Go
-// client's SampleRequest.
+// client's SampleRequest, plus the keys of sample streams (read by
+// server/stream.go's parseStreamRequest, sent from client.StreamOptions).
 func TestContractSampleRequestKeys(t *testing.T) {
+	streamKeys := []string{"batches", "depth", "stop_at_epoch_end"}
 	doc, _ := ctLoad(t)
 	var inSpec []string
 	for k := range doc.Components.Schemas["SampleRequest"].Value.Properties {
@@ -791,7 +832,7 @@ func TestContractSampleRequestKeys(t *testing.T) {
 	}
 	slices.Sort(inSpec)
 	for _, typ := range []reflect.Type{reflect.TypeFor[rbd.SampleRequest](), reflect.TypeFor[client.SampleRequest]()} {
-		var keys []string
+		keys := slices.Clone(streamKeys)
 		for f := range typ.Fields() {
 			if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" && name != "-" {
 				keys = append(keys, name)

@@ -2,6 +2,7 @@ package server
 
 import (
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,7 +20,7 @@ type metrics struct {
 	age      *prometheus.HistogramVec
 }
 
-func newMetrics(reg *prometheus.Registry, db *rbd.DB, bud *budget) *metrics {
+func newMetrics(reg *prometheus.Registry, db *rbd.DB, bud *budget, streams *atomic.Int64) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rbd_http_requests_total", Help: "HTTP requests by endpoint and status code.",
@@ -57,6 +58,9 @@ func newMetrics(reg *prometheus.Registry, db *rbd.DB, bud *budget) *metrics {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rbd_store_memory_bytes", Help: "Memory the open buffers may hold once full (rows of memory buffers, per-row structures).",
 		}, func() float64 { u, _ := db.Store().MemoryUse(); return float64(u) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rbd_sample_streams", Help: "Sample streams open now (POST .../sample?stream=1).",
+		}, func() float64 { return float64(streams.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rbd_store_memory_limit_bytes", Help: "Memory left to buffers; a create past it is a 507.",
 		}, func() float64 { _, l := db.Store().MemoryUse(); return float64(l) }))

@@ -18,9 +18,16 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	stream, err := streamParam(r)
+	if err != nil {
+		return err
+	}
 	body, err := s.readJSONBody(w, r)
 	if err != nil {
 		return err
+	}
+	if stream {
+		return s.sampleStream(w, r, b, body)
 	}
 	req, err := rbd.ParseSampleRequest(body)
 	if err != nil {
@@ -44,6 +51,23 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	defer batch.Release() // the answer is written by then: its memory serves the next sample
+	tensors := s.answerTensors(b, batch)
+	extra := map[string]any{}
+	for k, v := range batch.Metadata {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			extra[k] = n
+		} else if bv, err := strconv.ParseBool(v); err == nil {
+			extra[k] = bv
+		} else {
+			extra[k] = v
+		}
+	}
+	return s.writeTensors(w, r, tensors, batch.Metadata, extra)
+}
+
+// answerTensors counts a drawn batch in the metrics and returns its
+// tensors as the answer encodes them (aliasing the batch's memory).
+func (s *Server) answerTensors(b *rbd.Buffer, batch *rbd.Batch) []codec.Tensor {
 	rows := 0
 	if t, ok := batch.Tensor("seq"); ok {
 		for i := 0; i < len(t.Data); i += 8 {
@@ -60,17 +84,7 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 	for i, t := range batch.Tensors {
 		tensors[i] = codec.Tensor{Name: t.Name, DType: t.DType.String(), Shape: t.Shape, Data: t.Data}
 	}
-	extra := map[string]any{}
-	for k, v := range batch.Metadata {
-		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-			extra[k] = n
-		} else if bv, err := strconv.ParseBool(v); err == nil {
-			extra[k] = bv
-		} else {
-			extra[k] = v
-		}
-	}
-	return s.writeTensors(w, r, tensors, batch.Metadata, extra)
+	return tensors
 }
 
 // mayWait counts a request that may wait (for data or for the rate
@@ -81,7 +95,7 @@ func (s *Server) mayWait() (done func(), err error) {
 		s.waiting.Add(-1)
 		s.budget.refused.Add(1)
 		return nil, &apiError{status: http.StatusServiceUnavailable, code: "busy",
-			msg: fmt.Sprintf("%d requests are already waiting (for data or the rate limiter), the most allowed: retry later, or send timeout_ms 0", s.opts.MaxWaiting)}
+			msg: fmt.Sprintf("%d requests are already waiting (for data or the rate limiter) or streaming, the most allowed (--max-waiting): retry later, or send timeout_ms 0", s.opts.MaxWaiting)}
 	}
 	return func() { s.waiting.Add(-1) }, nil
 }

@@ -50,9 +50,13 @@ type Options struct {
 	// request names a dir under it). Empty turns checkpoints off (404).
 	CheckpointRoot string
 	// MaxWaiting bounds the sample requests that may wait for data
-	// (timeout_ms > 0) at once; more are answered 503 busy. Zero means
-	// 4096.
+	// (timeout_ms > 0) and the sample streams open at once; more are
+	// answered 503 busy. Zero means 4096.
 	MaxWaiting int
+	// StreamStallTimeout is how long a sample stream waits for its client
+	// to take a frame before it ends the stream and frees what the stream
+	// holds. Zero means 1 minute.
+	StreamStallTimeout time.Duration
 	// Logger receives one line per request and operational events. Nil
 	// discards them.
 	Logger *slog.Logger
@@ -96,6 +100,9 @@ func (o *Options) withDefaults() Options {
 	if c.MaxWaiting <= 0 {
 		c.MaxWaiting = 4096
 	}
+	if c.StreamStallTimeout <= 0 {
+		c.StreamStallTimeout = time.Minute
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -128,8 +135,10 @@ type Server struct {
 	// answer 503 shutting_down at once.
 	stopping chan struct{}
 	stopOnce sync.Once
-	// waiting counts sample requests that may wait for data.
+	// waiting counts sample requests that may wait for data, and streams.
 	waiting atomic.Int64
+	// streams counts the sample streams open now.
+	streams atomic.Int64
 	// tokens are the bearer tokens and their roles (SetTokens).
 	tokens atomic.Pointer[Tokens]
 	// bodies holds extend bodies (*[]byte) for reuse: a storage extend
@@ -142,7 +151,7 @@ func New(db *rbd.DB, opts *Options) *Server {
 	o := opts.withDefaults()
 	s := &Server{db: db, opts: o, log: o.Logger, mux: http.NewServeMux(), budget: newBudget(o.MaxMemory, o.BusyWait),
 		stopping: make(chan struct{})}
-	s.metrics = newMetrics(o.Registry, db, s.budget)
+	s.metrics = newMetrics(o.Registry, db, s.budget, &s.streams)
 	s.SetTokens(o.Tokens)
 	s.route("GET /v1/health", "health", s.health)
 	s.mux.Handle("GET /metrics", s.wrap("metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{Registry: o.Registry})))

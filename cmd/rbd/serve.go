@@ -255,6 +255,8 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 		ReadTimeout:       2 * time.Minute,
 		WriteTimeout:      2 * time.Minute,
 		IdleTimeout:       2 * time.Minute,
+		// Sample streams size their connection's send buffer.
+		ConnContext: server.ConnContext,
 		// net/http's own complaints (TLS handshakes, bad requests) go to
 		// the same JSON log as everything else.
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),

@@ -13,7 +13,7 @@ import numpy as np
 from . import safetensors
 from .errors import ConnectionFailed, RbdError, error_for
 
-__all__ = ["Client", "Batch", "Prefetcher"]
+__all__ = ["Client", "Batch", "Prefetcher", "SampleStream"]
 
 # Bodies up to this size are joined and sent with the headers in one write;
 # larger ones are sent tensor by tensor, straight from the arrays.
@@ -127,13 +127,24 @@ class Client:
 
     # -- plumbing -----------------------------------------------------------
 
+    def _new_connection(self, timeout=None):
+        t = timeout or self.timeout
+        if self._https:
+            return http.client.HTTPSConnection(self._host, self._port, timeout=t, context=self._tls)
+        return http.client.HTTPConnection(self._host, self._port, timeout=t)
+
+    def _headers(self, extra=None):
+        hdrs = {"User-Agent": "rbd-python-client/1"}
+        if self.token:
+            hdrs["Authorization"] = "Bearer " + self.token
+        if extra:
+            hdrs.update(extra)
+        return hdrs
+
     def _connection(self):
         c = getattr(self._local, "conn", None)
         if c is None:
-            if self._https:
-                c = http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout, context=self._tls)
-            else:
-                c = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+            c = self._new_connection()
             c._rbd_used = False
             self._local.conn = c
             with self._lock:
@@ -179,11 +190,7 @@ class Client:
         on a reused keep-alive connection before any answer arrived (the
         server closed it while idle) is sent once more on a new one.
         """
-        hdrs = {"User-Agent": "rbd-python-client/1"}
-        if self.token:
-            hdrs["Authorization"] = "Bearer " + self.token
-        if headers:
-            hdrs.update(headers)
+        hdrs = self._headers(headers)
         if isinstance(body, list):
             total = sum(memoryview(p).nbytes for p in body)
             if total < _JOIN_BELOW:
@@ -520,12 +527,22 @@ class Client:
             from_seq = int(b["seq"][-1]) + 1
 
     def iter_samples(self, name, batch_size=None, sampler="uniform", depth=2, batches=None,
-                     stop_at_epoch_end=False, **options):
-        """Iterate over batches drawn by a background thread, ``depth``
-        batches ahead of the consumer (see :class:`Prefetcher`; it retries
-        "not_ready" for ``retry_not_ready`` seconds and "rate_limited" for
-        ``retry_rate_limited`` seconds, by default the client's)."""
-        return Prefetcher(self, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options)
+                     stop_at_epoch_end=False, transport="auto", **options):
+        """Iterate over batches drawn ``depth`` batches ahead of the consumer.
+
+        ``transport`` says how the batches travel: ``"stream"`` (one sample
+        stream, the server draws ahead: :class:`SampleStream`),
+        ``"requests"`` (one request per batch from a background thread:
+        :class:`Prefetcher`) or ``"auto"`` (the default: the fastest that
+        works, a stream today). The iterator's ``transport`` attribute says
+        which one is used. Both retry "not_ready" for ``retry_not_ready``
+        seconds and "rate_limited" for ``retry_rate_limited`` seconds (by
+        default the client's), and give batch i the seed ``seed + i``."""
+        if transport in ("auto", "stream"):
+            return SampleStream(self, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options)
+        if transport == "requests":
+            return Prefetcher(self, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options)
+        raise ValueError("transport %r: want \"auto\", \"stream\" or \"requests\"" % (transport,))
 
     def set_rate_limit(self, name, limit):
         """Replace a buffer's rate limit, e.g. ``{"samples_per_insert": 8,
@@ -567,7 +584,54 @@ class Client:
         return bytes(data).decode()
 
 
-class Prefetcher:
+class _AheadIterator:
+    """What Prefetcher and SampleStream share: the request they repeat, the
+    ``seed + i`` rule, and how long to keep retrying not_ready and
+    rate_limited answers."""
+
+    def __init__(self, client, name, batch_size, sampler, batches, stop_at_epoch_end, options):
+        self._client = client
+        self._name = name
+        self._batch_size, self._sampler = batch_size, sampler
+        self._as_torch, self._device = options.pop("as_torch", False), options.pop("device", None)
+        self._retry = float(options.pop("retry_not_ready", 0) or 0)
+        self._retry_limited = float(options.pop("retry_rate_limited", client.retry_rate_limited) or 0)
+        self._options = options
+        self._batches = batches
+        self._stop_at_epoch_end = stop_at_epoch_end
+        self._waiting_since = None
+
+    def _options_for(self, i):
+        """The request options of batch i: a fixed seed becomes seed + i."""
+        opts = dict(self._options)
+        if opts.get("seed") is not None:
+            opts["seed"] = int(opts["seed"]) + i
+        return opts
+
+    def _retry_wait(self, e):
+        """Seconds to wait before trying again after the error e, or None to
+        hand it on (not a retried code, or retried long enough)."""
+        if e.not_ready:
+            retry, pause = self._retry, min(0.05, e.retry_after or 0.05)
+        elif e.rate_limited:
+            retry, pause = self._retry_limited, e.retry_after or 1.0
+        else:
+            return None
+        self._waiting_since = self._waiting_since or time.monotonic()
+        left = self._waiting_since + retry - time.monotonic()
+        return min(pause, left) if left > 0 else None
+
+    def __iter__(self):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Prefetcher(_AheadIterator):
     """Batches sampled by a background thread while the consumer works.
 
     A daemon thread calls ``client.sample(...)`` on its own connection and
@@ -588,18 +652,12 @@ class Prefetcher:
     server's Retry-After, and :meth:`close` interrupts it.
     """
 
+    transport = "requests"
+
     def __init__(self, client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options):
         if depth < 1:
             raise ValueError("depth must be at least 1")
-        self._client = client
-        self._name = name
-        self._batch_size, self._sampler = batch_size, sampler
-        self._as_torch, self._device = options.pop("as_torch", False), options.pop("device", None)
-        self._retry = float(options.pop("retry_not_ready", 0) or 0)
-        self._retry_limited = float(options.pop("retry_rate_limited", client.retry_rate_limited) or 0)
-        self._options = options
-        self._batches = batches
-        self._stop_at_epoch_end = stop_at_epoch_end
+        super().__init__(client, name, batch_size, sampler, batches, stop_at_epoch_end, options)
         self._q = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._done = False
@@ -617,29 +675,18 @@ class Prefetcher:
 
     def _run(self):
         i = 0
-        waiting_since = None
         try:
             while not self._stop.is_set() and (self._batches is None or i < self._batches):
-                opts = dict(self._options)
-                if opts.get("seed") is not None:
-                    opts["seed"] = int(opts["seed"]) + i
                 try:
                     b = self._client._sample(self._name, self._batch_size, self._sampler,
-                                             self._as_torch, self._device, 0, opts)
+                                             self._as_torch, self._device, 0, self._options_for(i))
                 except RbdError as e:
-                    if e.not_ready:
-                        retry, pause = self._retry, min(0.05, e.retry_after or 0.05)
-                    elif e.rate_limited:
-                        retry, pause = self._retry_limited, e.retry_after or 1.0
-                    else:
+                    wait = self._retry_wait(e)
+                    if wait is None:
                         raise
-                    waiting_since = waiting_since or time.monotonic()
-                    left = waiting_since + retry - time.monotonic()
-                    if left <= 0:
-                        raise
-                    self._stop.wait(min(pause, left))
+                    self._stop.wait(wait)
                     continue
-                waiting_since = None
+                self._waiting_since = None
                 i += 1
                 if not self._put(("batch", b)):
                     return
@@ -650,9 +697,6 @@ class Prefetcher:
             self._put(("error", e))
         finally:
             self._client._drop_connection()  # this thread's connection
-
-    def __iter__(self):
-        return self
 
     def __next__(self):
         if self._done:
@@ -679,11 +723,149 @@ class Prefetcher:
         self._done = True
         self._thread.join()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     def __del__(self):
         self._stop.set()
+
+
+# The top bit of a stream frame's length word marks an error frame.
+_FRAME_ERROR = 1 << 63
+_STREAM_TYPE = "application/vnd.rbd.sample-stream"
+
+
+class SampleStream(_AheadIterator):
+    """Batches from one sample stream (``POST .../sample?stream=1``).
+
+    One request on a connection of its own; the server draws up to
+    ``depth`` batches ahead and TCP paces it, so the learner pays no round
+    trip per batch and runs no thread. Batch i of a request with ``seed``
+    is what ``sample(..., seed=seed + i)`` returns for the same store
+    state. It ends after ``batches`` batches (None: never), after an
+    ``epoch_end`` batch when ``stop_at_epoch_end`` (the server stops there
+    too), or on :meth:`close` (also a context manager). An error the server
+    meets mid-stream (the buffer was deleted, it shuts down) is raised by
+    the ``next()`` that would have returned the batch. "not_ready" and
+    "rate_limited" are retried for ``retry_not_ready`` /
+    ``retry_rate_limited`` seconds by opening the stream again where it
+    stopped. Prefetched batches were drawn before the priorities of the
+    batches before them were updated (up to ``depth + 1`` batches of
+    staleness). Closing a stream early discards the batches drawn ahead;
+    for without-replacement samplers their rows count as drawn.
+    """
+
+    transport = "stream"
+
+    def __init__(self, client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options):
+        if not 1 <= depth <= 64:
+            raise ValueError("depth must be in [1, 64]")
+        if batches is not None and batches < 1:
+            raise ValueError("batches must be at least 1 (None: until close)")
+        super().__init__(client, name, batch_size, sampler, batches, stop_at_epoch_end, options)
+        self._depth = depth
+        self._path = client._path("v1", "buffers", name, "sample", query={"stream": "1"})
+        self._conn = self._resp = None
+        self._got = 0
+        self._done = False
+
+    def _open(self):
+        req = {"sampler": self._sampler, "depth": self._depth}
+        if self._batch_size is not None:
+            req["batch_size"] = self._batch_size
+        req.update(self._options_for(self._got))
+        if self._batches is not None:
+            req["batches"] = self._batches - self._got
+        if self._stop_at_epoch_end:
+            req["stop_at_epoch_end"] = True
+        body = json.dumps(req, default=_json_default).encode()
+        c = self._client
+        conn = c._new_connection(c.timeout + float(self._options.get("timeout_ms") or 0) / 1000)
+        with c._lock:
+            c.connections_opened += 1
+        hdrs = c._headers({"Content-Type": "application/json", "Accept": "application/octet-stream",
+                           "Content-Length": str(len(body))})
+        try:
+            conn.request("POST", self._path, body=body, headers=hdrs)
+            resp = conn.getresponse()
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise ConnectionFailed(0, "cannot open a sample stream on %s: %s" % (c.url, e),
+                                   method="POST", path=self._path) from e
+        if resp.status != 200:
+            data = c._read(resp)
+            conn.close()
+            raise c._error(resp, data, "POST", self._path)
+        ctype = (resp.getheader("Content-Type") or "").split(";")[0].strip()
+        if ctype != _STREAM_TYPE:
+            conn.close()
+            raise ConnectionFailed(0, "sample stream: content type %r, want %s (a server older than streams?)"
+                                   % (ctype, _STREAM_TYPE), method="POST", path=self._path)
+        self._conn, self._resp = conn, resp
+
+    def _read_exact(self, buf):
+        view = memoryview(buf)
+        pos = 0
+        while pos < len(buf):
+            try:
+                got = self._resp.readinto(view[pos:])
+            except (OSError, http.client.HTTPException) as e:
+                raise ConnectionFailed(0, "sample stream on %s lost after %d batches: %s" % (self._client.url, self._got, e),
+                                       method="POST", path=self._path) from e
+            if not got:
+                raise ConnectionFailed(0, "sample stream on %s cut short after %d batches" % (self._client.url, self._got),
+                                       method="POST", path=self._path)
+            pos += got
+
+    def _frame(self):
+        word = bytearray(8)
+        self._read_exact(word)
+        n = int.from_bytes(word, "little")
+        if n & _FRAME_ERROR:
+            payload = bytearray(n & ~_FRAME_ERROR)
+            self._read_exact(payload)
+            obj = json.loads(bytes(payload))
+            raise error_for(obj.get("status", 500), obj.get("error", "error frame"), obj.get("code"), None,
+                            "POST", self._path, obj.get("rate_limit"))
+        buf = bytearray(n)
+        self._read_exact(buf)
+        tensors, meta = safetensors.loads(buf)
+        b = Batch(tensors)
+        b.metadata = meta
+        return b
+
+    def _drop(self):
+        if getattr(self, "_conn", None) is not None:
+            self._conn.close()
+        self._conn = self._resp = None
+
+    def __next__(self):
+        if self._done or (self._batches is not None and self._got >= self._batches):
+            self.close()
+            raise StopIteration
+        while True:
+            try:
+                if self._resp is None:
+                    self._open()
+                b = self._frame()
+                break
+            except RbdError as e:
+                self._drop()
+                wait = self._retry_wait(e)
+                if wait is None:
+                    self._done = True
+                    raise
+                time.sleep(wait)
+            except BaseException:
+                self.close()
+                raise
+        self._waiting_since = None
+        self._got += 1
+        if self._stop_at_epoch_end and b.epoch_end:
+            self._done = True
+        return _to_torch(b, self._device) if self._as_torch else b
+
+    def close(self):
+        """End the stream; the server stops drawing and frees what it held."""
+        self._done = True
+        self._drop()
+
+    def __del__(self):
+        self._drop()

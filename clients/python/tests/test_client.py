@@ -1,6 +1,9 @@
 """rbd_client against a real `rbd serve`: every method, the errors, prefetch,
 compact final observations, and the Go codec cross-check."""
 
+import os
+import subprocess
+import sys
 import threading
 import time
 import unittest
@@ -73,8 +76,8 @@ class ServerTest(unittest.TestCase):
         cls.server.cleanup()
         assert rc == 0 and "stopped cleanly" in log, "rbd serve exited with %s:\n%s" % (rc, log)
 
-    def buffer(self, **kw):
-        name = self.id().rsplit(".", 1)[-1].replace("test_", "")[:60]
+    def buffer(self, suffix="", **kw):
+        name = self.id().rsplit(".", 1)[-1].replace("test_", "")[:60] + suffix
         self.c.create_buffer(name, spec(**kw))
         self.addCleanup(lambda: self._delete(name))
         return name
@@ -448,21 +451,21 @@ class PrefetchTest(ServerTest):
         name = self.buffer()
         self.c.extend(name, episode(0, 50), stream="s")
         before = threading.active_count()
-        it = self.c.iter_samples(name, 4, batches=5, seed=7)
+        it = self.c.iter_samples(name, 4, batches=5, seed=7, transport="requests")
         got = [b["seq"].copy() for b in it]
         self.assertEqual(len(got), 5)
         it._thread.join(5)
         self.assertEqual(threading.active_count(), before)
         # seed + i per batch: batches differ, and a rerun on the same data repeats them.
         self.assertFalse(all(np.array_equal(got[0], g) for g in got[1:]))
-        again = [b["seq"].copy() for b in self.c.iter_samples(name, 4, batches=5, seed=7)]
+        again = [b["seq"].copy() for b in self.c.iter_samples(name, 4, batches=5, seed=7, transport="requests")]
         for x, y in zip(got, again):
             np.testing.assert_array_equal(x, y)
 
     def test_prefetches_ahead(self):
         name = self.buffer()
         self.c.extend(name, episode(0, 50), stream="s")
-        with self.c.iter_samples(name, 4, depth=3) as it:
+        with self.c.iter_samples(name, 4, depth=3, transport="requests") as it:
             next(it)
             deadline = time.monotonic() + 5
             while it._q.qsize() < 3 and time.monotonic() < deadline:
@@ -473,7 +476,7 @@ class PrefetchTest(ServerTest):
     def test_error_reaches_the_consumer(self):
         name = self.buffer()
         self.c.extend(name, episode(0, 50), stream="s")
-        it = self.c.iter_samples(name, 4, depth=1)
+        it = self.c.iter_samples(name, 4, depth=1, transport="requests")
         next(it)
         self.c.delete_buffer(name)
         with self.assertRaises(NotFound):
@@ -484,20 +487,154 @@ class PrefetchTest(ServerTest):
         it.close()
 
     def test_waits_for_data_when_asked(self):
+        for transport in ("requests", "stream"):
+            with self.subTest(transport=transport):
+                name = self.buffer(suffix="-" + transport)
+                with self.assertRaises(NotReady):  # by default a 503 is handed on at once
+                    list(self.c.iter_samples(name, 2, transport=transport))
+                threading.Timer(0.3, lambda: self.c.extend(name, episode(0, 10), stream="w")).start()
+                with self.c.iter_samples(name, 2, batches=1, retry_not_ready=10, transport=transport) as it:
+                    self.assertEqual(len(list(it)), 1)
+
+
+class StreamTest(ServerTest):
+    """iter_samples over a sample stream (the default transport)."""
+
+    def streams_open(self):
+        for line in self.c.metrics().splitlines():
+            if line.startswith("rbd_sample_streams "):
+                return float(line.split()[1])
+        self.fail("no rbd_sample_streams in /metrics")
+
+    def wait_streams_closed(self):
+        deadline = time.monotonic() + 15
+        while self.streams_open() != 0:
+            self.assertLess(time.monotonic(), deadline, "the server still holds a stream")
+            time.sleep(0.01)
+
+    def test_default_is_a_stream_matching_single_requests(self):
+        name = self.buffer(priority=True)
+        self.c.extend(name, episode(0, 60), stream="s")
+        for sampler in ("uniform", "prioritized", "slice"):
+            with self.subTest(sampler=sampler):
+                opts = {"num_slices": 2, "slice_len": 4} if sampler == "slice" else {}
+                bs = None if sampler == "slice" else 8
+                it = self.c.iter_samples(name, bs, sampler, batches=6, seed=11, **opts)
+                self.assertEqual(it.transport, "stream")
+                got = list(it)
+                self.assertEqual(len(got), 6)
+                for i, b in enumerate(got):
+                    want = self.c.sample(name, bs, sampler, seed=11 + i, **opts)
+                    self.assertEqual(sorted(b), sorted(want))
+                    for k in want:
+                        np.testing.assert_array_equal(b[k], want[k], err_msg="batch %d, %s" % (i, k))
+        self.wait_streams_closed()
+
+    def test_epoch_end_stops_the_server_too(self):
         name = self.buffer()
-        with self.assertRaises(NotReady):  # by default a 503 is handed on at once
-            list(self.c.iter_samples(name, 2))
-        threading.Timer(0.3, lambda: self.c.extend(name, episode(0, 10), stream="w")).start()
-        with self.c.iter_samples(name, 2, batches=1, retry_not_ready=10) as it:
-            self.assertEqual(len(list(it)), 1)
+        self.c.extend(name, episode(0, 20), stream="s")
+        seen = []
+        for b in self.c.iter_samples(name, 6, "without_replacement", consumer="c", stop_at_epoch_end=True):
+            seen += b["seq"].tolist()
+        self.assertTrue(b.epoch_end)
+        self.assertEqual(sorted(seen), list(range(20)))
+        # No batch of the next epoch was drawn and thrown away.
+        nxt = self.c.sample(name, 6, "without_replacement", consumer="c")
+        self.assertEqual(nxt.epoch, 1)
+        self.assertEqual(len(set(nxt["seq"].tolist())), 6)
+
+    def test_error_reaches_the_consumer(self):
+        name = self.buffer()
+        self.c.extend(name, episode(0, 50), stream="s")
+        it = self.c.iter_samples(name, 4, depth=1)
+        next(it)
+        self.c.delete_buffer(name)
+        with self.assertRaises(NotFound):
+            for _ in range(100000):  # the batches the sockets hold arrive first
+                next(it)
+        with self.assertRaises(StopIteration):
+            next(it)
+        self.wait_streams_closed()
+
+    def test_close_frees_the_server(self):
+        name = self.buffer()
+        self.c.extend(name, episode(0, 50), stream="s")
+        with self.c.iter_samples(name, 4) as it:
+            next(it)
+            self.assertEqual(self.streams_open(), 1)
+        self.wait_streams_closed()
+
+    def test_killed_client_frees_the_server(self):
+        name = self.buffer()
+        self.c.extend(name, episode(0, 50), stream="s")
+        code = ("import sys, rbd_client\n"
+                "it = rbd_client.Client(sys.argv[1]).iter_samples(sys.argv[2], 4)\n"
+                "next(it)\nprint('reading', flush=True)\nsys.stdin.read()\n")
+        env = dict(os.environ, PYTHONPATH=os.path.join(rbdserver.ROOT, "clients", "python"))
+        p = subprocess.Popen([sys.executable, "-c", code, self.server.url, name], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, env=env)
+        try:
+            self.assertEqual(p.stdout.readline().strip(), b"reading")
+            self.assertEqual(self.streams_open(), 1)
+            p.kill()
+            p.wait(10)
+        finally:
+            p.kill()
+            p.stdout.close()
+            p.stdin.close()
+        self.wait_streams_closed()
+
+    def test_bad_options(self):
+        name = self.buffer()
+        with self.assertRaisesRegex(ValueError, "transport"):
+            self.c.iter_samples(name, 4, transport="carrier-pigeon")
+        with self.assertRaisesRegex(ValueError, "depth"):
+            self.c.iter_samples(name, 4, depth=0)
+        self.c.extend(name, episode(0, 10), stream="s")
+        with self.assertRaises(BadRequest) as cm:
+            next(self.c.iter_samples(name, 4, samplr="x"))
+        self.assertIn("samplr", cm.exception.message)
+
+    @unittest.skipIf(torch is None, "PyTorch is not installed (optional: apt-get install python3-torch)")
+    def test_as_torch(self):
+        name = self.buffer()
+        self.c.extend(name, episode(0, 10), stream="s")
+        b = next(self.c.iter_samples(name, 4, as_torch=True, batches=1))
+        self.assertIsInstance(b["observation"], torch.Tensor)
+
+
+class StreamRestartTest(unittest.TestCase):
+    def test_restart_is_a_clear_error_then_a_new_stream_works(self):
+        srv = rbdserver.Server().start()
+        try:
+            c = Client(srv.url)
+            self.addCleanup(c.close)
+            c.create_buffer("b", spec(storage="memmap"))
+            c.extend("b", episode(0, 30), stream="s")
+            it = c.iter_samples("b", 4)
+            next(it)
+            addr = srv.url[len("http://"):]
+            srv.stop()
+            # Batches drawn before the stop arrive first; then the stream
+            # ends with the server's shutdown frame, or is cut.
+            with self.assertRaises((ConnectionFailed, RbdError)) as cm:
+                for _ in range(100000):
+                    next(it)
+            e = cm.exception
+            self.assertTrue(isinstance(e, ConnectionFailed) or e.code == "shutting_down", repr(e))
+            srv.args = ["--addr", addr]
+            srv.start()
+            self.assertEqual(len(list(c.iter_samples("b", 4, batches=3))), 3)
+        finally:
+            srv.cleanup()
 
 
 class RateLimitTest(ServerTest):
     """A buffer's rate limiter seen from Python: refusals carry the state,
     timeouts hold requests, retries wait for the other side."""
 
-    def limited(self, **limit):
-        name = self.id().rsplit(".", 1)[-1].replace("test_", "")[:60]
+    def limited(self, suffix="", **limit):
+        name = self.id().rsplit(".", 1)[-1].replace("test_", "")[:60] + suffix
         s = spec()
         # min_diff = 1*10 - 20 = -10, max_diff = 1*10 + 20 = 30 unless given.
         s["rate_limit"] = dict({"samples_per_insert": 1, "min_size": 10, "error_buffer": 20}, **limit)
@@ -545,12 +682,14 @@ class RateLimitTest(ServerTest):
         self.assertEqual(out["rows"], 5)
 
     def test_iter_samples_waits_for_min_size(self):
-        name = self.limited()
-        with self.assertRaises(RateLimited):  # by default the refusal is handed on at once
-            list(self.c.iter_samples(name, 2))
-        threading.Timer(0.3, lambda: self.c.extend(name, episode(0, 10), stream="w")).start()
-        with self.c.iter_samples(name, 2, batches=1, retry_rate_limited=10) as it:
-            self.assertEqual(len(list(it)), 1)
+        for transport in ("requests", "stream"):
+            with self.subTest(transport=transport):
+                name = self.limited(suffix="-" + transport)
+                with self.assertRaises(RateLimited):  # by default the refusal is handed on at once
+                    list(self.c.iter_samples(name, 2, transport=transport))
+                threading.Timer(0.3, lambda: self.c.extend(name, episode(0, 10), stream="w")).start()
+                with self.c.iter_samples(name, 2, batches=1, retry_rate_limited=10, transport=transport) as it:
+                    self.assertEqual(len(list(it)), 1)
 
     def test_set_rate_limit(self):
         name = self.limited()

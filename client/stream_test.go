@@ -1,0 +1,470 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rbdb/rbd"
+	"github.com/rbdb/rbd/client"
+	"github.com/rbdb/rbd/server"
+)
+
+// fillCartpole writes n rows to a new cartpole buffer "cp" in trajectories
+// of 10 steps on 4 streams.
+func fillCartpole(t *testing.T, c *client.Client, capacity, n int64) {
+	t.Helper()
+	ctx := ctxT(t)
+	if _, _, err := c.CreateBuffer(ctx, "cp", cartpole(capacity)); err != nil {
+		t.Fatal(err)
+	}
+	const per = 40
+	for i := int64(0); i < n; i += per {
+		toks := seqToks(1000+i, per)
+		done := make([]bool, per)
+		for k := range done {
+			done[k] = (i+int64(k))%10 == 9
+		}
+		if _, err := c.Extend(ctx, "cp", fmt.Sprintf("s%d", (i/per)%4), steps(toks, done, nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// sameBatch reports how two batches differ, tensor by tensor.
+func sameBatch(a, b *client.Batch) error {
+	if len(a.Tensors) != len(b.Tensors) {
+		return fmt.Errorf("%d tensors, want %d", len(a.Tensors), len(b.Tensors))
+	}
+	for i, ta := range a.Tensors {
+		tb := b.Tensors[i]
+		if ta.Name != tb.Name || ta.DType != tb.DType || fmt.Sprint(ta.Shape) != fmt.Sprint(tb.Shape) || !bytes.Equal(ta.Data, tb.Data) {
+			return fmt.Errorf("tensor %d: %s %s %v differs from %s %s %v", i, ta.Name, ta.DType, ta.Shape, tb.Name, tb.DType, tb.Shape)
+		}
+	}
+	if fmt.Sprint(a.Metadata) != fmt.Sprint(b.Metadata) {
+		return fmt.Errorf("metadata %v, want %v", a.Metadata, b.Metadata)
+	}
+	return nil
+}
+
+func TestSampleStreamMatchesSingleRequests(t *testing.T) {
+	ts, _ := newServer(t, nil)
+	c := newClient(t, ts.URL, nil)
+	fillCartpole(t, c, 2000, 1200)
+	ctx := ctxT(t)
+	const batches = 12
+	for _, tc := range []struct {
+		name string
+		req  client.SampleRequest
+	}{
+		{"uniform", client.SampleRequest{BatchSize: 64}},
+		{"prioritized", client.SampleRequest{BatchSize: 64, Sampler: "prioritized"}},
+		{"slice", client.SampleRequest{Sampler: "slice", NumSlices: 8, SliceLen: 4}},
+		{"n-step", client.SampleRequest{BatchSize: 32, NStep: &client.NStep{N: 3, Gamma: 0.9}}},
+		// Each side has its own consumer, so both start the same epochs.
+		{"without replacement", client.SampleRequest{BatchSize: 500, Sampler: "without_replacement"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := tc.req
+			req.Seed = client.Ptr[uint64](41)
+			if req.Sampler == "without_replacement" {
+				req.Consumer = "stream"
+			}
+			st, err := c.SampleStream(ctx, "cp", &req, &client.StreamOptions{Batches: batches, Depth: 3})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			single := tc.req
+			if single.Sampler == "without_replacement" {
+				single.Consumer = "single"
+			}
+			for i := range batches {
+				got, err := st.Next()
+				if err != nil {
+					t.Fatalf("batch %d: %v", i, err)
+				}
+				single.Seed = client.Ptr[uint64](41 + uint64(i))
+				want, err := c.Sample(ctx, "cp", &single)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := sameBatch(got, want); err != nil {
+					t.Fatalf("batch %d differs from a single request with seed %d: %v", i, 41+i, err)
+				}
+			}
+			if b, err := st.Next(); err != io.EOF {
+				t.Fatalf("after the last batch: %v, %v; want io.EOF", b, err)
+			}
+		})
+	}
+}
+
+func TestSampleStreamUntilEpochEnd(t *testing.T) {
+	ts, _ := newServer(t, nil)
+	c := newClient(t, ts.URL, nil)
+	fillCartpole(t, c, 2000, 400) // every trajectory ends: all 400 rows have a next observation
+	st, err := c.SampleStream(ctxT(t), "cp", &client.SampleRequest{BatchSize: 100, Sampler: "without_replacement"},
+		&client.StreamOptions{StopAtEpochEnd: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rows := 0
+	for {
+		b, err := st.Next()
+		if err != nil {
+			t.Fatalf("after %d rows: %v", rows, err)
+		}
+		rows += b.Rows()
+		if b.Metadata["epoch_end"] == "true" {
+			break
+		}
+	}
+	if rows != 400 {
+		t.Fatalf("one epoch gave %d rows, want 400", rows)
+	}
+	// The stream ends there: no batch of the next epoch was drawn.
+	if _, err := st.Next(); !errors.Is(err, io.ErrUnexpectedEOF) && err != io.EOF {
+		t.Fatalf("after the epoch's end: %v", err)
+	}
+	b, err := c.Sample(ctxT(t), "cp", &client.SampleRequest{BatchSize: 100, Sampler: "without_replacement"})
+	if err != nil || b.Metadata["epoch"] != "1" {
+		t.Fatalf("next single sample: epoch %q, %v; want the second epoch (1) untouched by the stream", b.Metadata["epoch"], err)
+	}
+}
+
+// TestSampleStreamRowsNotTorn reads a stream while 8 writers overwrite a
+// small ring: every row of every batch must derive from one token.
+func TestSampleStreamRowsNotTorn(t *testing.T) {
+	ts, _ := newServer(t, nil)
+	c := newClient(t, ts.URL, nil)
+	ctx := ctxT(t)
+	fillCartpole(t, c, 256, 256)
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 8 {
+		wg.Go(func() {
+			for i := 0; !stop.Load(); i += 16 {
+				toks := make([]int64, 16)
+				done := make([]bool, 16)
+				for k := range toks {
+					toks[k] = int64(w)<<32 | int64(i+k)
+					done[k] = (i+k)%7 == 6
+				}
+				if _, err := c.Extend(ctx, "cp", fmt.Sprintf("w%d", w), steps(toks, done, nil)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	st, err := c.SampleStream(ctx, "cp", &client.SampleRequest{BatchSize: 64}, &client.StreamOptions{Batches: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for i := range 300 {
+		b, err := st.Next()
+		if err != nil {
+			t.Fatalf("batch %d: %v", i, err)
+		}
+		for _, r := range rowsOf(t, b) {
+			if err := checkRow(r); err != nil {
+				t.Fatalf("batch %d: %v", i, err)
+			}
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// streamsGauge reads rbd_sample_streams from /metrics.
+func streamsGauge(t *testing.T, c *client.Client) string {
+	t.Helper()
+	m, err := c.Metrics(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(m)) {
+		if v, ok := strings.CutPrefix(line, "rbd_sample_streams "); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatal("no rbd_sample_streams in /metrics")
+	return ""
+}
+
+// waitFor polls cond until it holds or the test's deadline nears.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestSampleStreamFreesWhatItHolds closes endless streams (after a batch,
+// and without reading a thing, so the server stalls on a full socket) and
+// checks that the server's stream goroutines and memory go back to what
+// they were, and that a stalled stream never held up a writer.
+func TestSampleStreamFreesWhatItHolds(t *testing.T) {
+	ts, _ := newServer(t, &server.Options{StreamStallTimeout: 200 * time.Millisecond})
+	c := newClient(t, ts.URL, nil)
+	ctx := ctxT(t)
+	fillCartpole(t, c, 4000, 4000)
+	baseline := runtime.NumGoroutine()
+
+	// A client that reads one batch and closes.
+	st, err := c.SampleStream(ctx, "cp", &client.SampleRequest{BatchSize: 256}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Next(); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	waitFor(t, "the closed stream to end", func() bool { return streamsGauge(t, c) == "0" })
+
+	// A client that reads nothing: the server fills the socket, stalls,
+	// and ends the stream after StreamStallTimeout. Writers go on meanwhile.
+	stalled, err := c.SampleStream(ctx, "cp", &client.SampleRequest{BatchSize: 256}, &client.StreamOptions{Depth: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stalled.Close()
+	for i := range 50 {
+		if _, err := c.Extend(ctx, "cp", "writer", steps(seqToks(int64(i)*16, 16), make([]bool, 16), nil)); err != nil {
+			t.Fatalf("extend %d next to a stalled stream: %v", i, err)
+		}
+	}
+	waitFor(t, "the stalled stream to time out", func() bool { return streamsGauge(t, c) == "0" })
+	// The stalled client then finds its stream cut short.
+	for {
+		if _, err := stalled.Next(); err != nil {
+			if !errors.Is(err, io.ErrUnexpectedEOF) && !isConnReset(err) {
+				t.Fatalf("stalled stream ended with %v, want an unexpected EOF", err)
+			}
+			break
+		}
+	}
+	stalled.Close()
+	waitFor(t, "the streams' goroutines to exit", func() bool {
+		ts.CloseClientConnections() // idle keep-alive connections hold goroutines too
+		return runtime.NumGoroutine() <= baseline
+	})
+	if err := c.Health(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func isConnReset(err error) bool {
+	var ne *net.OpError
+	return errors.As(err, &ne) || strings.Contains(err.Error(), "connection reset")
+}
+
+// TestSampleStreamBoundsReadAhead checks how far a stream runs ahead of a
+// reader that has stopped: depth batches in the server, about depth frames
+// in the send buffer (ConnContext), and the reader's receive buffer. The
+// kernel's own send buffer would hold hundreds more (4 MiB).
+func TestSampleStreamBoundsReadAhead(t *testing.T) {
+	ts, _ := newServer(t, nil)
+	c := newClient(t, ts.URL, nil)
+	fillCartpole(t, c, 2000, 2000)
+	sampled := func() int64 {
+		m, err := c.Metrics(ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.Lines(string(m)) {
+			if v, ok := strings.CutPrefix(line, `rbd_sampler_rows_sampled_total{buffer="cp"} `); ok {
+				var n int64
+				fmt.Sscan(v, &n)
+				return n
+			}
+		}
+		return 0
+	}
+	const rows, depth = 256, 2
+	st, err := c.SampleStream(ctxT(t), "cp", &client.SampleRequest{BatchSize: rows}, &client.StreamOptions{Depth: depth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	b, err := st.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame := 0
+	for _, t := range b.Tensors {
+		frame += len(t.Data)
+	}
+	// Give the server every chance to run ahead: the bound is an upper
+	// one, so a slow machine only makes it easier to meet.
+	time.Sleep(300 * time.Millisecond)
+	ahead := sampled()/rows - 1
+	bound := int64(depth + 2 + (1<<20)/frame)
+	t.Logf("%d-byte batches: %d drawn ahead of the reader (bound %d)", frame, ahead, bound)
+	if ahead > bound {
+		t.Fatalf("the stream drew %d batches of %d bytes ahead of a stalled reader, more than %d (depth %d + 1 MiB of socket buffers)", ahead, frame, bound, depth)
+	}
+}
+
+// streamAfterOne serves a filled buffer "cp" and returns a stream of it
+// that has delivered one batch.
+func streamAfterOne(t *testing.T) (*client.Client, *server.Server, *client.SampleStream) {
+	ts, srv := newServer(t, nil)
+	c := newClient(t, ts.URL, nil)
+	fillCartpole(t, c, 1000, 400)
+	st, err := c.SampleStream(ctxT(t), "cp", &client.SampleRequest{BatchSize: 8}, &client.StreamOptions{Depth: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if _, err := st.Next(); err != nil {
+		t.Fatal(err)
+	}
+	return c, srv, st
+}
+
+func TestSampleStreamEndsWithErrorFrame(t *testing.T) {
+	t.Run("shutdown", func(t *testing.T) {
+		_, srv, st := streamAfterOne(t)
+		srv.BeginShutdown()
+		for {
+			_, err := st.Next()
+			if err == nil {
+				continue // drawn before the shutdown
+			}
+			if !errors.Is(err, client.ErrShuttingDown) {
+				t.Fatalf("stream ended with %v, want ErrShuttingDown", err)
+			}
+			break
+		}
+	})
+	t.Run("buffer deleted", func(t *testing.T) {
+		c, _, st := streamAfterOne(t)
+		if err := c.DeleteBuffer(ctxT(t), "cp"); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			_, err := st.Next()
+			if err == nil {
+				continue
+			}
+			var ae *client.APIError
+			if !errors.As(err, &ae) || ae.Status != http.StatusNotFound {
+				t.Fatalf("stream ended with %v, want a 404 error frame", err)
+			}
+			break
+		}
+	})
+	t.Run("not ready is an ordinary answer", func(t *testing.T) {
+		ts, _ := newServer(t, nil)
+		c := newClient(t, ts.URL, nil)
+		if _, _, err := c.CreateBuffer(ctxT(t), "cp", cartpole(100)); err != nil {
+			t.Fatal(err)
+		}
+		_, err := c.SampleStream(ctxT(t), "cp", &client.SampleRequest{BatchSize: 8}, nil)
+		if !errors.Is(err, client.ErrNotReady) {
+			t.Fatalf("stream of an empty buffer: %v, want ErrNotReady", err)
+		}
+	})
+}
+
+// TestSampleStreamOutlivesReadTimeout runs a stream longer than the HTTP
+// server's ReadTimeout (rbd serve sets one), reading it slowly.
+func TestSampleStreamOutlivesReadTimeout(t *testing.T) {
+	db, err := rbd.Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: server.New(db, nil).Handler(), ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond}
+	go hs.Serve(ln)
+	defer hs.Close()
+	c := newClient(t, "http://"+ln.Addr().String(), nil)
+	fillCartpole(t, c, 1000, 400)
+	st, err := c.SampleStream(ctxT(t), "cp", &client.SampleRequest{BatchSize: 8}, &client.StreamOptions{Batches: 8, Depth: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	start := time.Now()
+	for i := range 8 {
+		if _, err := st.Next(); err != nil {
+			t.Fatalf("batch %d, %v into the stream: %v", i, time.Since(start), err)
+		}
+		time.Sleep(100 * time.Millisecond) // a slow learner: 800 ms in all, past both timeouts
+	}
+}
+
+func TestSampleStreamBadInput(t *testing.T) {
+	ts, _ := newServer(t, nil)
+	c := newClient(t, ts.URL, nil)
+	fillCartpole(t, c, 1000, 400)
+	for _, tc := range []struct {
+		name, query, body, accept, want string
+	}{
+		{"depth 0", "stream=1", `{"batch_size": 8, "depth": 0}`, "", "depth: must be in [1, 64], got 0"},
+		{"depth huge", "stream=1", `{"batch_size": 8, "depth": 100000}`, "", "depth: must be in [1, 64]"},
+		{"depth not a number", "stream=1", `{"batch_size": 8, "depth": "2"}`, "", "depth: must be an integer"},
+		{"negative batches", "stream=1", `{"batch_size": 8, "batches": -1}`, "", "batches: must be at least 1, got -1"},
+		{"zero batches", "stream=1", `{"batch_size": 8, "batches": 0}`, "", "batches: must be at least 1"},
+		{"fractional batches", "stream=1", `{"batch_size": 8, "batches": 1.5}`, "", "batches: must be an integer"},
+		{"bad epoch flag", "stream=1", `{"batch_size": 8, "stop_at_epoch_end": 1}`, "", "stop_at_epoch_end: must be a boolean"},
+		{"unknown transport option", "stream=shm", `{"batch_size": 8}`, "", `stream: \"shm\" is not a transport option`},
+		{"sample key checked", "stream=1", `{"batch_size": 8, "samplr": "x"}`, "", "samplr: unknown key"},
+		{"bad sample request", "stream=1", `{"batch_size": -3}`, "", "batch_size"},
+		{"not an object", "stream=1", `[1]`, "", "body: not a JSON object"},
+		{"JSON answer", "stream=1", `{"batch_size": 8}`, "application/json", "stream: a sample stream is binary frames"},
+		{"stream keys without stream=1", "", `{"batch_size": 8, "depth": 2}`, "", "depth: unknown key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest("POST", ts.URL+"/v1/buffers/cp/sample?"+tc.query, strings.NewReader(tc.body))
+			req.Header.Set("Content-Type", "application/json")
+			if tc.accept != "" {
+				req.Header.Set("Accept", tc.accept)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), tc.want) || !strings.HasPrefix(string(body), `{"error":`) {
+				t.Fatalf("%d %s, want 400 with %q", resp.StatusCode, body, tc.want)
+			}
+		})
+	}
+	if _, err := c.SampleStream(context.Background(), "cp", nil, &client.StreamOptions{Batches: -1}); err == nil || !strings.Contains(err.Error(), "batches -1 is negative") {
+		t.Fatalf("client-side check: %v", err)
+	}
+	// The server still answers.
+	if _, err := c.Sample(ctxT(t), "cp", &client.SampleRequest{BatchSize: 8}); err != nil {
+		t.Fatal(err)
+	}
+}
