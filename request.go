@@ -106,6 +106,9 @@ func ParseSampleRequest(data []byte) (*SampleRequest, error) {
 	// are exact.
 	for k := range raw {
 		if !slices.Contains(sampleRequestKeys, k) {
+			if k == "" {
+				k = `""` // an empty key still gets a visible name
+			}
 			return nil, reqErr(k, "unknown key (want one of %s)", strings.Join(sampleRequestKeys, ", "))
 		}
 	}

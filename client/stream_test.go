@@ -3,11 +3,13 @@ package client_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/rbdb/rbd"
 	"github.com/rbdb/rbd/client"
+	"github.com/rbdb/rbd/codec"
 	"github.com/rbdb/rbd/server"
 )
 
@@ -467,4 +470,48 @@ func TestSampleStreamBadInput(t *testing.T) {
 	if _, err := c.Sample(ctxT(t), "cp", &client.SampleRequest{BatchSize: 8}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// FuzzSampleStreamFrames feeds any bytes to a stream reader as the
+// server's answer: every outcome is batches then an error or EOF, never a
+// panic, and never a batch larger than the client allows.
+func FuzzSampleStreamFrames(f *testing.F) {
+	frame := func(flag uint64, payload []byte) []byte {
+		return append(binary.LittleEndian.AppendUint64(nil, flag|uint64(len(payload))), payload...)
+	}
+	st, err := codec.EncodeSafetensors([]codec.Tensor{client.NewTensor("seq", []int{2}, []int64{4, 5})}, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(frame(0, st))
+	f.Add(append(frame(0, st), frame(1<<63, []byte(`{"error":"gone","code":"x","status":404}`))...))
+	f.Add(frame(1<<63, []byte(`{"error":"x"}`)))
+	f.Add(frame(0, st)[:12])
+	f.Add(binary.LittleEndian.AppendUint64(nil, 1<<62))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/vnd.rbd.sample-stream")
+			w.Write(body)
+		}))
+		defer srv.Close()
+		c, err := client.New(srv.URL, &client.Options{MaxResponseBytes: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := c.SampleStream(context.Background(), "b", nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		for range len(body)/8 + 2 {
+			b, err := s.Next()
+			if err != nil {
+				return
+			}
+			if b == nil {
+				t.Fatal("nil batch without an error")
+			}
+		}
+		t.Fatal("the reader returned more batches than the body has frames")
+	})
 }

@@ -294,3 +294,29 @@ func fzSameFloat32s(a, b []byte) bool {
 	}
 	return true
 }
+
+// FuzzParseStreamRequest: any body is a stream request with its keys in
+// range, or an error naming a field; never a panic.
+func FuzzParseStreamRequest(f *testing.F) {
+	for _, seed := range []string{
+		`{"batch_size": 8, "batches": 3, "depth": 2, "stop_at_epoch_end": true, "seed": 1}`,
+		`{"batch_size": 8, "batches": null}`,
+		`{"depth": 0}`, `{"depth": 65}`, `{"batches": -1}`, `{"batches": 1e30}`,
+		`{"stop_at_epoch_end": "yes"}`, `[]`, `null`, `{"samplr": 1, "depth": 2}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		sr, err := parseStreamRequest(body)
+		if err != nil {
+			var re *rbd.RequestError
+			if !errors.As(err, &re) || re.Field == "" {
+				t.Fatalf("error %v does not name a field", err)
+			}
+			return
+		}
+		if sr.depth < 1 || sr.depth > maxStreamDepth || sr.batches < 0 || sr.sample == nil {
+			t.Fatalf("accepted a stream request out of range: %+v", sr)
+		}
+	})
+}
