@@ -179,6 +179,8 @@ type plan struct {
 	rows      int // output rows (B or S*L)
 	// minVersion is min_policy_version, -1 without one.
 	minVersion int64
+	// rewardColumn is next.reward, for n-step returns.
+	rewardColumn storage.Column
 	// answerBytes bounds the memory of the answer's tensors as the
 	// buffer's pool hands it out (sizes rounded up to powers of two).
 	answerBytes int64
@@ -284,6 +286,7 @@ func (b *Buffer) planSample(req *SampleRequest, maxBytes int64) (*plan, error) {
 		if p.compact && !p.nextState {
 			return nil, reqErr("n_step", "needs next_state on a compact_obs buffer (the bootstrap observation is rebuilt)")
 		}
+		p.rewardColumn, _ = b.Column("next.reward")
 	}
 	if req.IncludeIncomplete && (p.slices || len(p.recon) == 0) {
 		return nil, reqErr("include_incomplete", "applies to transition samplers on compact_obs buffers with next_state")

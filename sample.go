@@ -111,6 +111,12 @@ type drawn struct {
 // that) and for data that can satisfy it (ErrNotReady), gathers the rows
 // without holding locks and derives next observations and n-step returns.
 // A sample that fails counts nothing against the rate limit.
+//
+// The path reads in order: plan (planSample: the request against the
+// spec), draw (the sampler picks rows under the index lock, waiting for the
+// limiter and for data), gather (copy the rows out, no lock held), transform
+// (n-step returns) and encode (the answer's tensors). A gather that finds a
+// drawn row overwritten meanwhile draws again, at most 5 times.
 func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOptions) (_ *Batch, retErr error) {
 	var o SampleOptions
 	if opts != nil {
@@ -131,22 +137,58 @@ func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOpt
 		timeout = min(timeout, o.MaxTimeout)
 	}
 	deadline := time.Now().Add(timeout)
-	// The limiter counts the rows asked for (padding included); a short
-	// last batch of an epoch gives the rest back. The grant is not held
-	// while the sample waits for data: extends admitted against a sample
-	// that then fails would leave the counters outside the window.
 	var grant ratelimit.Grant
-	held := false
 	defer func() {
 		if retErr != nil {
 			grant.Refund(grant.Rows())
 		}
 	}()
 	for attempt := 0; ; attempt++ {
+		var d *drawn
+		grant, d, err = b.draw(ctx, p, rng, deadline, o.Stop, grant)
+		if err != nil {
+			if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+				return nil, err
+			}
+			return nil, fmt.Errorf("sample %q: %w", b.Name(), err)
+		}
+		if o.Reserve != nil {
+			if err := o.Reserve(p.answerBytes); err != nil {
+				return nil, err
+			}
+			o.Reserve = nil // once: retries reuse the same amount
+		}
+		g, ok, err := b.gather(p, d)
+		if err != nil {
+			return nil, fmt.Errorf("sample %q: %w", b.Name(), err)
+		}
+		if ok {
+			if p.nstep != nil {
+				nstepReturns(p, d, g)
+			}
+			grant.Refund(int64(p.rows - len(d.sel.Seqs)))
+			return b.encode(p, d, g), nil
+		}
+		if attempt >= 4 {
+			return nil, fmt.Errorf("sample %q: %w", b.Name(), ErrContention)
+		}
+	}
+}
+
+// draw picks the batch's rows: it takes the rate limiter's grant (unless
+// held from an earlier attempt), runs the sampler under the index lock and
+// resolves the rows' metadata, and waits for writes while the data cannot
+// satisfy the request. The limiter counts the rows asked for (padding
+// included); the grant is given back while waiting for data, since extends
+// admitted against a sample that then fails would leave the counters
+// outside the window.
+func (b *Buffer) draw(ctx context.Context, p *plan, rng *rand.Rand, deadline time.Time, stop <-chan struct{}, grant ratelimit.Grant) (ratelimit.Grant, *drawn, error) {
+	held := grant.Rows() > 0
+	for {
 		if !held {
-			g, err := b.AcquireSamples(ctx, int64(p.rows), deadline, o.Stop)
+			g, err := b.AcquireSamples(ctx, int64(p.rows), deadline, stop)
 			if err != nil {
-				return nil, fmt.Errorf("sample %q: %w", b.Name(), err)
+				return grant, nil, err
 			}
 			grant, held = g, true
 		}
@@ -167,50 +209,30 @@ func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOpt
 		if err == nil {
 			err = drawErr
 		}
-		if errors.Is(err, ErrNotReady) {
-			wait := time.Until(deadline)
-			if wait <= 0 {
-				return nil, fmt.Errorf("sample %q: %w", b.Name(), err)
-			}
-			grant.Refund(grant.Rows())
-			grant, held = ratelimit.Grant{}, false
-			if b.onDataWait != nil {
-				b.onDataWait()
-			}
-			t := time.NewTimer(wait)
-			select {
-			case <-changed:
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				return nil, ctx.Err()
-			case <-o.Stop:
-				t.Stop()
-				return nil, fmt.Errorf("sample %q: %w", b.Name(), ErrStopped)
-			}
+		if !errors.Is(err, ErrNotReady) {
+			return grant, d, err
+		}
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			return grant, nil, err
+		}
+		grant.Refund(grant.Rows())
+		grant, held = ratelimit.Grant{}, false
+		if b.onDataWait != nil {
+			b.onDataWait()
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-changed:
+		case <-t.C:
+		case <-ctx.Done():
 			t.Stop()
-			continue
+			return grant, nil, ctx.Err()
+		case <-stop:
+			t.Stop()
+			return grant, nil, ErrStopped
 		}
-		if err != nil {
-			return nil, fmt.Errorf("sample %q: %w", b.Name(), err)
-		}
-		if o.Reserve != nil {
-			if err := o.Reserve(p.answerBytes); err != nil {
-				return nil, err
-			}
-			o.Reserve = nil // once: retries reuse the same amount
-		}
-		batch, ok, err := b.assemble(p, d)
-		if err != nil {
-			return nil, fmt.Errorf("sample %q: %w", b.Name(), err)
-		}
-		if ok {
-			grant.Refund(int64(p.rows - len(d.sel.Seqs)))
-			return batch, nil
-		}
-		if attempt >= 4 {
-			return nil, fmt.Errorf("sample %q: %w", b.Name(), ErrContention)
-		}
+		t.Stop()
 	}
 }
 
@@ -251,37 +273,65 @@ func (b *Buffer) gatherAt(seqs []int64, cols []storage.Column, dst [][]byte) (bo
 	return true, nil
 }
 
-func (b *Buffer) assemble(p *plan, d *drawn) (_ *Batch, ok bool, _ error) {
+// gathered is the drawn rows' bytes, copied out of the buffer into memory
+// from the buffer's pool (bufs, handed to the Batch by encode).
+type gathered struct {
+	bufs [][]byte
+	// stored holds each stored field gathered at its row (the window's
+	// last row for n-step's next.* fields).
+	stored map[string][]byte
+	// recon holds next.<k> rebuilt for each obs key k, and valid whether
+	// each row's next observation is known.
+	recon map[string][]byte
+	valid []bool
+	// n-step: every window's rewards in order (rewards), the 1-step
+	// reward (origReward), and after nstepReturns the discounted return
+	// (nstepReward), steps to the next observation and gamma^k.
+	rewards, origReward, nstepReward []byte
+	steps                            []int64
+	gammas                           []float32
+}
+
+// alloc takes a buffer from the pool (not zeroed: every byte is written).
+func (g *gathered) alloc(b *Buffer, size int) []byte {
+	buf := b.pool.get(size)
+	g.bufs = append(g.bufs, buf)
+	return buf
+}
+
+// release hands a failed attempt's memory back.
+func (g *gathered) release(b *Buffer) {
+	for _, buf := range g.bufs {
+		b.pool.put(buf)
+	}
+	g.bufs = nil
+}
+
+// isNStepNext reports the next.* fields that n-step takes from the
+// window's last row (TorchRL's rule): next observations, not the reward
+// or the flags, which the n-step transform derives.
+func isNStepNext(name string) bool {
+	switch name {
+	case "next.reward", "next.done", "next.terminated", "next.truncated":
+		return false
+	}
+	return len(name) > 5 && name[:5] == "next."
+}
+
+// gather copies the drawn rows out: stored fields, reconstructed next
+// observations and n-step windows' rewards. ok is false when a row was
+// overwritten meanwhile (the caller draws again); nothing is kept then.
+func (b *Buffer) gather(p *plan, d *drawn) (_ *gathered, ok bool, _ error) {
 	sel := d.sel
 	n := len(sel.Seqs)
-	out := &Batch{pool: &b.pool}
-	// Every tensor comes from the buffer's pool (no zeroing: each byte is
-	// written below); on a failed attempt they go straight back.
-	alloc := func(size int) []byte {
-		buf := b.pool.get(size)
-		out.bufs = append(out.bufs, buf)
-		return buf
-	}
+	g := &gathered{stored: map[string][]byte{}, recon: map[string][]byte{}, valid: make([]bool, n)}
 	defer func() {
 		if !ok {
-			out.Release()
+			g.release(b)
 		}
 	}()
-	shape := func(row []int) []int {
-		if p.slices {
-			return append([]int{sel.NumSlices, sel.SliceLen}, row...)
-		}
-		return append([]int{n}, row...)
-	}
-	isNStepNext := func(name string) bool {
-		switch name {
-		case "next.reward", "next.done", "next.terminated", "next.truncated":
-			return false
-		}
-		return len(name) > 5 && name[:5] == "next."
-	}
 	// Stored fields. With n-step, the other next.* fields come from the
-	// window's last row (TorchRL's rule), so gather those separately.
+	// window's last row, so gather those separately.
 	lastSeqs := sel.Seqs
 	if p.nstep != nil {
 		lastSeqs = make([]int64, n)
@@ -292,7 +342,6 @@ func (b *Buffer) assemble(p *plan, d *drawn) (_ *Batch, ok bool, _ error) {
 			}
 		}
 	}
-	stored := map[string][]byte{}
 	var atRow, atLast []storage.Column
 	for _, c := range p.stored {
 		if p.nstep != nil && isNStepNext(c.Name) {
@@ -310,128 +359,160 @@ func (b *Buffer) assemble(p *plan, d *drawn) (_ *Batch, ok bool, _ error) {
 		}
 		dst := make([][]byte, len(group.cols))
 		for i, c := range group.cols {
-			dst[i] = alloc(n * c.RowBytes)
+			dst[i] = g.alloc(b, n*c.RowBytes)
 		}
 		ok, err := b.gatherAt(group.seqs, group.cols, dst)
 		if err != nil || !ok {
 			return nil, ok, err
 		}
 		for i, c := range group.cols {
-			stored[c.Name] = dst[i]
+			g.stored[c.Name] = dst[i]
 		}
 	}
-
-	// Reconstructed next observations.
-	valid := make([]bool, n)
-	recon := map[string][]byte{}
 	if len(p.recon) > 0 {
-		// Next observations come from the next row's observation, or from
-		// the tail store for the (few) done rows: gather those compactly
-		// and place them.
-		rowSeqs := make([]int64, n)
-		var tailSeqs []int64
-		var tailPos []int
-		for i, s := range d.next {
-			rowSeqs[i] = s.Row
-			valid[i] = s.Known()
-			if s.Tail >= 0 {
-				tailSeqs = append(tailSeqs, s.Tail)
-				tailPos = append(tailPos, i)
-			}
-		}
-		for _, k := range p.recon {
-			obs, _ := b.Column(k)
-			tail, _ := b.Column("next." + k)
-			rb := obs.RowBytes
-			a := alloc(n * rb)
-			ok, err := b.gatherAt(rowSeqs, []storage.Column{obs}, [][]byte{a})
-			if err != nil || !ok {
-				return nil, ok, err
-			}
-			if len(tailSeqs) > 0 {
-				t := b.pool.get(len(tailSeqs) * rb)
-				ok, err = b.gatherAt(tailSeqs, []storage.Column{tail}, [][]byte{t})
-				for j, i := range tailPos {
-					copy(a[i*rb:(i+1)*rb], t[j*rb:(j+1)*rb])
-				}
-				b.pool.put(t)
-				if err != nil || !ok {
-					return nil, ok, err
-				}
-			}
-			if p.fillNaN {
-				for i, s := range d.next {
-					if !s.Known() {
-						fillNaN(a[i*rb:(i+1)*rb], obs.DType)
-					}
-				}
-			}
-			recon[k] = a
-		}
-	}
-
-	// n-step returns over the windows.
-	var nstepReward, origReward []byte
-	var steps []int64
-	var gammas []float32
-	if p.nstep != nil {
-		rc, _ := b.Column("next.reward")
-		var flat []int64
-		for _, w := range d.windows {
-			for _, m := range w {
-				flat = append(flat, m.Seq)
-			}
-		}
-		rewards := alloc(len(flat) * rc.RowBytes)
-		ok, err := b.gatherAt(flat, []storage.Column{rc}, [][]byte{rewards})
-		if err != nil || !ok {
+		if ok, err := b.gatherNext(p, d, g); err != nil || !ok {
 			return nil, ok, err
 		}
-		orig := stored["next.reward"]
-		if orig == nil {
-			orig = alloc(n * rc.RowBytes)
-			if ok, err := b.gatherAt(sel.Seqs, []storage.Column{rc}, [][]byte{orig}); err != nil || !ok {
-				return nil, ok, err
-			}
-		}
-		origReward = append(alloc(len(orig))[:0], orig...)
-		nstepReward = append(alloc(len(orig))[:0], orig...)
-		steps, gammas = make([]int64, n), make([]float32, n)
-		j := 0
-		rs := make([]float64, 0, p.nstep.N)
-		for i, w := range d.windows {
-			rs = rs[:0]
-			for range w {
-				rs = append(rs, readFloat(rewards[j*rc.RowBytes:], rc.DType))
-				j++
-			}
-			if len(w) == 0 {
-				continue // next unknown: steps 0, gamma 0, the 1-step reward
-			}
-			ret, g := transforms.Discount(rs, p.nstep.Gamma)
-			writeFloat(nstepReward[i*rc.RowBytes:], rc.DType, ret)
-			steps[i], gammas[i] = int64(len(w)), float32(g)
-			// Unlike TorchRL, the done flags are those of the window's
-			// last step, so r + gamma^k (1 - terminated) V(next) is right
-			// when the episode ends inside the window.
-			last := w[len(w)-1]
-			setFlag(stored["next.done"], i, last.Done)
-			setFlag(stored["next.terminated"], i, last.Terminated)
-			setFlag(stored["next.truncated"], i, last.Truncated)
-		}
-		if stored["next.reward"] != nil {
-			stored["next.reward"] = nstepReward
+	}
+	if p.nstep != nil {
+		if ok, err := b.gatherWindows(d, g); err != nil || !ok {
+			return nil, ok, err
 		}
 	}
+	return g, true, nil
+}
 
+// gatherNext rebuilds next observations: from the next row's observation,
+// or from the tail store for the (few) done rows, gathered compactly and
+// placed.
+func (b *Buffer) gatherNext(p *plan, d *drawn, g *gathered) (bool, error) {
+	n := len(d.next)
+	rowSeqs := make([]int64, n)
+	var tailSeqs []int64
+	var tailPos []int
+	for i, s := range d.next {
+		rowSeqs[i] = s.Row
+		g.valid[i] = s.Known()
+		if s.Tail >= 0 {
+			tailSeqs = append(tailSeqs, s.Tail)
+			tailPos = append(tailPos, i)
+		}
+	}
+	for _, k := range p.recon {
+		obs, _ := b.Column(k)
+		tail, _ := b.Column("next." + k)
+		rb := obs.RowBytes
+		a := g.alloc(b, n*rb)
+		ok, err := b.gatherAt(rowSeqs, []storage.Column{obs}, [][]byte{a})
+		if err != nil || !ok {
+			return ok, err
+		}
+		if len(tailSeqs) > 0 {
+			t := b.pool.get(len(tailSeqs) * rb)
+			ok, err = b.gatherAt(tailSeqs, []storage.Column{tail}, [][]byte{t})
+			for j, i := range tailPos {
+				copy(a[i*rb:(i+1)*rb], t[j*rb:(j+1)*rb])
+			}
+			b.pool.put(t)
+			if err != nil || !ok {
+				return ok, err
+			}
+		}
+		if p.fillNaN {
+			for i, s := range d.next {
+				if !s.Known() {
+					fillNaN(a[i*rb:(i+1)*rb], obs.DType)
+				}
+			}
+		}
+		g.recon[k] = a
+	}
+	return true, nil
+}
+
+// gatherWindows copies the rewards of every n-step window and keeps the
+// 1-step rewards as next.original_reward.
+func (b *Buffer) gatherWindows(d *drawn, g *gathered) (bool, error) {
+	rc, _ := b.Column("next.reward")
+	var flat []int64
+	for _, w := range d.windows {
+		for _, m := range w {
+			flat = append(flat, m.Seq)
+		}
+	}
+	g.rewards = g.alloc(b, len(flat)*rc.RowBytes)
+	ok, err := b.gatherAt(flat, []storage.Column{rc}, [][]byte{g.rewards})
+	if err != nil || !ok {
+		return ok, err
+	}
+	orig := g.stored["next.reward"]
+	if orig == nil {
+		orig = g.alloc(b, len(d.sel.Seqs)*rc.RowBytes)
+		if ok, err := b.gatherAt(d.sel.Seqs, []storage.Column{rc}, [][]byte{orig}); err != nil || !ok {
+			return ok, err
+		}
+	}
+	g.origReward = append(g.alloc(b, len(orig))[:0], orig...)
+	g.nstepReward = append(g.alloc(b, len(orig))[:0], orig...)
+	return true, nil
+}
+
+// nstepReturns turns the gathered windows into discounted returns, steps to
+// the next observation and gamma^k, and sets each row's done flags to its
+// window's last step's.
+func nstepReturns(p *plan, d *drawn, g *gathered) {
+	rc := p.rewardColumn
+	n := len(d.sel.Seqs)
+	g.steps, g.gammas = make([]int64, n), make([]float32, n)
+	j := 0
+	rs := make([]float64, 0, p.nstep.N)
+	for i, w := range d.windows {
+		rs = rs[:0]
+		for range w {
+			rs = append(rs, readFloat(g.rewards[j*rc.RowBytes:], rc.DType))
+			j++
+		}
+		if len(w) == 0 {
+			continue // next unknown: steps 0, gamma 0, the 1-step reward
+		}
+		ret, gamma := transforms.Discount(rs, p.nstep.Gamma)
+		writeFloat(g.nstepReward[i*rc.RowBytes:], rc.DType, ret)
+		g.steps[i], g.gammas[i] = int64(len(w)), float32(gamma)
+		// Unlike TorchRL, the done flags are those of the window's last
+		// step, so r + gamma^k (1 - terminated) V(next) is right when the
+		// episode ends inside the window.
+		last := w[len(w)-1]
+		setFlag(g.stored["next.done"], i, last.Done)
+		setFlag(g.stored["next.terminated"], i, last.Terminated)
+		setFlag(g.stored["next.truncated"], i, last.Truncated)
+	}
+	if g.stored["next.reward"] != nil {
+		g.stored["next.reward"] = g.nstepReward
+	}
+}
+
+// encode lays the answer out: the requested keys in order, then seq,
+// traj_id, step and the samplers' and transforms' extra tensors, the
+// epoch metadata and the policy ages. The batch takes over g's memory.
+func (b *Buffer) encode(p *plan, d *drawn, g *gathered) *Batch {
+	sel := d.sel
+	n := len(sel.Seqs)
+	out := &Batch{pool: &b.pool}
+	alloc := func(size int) []byte { return g.alloc(b, size) }
+	shape := func(row []int) []int {
+		if p.slices {
+			return append([]int{sel.NumSlices, sel.SliceLen}, row...)
+		}
+		return append([]int{n}, row...)
+	}
 	for _, k := range p.outKeys {
-		if obs, ok := cutNext(k); ok && recon[obs] != nil {
+		if obs, ok := cutNext(k); ok && g.recon[obs] != nil {
 			c, _ := b.Column(obs)
-			out.Tensors = append(out.Tensors, Tensor{Name: k, DType: c.DType, Shape: shape(c.Shape), Data: recon[obs]})
+			out.Tensors = append(out.Tensors, Tensor{Name: k, DType: c.DType, Shape: shape(c.Shape), Data: g.recon[obs]})
 			continue
 		}
 		c, _ := b.Column(k)
-		out.Tensors = append(out.Tensors, Tensor{Name: k, DType: c.DType, Shape: shape(c.Shape), Data: stored[k]})
+		out.Tensors = append(out.Tensors, Tensor{Name: k, DType: c.DType, Shape: shape(c.Shape), Data: g.stored[k]})
 	}
 	seqB, trajB, stepB := alloc(8*n), alloc(8*n), alloc(8*n)
 	for i, m := range d.metas {
@@ -458,20 +539,19 @@ func (b *Buffer) assemble(p *plan, d *drawn) (_ *Batch, ok bool, _ error) {
 	}
 	if p.slices || p.req.IncludeIncomplete {
 		for _, k := range p.recon {
-			out.Tensors = append(out.Tensors, Tensor{Name: "next." + k + "_valid", DType: storage.Bool, Shape: shape(nil), Data: boolBytes(alloc(n), valid)})
+			out.Tensors = append(out.Tensors, Tensor{Name: "next." + k + "_valid", DType: storage.Bool, Shape: shape(nil), Data: boolBytes(alloc(n), g.valid)})
 		}
 	}
 	if p.nstep != nil {
-		rc, _ := b.Column("next.reward")
 		sb, gb := alloc(8*n), alloc(4*n)
-		for i := range steps {
-			binary.LittleEndian.PutUint64(sb[8*i:], uint64(steps[i]))
-			binary.LittleEndian.PutUint32(gb[4*i:], math.Float32bits(gammas[i]))
+		for i := range g.steps {
+			binary.LittleEndian.PutUint64(sb[8*i:], uint64(g.steps[i]))
+			binary.LittleEndian.PutUint32(gb[4*i:], math.Float32bits(g.gammas[i]))
 		}
 		out.Tensors = append(out.Tensors,
 			Tensor{Name: "steps_to_next_obs", DType: storage.Int64, Shape: shape(nil), Data: sb},
 			Tensor{Name: "gamma", DType: storage.Float32, Shape: shape(nil), Data: gb},
-			Tensor{Name: "next.original_reward", DType: rc.DType, Shape: shape(nil), Data: origReward})
+			Tensor{Name: "next.original_reward", DType: p.rewardColumn.DType, Shape: shape(nil), Data: g.origReward})
 	}
 	if sel.HasEpoch {
 		out.Metadata = map[string]string{"epoch": strconv.FormatInt(sel.Epoch, 10), "epoch_end": strconv.FormatBool(sel.EpochEnd)}
@@ -490,7 +570,8 @@ func (b *Buffer) assemble(p *plan, d *drawn) (_ *Batch, ok bool, _ error) {
 		out.PolicyAgeMean = float64(ageSum) / float64(real)
 	}
 	b.NoteSampled(real)
-	return out, true, nil
+	out.bufs, g.bufs = g.bufs, nil
+	return out
 }
 
 func cutNext(k string) (string, bool) {
