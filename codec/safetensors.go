@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
+	"strconv"
 )
 
 // MaxHeaderBytes caps a safetensors header, as the reference readers do.
@@ -20,35 +22,57 @@ func stErr(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrSafetensors, fmt.Sprintf(format, args...))
 }
 
-type stEntry struct {
-	DType       string   `json:"dtype"`
-	Shape       []int    `json:"shape"`
-	DataOffsets [2]int64 `json:"data_offsets"`
-}
-
 // SafetensorsHeader returns the 8-byte length prefix plus the JSON header
 // for tensors (in the given order) and metadata, padded with spaces to a
 // multiple of 8 bytes, and the total size of the encoding.
 func SafetensorsHeader(tensors []Tensor, meta map[string]string) ([]byte, int64, error) {
-	var buf bytes.Buffer
-	buf.WriteString("{")
+	// Room for a typical entry per tensor, so the header is one allocation.
+	return AppendSafetensorsHeader(make([]byte, 0, 64+80*len(tensors)+32*len(meta)), tensors, meta)
+}
+
+// AppendSafetensorsHeader is SafetensorsHeader appending to dst. Every
+// sample answer starts with one, so it is written by hand rather than
+// through encoding/json (a dozen allocations a tensor); its bytes are the
+// same as encoding/json's, which the tests check against a reference.
+func AppendSafetensorsHeader(dst []byte, tensors []Tensor, meta map[string]string) ([]byte, int64, error) {
+	start := len(dst)
+	dst = append(dst, 0, 0, 0, 0, 0, 0, 0, 0, '{')
 	first := true
 	if len(meta) > 0 {
-		m, err := json.Marshal(meta)
-		if err != nil {
-			return nil, 0, err
+		keys := make([]string, 0, len(meta))
+		for k := range meta {
+			keys = append(keys, k)
 		}
-		buf.WriteString(`"__metadata__":`)
-		buf.Write(m)
+		sort.Strings(keys) // encoding/json's order for maps
+		dst = append(dst, `"__metadata__":{`...)
+		for i, k := range keys {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = appendJSONString(dst, k)
+			dst = append(dst, ':')
+			dst = appendJSONString(dst, meta[k])
+		}
+		dst = append(dst, '}')
 		first = false
 	}
 	var off int64
-	seen := make(map[string]bool, len(tensors))
-	for _, t := range tensors {
-		if t.Name == "__metadata__" || seen[t.Name] {
+	// Names are checked for repeats by a scan (answers have a dozen
+	// tensors: cheaper than a map), or a map for many.
+	var seen map[string]bool
+	if len(tensors) > 32 {
+		seen = make(map[string]bool, len(tensors))
+	}
+	for i, t := range tensors {
+		used := seen[t.Name]
+		if seen != nil {
+			seen[t.Name] = true
+		} else {
+			used = slices.ContainsFunc(tensors[:i], func(u Tensor) bool { return u.Name == t.Name })
+		}
+		if t.Name == "__metadata__" || used {
 			return nil, 0, fmt.Errorf("tensor %q: name is reserved or used twice", t.Name)
 		}
-		seen[t.Name] = true
 		st, ok := dtypeToST[t.DType]
 		if !ok {
 			return nil, 0, fmt.Errorf("tensor %q: unknown dtype %q", t.Name, t.DType)
@@ -57,28 +81,53 @@ func SafetensorsHeader(tensors []Tensor, meta map[string]string) ([]byte, int64,
 			return nil, 0, err
 		}
 		if !first {
-			buf.WriteByte(',')
+			dst = append(dst, ',')
 		}
 		first = false
-		name, _ := json.Marshal(t.Name)
-		shape := t.Shape
-		if shape == nil {
-			shape = []int{}
+		dst = appendJSONString(dst, t.Name)
+		dst = append(dst, `:{"dtype":"`...)
+		dst = append(dst, st...)
+		dst = append(dst, `","shape":[`...)
+		for j, d := range t.Shape {
+			if j > 0 {
+				dst = append(dst, ',')
+			}
+			dst = strconv.AppendInt(dst, int64(d), 10)
 		}
-		e, _ := json.Marshal(stEntry{DType: st, Shape: shape, DataOffsets: [2]int64{off, off + int64(len(t.Data))}})
-		buf.Write(name)
-		buf.WriteByte(':')
-		buf.Write(e)
+		dst = append(dst, `],"data_offsets":[`...)
+		dst = strconv.AppendInt(dst, off, 10)
+		dst = append(dst, ',')
 		off += int64(len(t.Data))
+		dst = strconv.AppendInt(dst, off, 10)
+		dst = append(dst, "]}"...)
 	}
-	buf.WriteString("}")
-	for (8+buf.Len())%8 != 0 {
-		buf.WriteByte(' ')
+	dst = append(dst, '}')
+	for (len(dst)-start)%8 != 0 {
+		dst = append(dst, ' ')
 	}
-	out := make([]byte, 8, 8+buf.Len())
-	binary.LittleEndian.PutUint64(out, uint64(buf.Len()))
-	out = append(out, buf.Bytes()...)
-	return out, int64(len(out)) + off, nil
+	binary.LittleEndian.PutUint64(dst[start:], uint64(len(dst)-start-8))
+	return dst, int64(len(dst)-start) + off, nil
+}
+
+type stEntry struct {
+	DType       string   `json:"dtype"`
+	Shape       []int    `json:"shape"`
+	DataOffsets [2]int64 `json:"data_offsets"`
+}
+
+// appendJSONString appends s as encoding/json writes a string: names of
+// plain ASCII are copied between quotes; anything encoding/json escapes
+// (quotes, backslashes, control bytes, <, >, &, non-ASCII) goes through it.
+func appendJSONString(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x80 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s) // a string always marshals
+			return append(dst, q...)
+		}
+	}
+	dst = append(dst, '"')
+	dst = append(dst, s...)
+	return append(dst, '"')
 }
 
 // WriteSafetensors streams tensors to w: the header, then each tensor's

@@ -2,10 +2,13 @@ package codec
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -440,6 +443,94 @@ func TestSafetensorsHeaderIsStrictJSON(t *testing.T) {
 		}
 		if len(e) != 3 || e["dtype"] == nil || e["shape"] == nil || e["data_offsets"] == nil {
 			t.Errorf("entry %q = %v, want exactly dtype, shape, data_offsets", name, e)
+		}
+	}
+}
+
+// referenceHeader is the header as encoding/json writes it: the encoder
+// before AppendSafetensorsHeader, kept as the reference its bytes must
+// match.
+func referenceHeader(t *testing.T, tensors []Tensor, meta map[string]string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	buf.WriteString("{")
+	first := true
+	if len(meta) > 0 {
+		m, err := json.Marshal(meta)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf.WriteString(`"__metadata__":`)
+		buf.Write(m)
+		first = false
+	}
+	var off int64
+	for _, tn := range tensors {
+		if !first {
+			buf.WriteByte(',')
+		}
+		first = false
+		name, _ := json.Marshal(tn.Name)
+		shape := tn.Shape
+		if shape == nil {
+			shape = []int{}
+		}
+		e, _ := json.Marshal(stEntry{DType: dtypeToST[tn.DType], Shape: shape, DataOffsets: [2]int64{off, off + int64(len(tn.Data))}})
+		buf.Write(name)
+		buf.WriteByte(':')
+		buf.Write(e)
+		off += int64(len(tn.Data))
+	}
+	buf.WriteString("}")
+	for (8+buf.Len())%8 != 0 {
+		buf.WriteByte(' ')
+	}
+	out := binary.LittleEndian.AppendUint64(nil, uint64(buf.Len()))
+	return append(out, buf.Bytes()...)
+}
+
+// TestSafetensorsHeaderMatchesEncodingJSON: the hand-written header is
+// byte for byte what encoding/json writes, for names and metadata that
+// need escaping too, and appends after what dst holds.
+func TestSafetensorsHeaderMatchesEncodingJSON(t *testing.T) {
+	names := []string{"observation", "next.observation", "a\"b", `back\slash`, "<tag>&", "a<b", "c>d", "e&f", "tab\there", "ünï", "\u2028", "bad\xffutf8", "", "x"}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for trial := range 300 {
+		var tensors []Tensor
+		used := map[string]bool{}
+		for range 1 + rng.IntN(5) {
+			name := names[rng.IntN(len(names))] + strconv.Itoa(rng.IntN(3))
+			if used[name] {
+				continue
+			}
+			used[name] = true
+			shape := make([]int, rng.IntN(3))
+			n := 1
+			for i := range shape {
+				shape[i] = rng.IntN(4)
+				n *= shape[i]
+			}
+			tensors = append(tensors, Tensor{Name: name, DType: "float32", Shape: shape, Data: make([]byte, 4*n)})
+		}
+		var meta map[string]string
+		if rng.IntN(2) == 0 {
+			meta = map[string]string{names[rng.IntN(len(names))]: names[rng.IntN(len(names))], "epoch": "3"}
+		}
+		want := referenceHeader(t, tensors, meta)
+		prefix := []byte("prefix")
+		got, total, err := AppendSafetensorsHeader(prefix, tensors, meta)
+		if err != nil {
+			t.Fatalf("trial %d: %v", trial, err)
+		}
+		if !bytes.Equal(got[:len(prefix)], []byte("prefix")) || !bytes.Equal(got[len(prefix):], want) {
+			t.Fatalf("trial %d: header\n%q\nwant\n%q", trial, got[len(prefix):], want)
+		}
+		data := 0
+		for _, tn := range tensors {
+			data += len(tn.Data)
+		}
+		if total != int64(len(want)+data) {
+			t.Fatalf("trial %d: total %d, want %d", trial, total, len(want)+data)
 		}
 	}
 }

@@ -16,6 +16,7 @@ package server_test
 //	go tool benchstat -col /server http.txt   # benchstat is not pinned in go.mod yet
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -384,5 +385,71 @@ func BenchmarkHTTPExtend(b *testing.B) {
 				})
 			}
 		}
+	}
+}
+
+// BenchmarkSampleHandler: the server's own cost of one 256-row CartPole
+// sample request (routing, auth, parse, draw, gather, encode), with no
+// network and a writer that discards the answer. allocs/op is the figure to
+// watch: the lean request path allocates little beyond pooled memory.
+//
+//	go test ./server -run '^$' -bench 'BenchmarkSampleHandler' -benchtime 3s -count 3
+func BenchmarkSampleHandler(b *testing.B) {
+	w := bnWorkloads[0]
+	capacity := bnCapacity(w)
+	db, err := rbd.Open(b.TempDir(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	spec, err := storage.ParseSpec([]byte(bnSpec(w, capacity, "memory")))
+	if err != nil {
+		b.Fatal(err)
+	}
+	buf, _, err := db.CreateBuffer("bench", spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for k := 0; k < capacity/bnBatch+1; k++ {
+		if _, err := buf.Extend("fill", benchdata.StorageBatch(bnBatchTensors(w, k), bnBatch)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	h := server.New(db, nil).Handler()
+	body := []byte(`{"batch_size": 256}`)
+	rw := &discardWriter{h: http.Header{}}
+	b.ReportAllocs()
+	for b.Loop() {
+		r, err := http.NewRequest(http.MethodPost, "/v1/buffers/bench/sample", bytes.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.Header.Set("Content-Type", "application/json")
+		clear(rw.h)
+		rw.status = 0
+		h.ServeHTTP(rw, r)
+		if rw.status != http.StatusOK {
+			b.Fatalf("status %d", rw.status)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "requests/s")
+}
+
+// discardWriter is an http.ResponseWriter that keeps only the status.
+type discardWriter struct {
+	h      http.Header
+	status int
+}
+
+func (d *discardWriter) Header() http.Header { return d.h }
+func (d *discardWriter) Write(p []byte) (int, error) {
+	if d.status == 0 {
+		d.status = http.StatusOK
+	}
+	return len(p), nil
+}
+func (d *discardWriter) WriteHeader(code int) {
+	if d.status == 0 {
+		d.status = code
 	}
 }
