@@ -19,25 +19,31 @@ func sizeClass(n int) int {
 	return bits.Len(uint(n - 1))
 }
 
-// get returns a slice of length n whose contents are arbitrary.
-func (p *bytePool) get(n int) []byte {
+// get returns a buffer of length n whose contents are arbitrary. The
+// pointer goes back to put as it came: a pool of *[]byte recycles the
+// slice header too, so a steady sampler allocates nothing here.
+func (p *bytePool) get(n int) *[]byte {
 	c := sizeClass(n)
 	if c >= len(p.classes) {
-		return make([]byte, n)
+		b := make([]byte, n)
+		return &b
 	}
 	if v := p.classes[c].Get(); v != nil {
-		return (*v.(*[]byte))[:n]
+		b := v.(*[]byte)
+		*b = (*b)[:n]
+		return b
 	}
-	return make([]byte, n, 1<<c)
+	b := make([]byte, n, 1<<c)
+	return &b
 }
 
-func (p *bytePool) put(b []byte) {
-	c := sizeClass(cap(b))
-	if cap(b) != 1<<c || c >= len(p.classes) {
+func (p *bytePool) put(b *[]byte) {
+	c := sizeClass(cap(*b))
+	if cap(*b) != 1<<c || c >= len(p.classes) {
 		return // not one of ours
 	}
-	b = b[:cap(b)]
-	p.classes[c].Put(&b)
+	*b = (*b)[:cap(*b)]
+	p.classes[c].Put(b)
 }
 
 // pooledBytes is the memory the pool hands out for a request of n bytes.

@@ -51,7 +51,7 @@ type Batch struct {
 	PolicyAgeMax  int64
 
 	pool *bytePool
-	bufs [][]byte
+	bufs []*[]byte
 }
 
 // Release hands the batch's memory back for reuse by later samples. The
@@ -276,7 +276,7 @@ func (b *Buffer) gatherAt(seqs []int64, cols []storage.Column, dst [][]byte) (bo
 // gathered is the drawn rows' bytes, copied out of the buffer into memory
 // from the buffer's pool (bufs, handed to the Batch by encode).
 type gathered struct {
-	bufs [][]byte
+	bufs []*[]byte
 	// stored holds each stored field gathered at its row (the window's
 	// last row for n-step's next.* fields).
 	stored map[string][]byte
@@ -296,7 +296,7 @@ type gathered struct {
 func (g *gathered) alloc(b *Buffer, size int) []byte {
 	buf := b.pool.get(size)
 	g.bufs = append(g.bufs, buf)
-	return buf
+	return *buf
 }
 
 // release hands a failed attempt's memory back.
@@ -408,12 +408,13 @@ func (b *Buffer) gatherNext(p *plan, d *drawn, g *gathered) (bool, error) {
 			return ok, err
 		}
 		if len(tailSeqs) > 0 {
-			t := b.pool.get(len(tailSeqs) * rb)
+			tp := b.pool.get(len(tailSeqs) * rb)
+			t := *tp
 			ok, err = b.gatherAt(tailSeqs, []storage.Column{tail}, [][]byte{t})
 			for j, i := range tailPos {
 				copy(a[i*rb:(i+1)*rb], t[j*rb:(j+1)*rb])
 			}
-			b.pool.put(t)
+			b.pool.put(tp)
 			if err != nil || !ok {
 				return ok, err
 			}
