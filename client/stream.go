@@ -35,8 +35,13 @@ type StreamOptions struct {
 // import the server).
 const streamContentType = "application/vnd.rbd.sample-stream"
 
-// frameError is the length word's flag of an error frame.
-const frameError = uint64(1) << 63
+// frameError and frameArena are the length word's flags of an error frame
+// and of a frame naming a shared-memory slot (never sent on a stream=1
+// stream, which is all this client opens).
+const (
+	frameError = uint64(1) << 63
+	frameArena = uint64(1) << 62
+)
 
 // SampleStream is an open sample stream (SampleStream): batches arrive in
 // order, drawn by the server ahead of the reader. It is not safe for
@@ -124,6 +129,9 @@ func (s *SampleStream) next() (*Batch, error) {
 	n := binary.LittleEndian.Uint64(prefix[:])
 	if n&frameError != 0 {
 		return nil, fmt.Errorf("sample stream %s: after %d batches: %w", s.name, s.got, s.readErrorFrame(n&^frameError))
+	}
+	if n&frameArena != 0 {
+		return nil, fmt.Errorf("sample stream %s: the server sent a shared-memory frame on a socket stream", s.name)
 	}
 	if n > uint64(s.maxResponse) {
 		return nil, fmt.Errorf("sample stream %s: a %d-byte batch exceeds the %d allowed (Options.MaxResponseBytes)", s.name, n, s.maxResponse)

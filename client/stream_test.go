@@ -439,7 +439,7 @@ func TestSampleStreamBadInput(t *testing.T) {
 		{"zero batches", "stream=1", `{"batch_size": 8, "batches": 0}`, "", "batches: must be at least 1"},
 		{"fractional batches", "stream=1", `{"batch_size": 8, "batches": 1.5}`, "", "batches: must be an integer"},
 		{"bad epoch flag", "stream=1", `{"batch_size": 8, "stop_at_epoch_end": 1}`, "", "stop_at_epoch_end: must be a boolean"},
-		{"unknown transport option", "stream=shm", `{"batch_size": 8}`, "", `stream: \"shm\" is not a transport option`},
+		{"unknown transport option", "stream=pigeon", `{"batch_size": 8}`, "", `stream: \"pigeon\" is not a transport option`},
 		{"sample key checked", "stream=1", `{"batch_size": 8, "samplr": "x"}`, "", "samplr: unknown key"},
 		{"bad sample request", "stream=1", `{"batch_size": -3}`, "", "batch_size"},
 		{"not an object", "stream=1", `[1]`, "", "body: not a JSON object"},

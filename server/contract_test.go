@@ -479,7 +479,7 @@ func ctCases(t *testing.T) []ctCase {
 		{name: "sample stream", method: "POST", path: "/v1/buffers/cp/sample?stream=1", ctype: js, body: []byte(`{"batch_size": 2, "seed": 3, "batches": 3, "depth": 1}`), want: 200},
 		{name: "sample stream, every key", method: "POST", path: "/v1/buffers/cp/sample?stream=1", ctype: js, body: []byte(`{"batch_size": 5, "sampler": "without_replacement", "consumer": "stream", "batches": 2, "stop_at_epoch_end": true}`), want: 200},
 		{name: "sample stream depth 0", method: "POST", path: "/v1/buffers/cp/sample?stream=1", ctype: js, body: []byte(`{"batch_size": 2, "depth": 0}`), want: 400, invalid: true},
-		{name: "sample stream unknown transport", method: "POST", path: "/v1/buffers/cp/sample?stream=shm", ctype: js, body: []byte(`{"batch_size": 2}`), want: 400, invalid: true},
+		{name: "sample stream unknown transport", method: "POST", path: "/v1/buffers/cp/sample?stream=pigeon", ctype: js, body: []byte(`{"batch_size": 2}`), want: 400, invalid: true},
 		{name: "sample stream keys without a stream", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, body: []byte(`{"batch_size": 2, "batches": 2}`), want: 400},
 		{name: "sample unknown sampler", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, body: []byte(`{"batch_size": 1, "sampler": "bogus"}`), want: 400, invalid: true},
 		{name: "sample unknown key", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, body: []byte(`{"batch_size": 1, "colour": 1}`), want: 400, invalid: true},

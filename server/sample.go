@@ -18,7 +18,7 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	stream, err := streamParam(r)
+	transport, err := streamParam(r)
 	if err != nil {
 		return err
 	}
@@ -26,8 +26,8 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if stream {
-		return s.sampleStream(w, r, b, body)
+	if transport != transportSingle {
+		return s.sampleStream(w, r, b, body, transport)
 	}
 	req, err := rbd.ParseSampleRequest(body)
 	if err != nil {
@@ -68,6 +68,12 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 // answerTensors counts a drawn batch in the metrics and returns its
 // tensors as the answer encodes them (aliasing the batch's memory).
 func (s *Server) answerTensors(b *rbd.Buffer, batch *rbd.Batch) []codec.Tensor {
+	s.countSampled(b, batch)
+	return batchTensors(batch)
+}
+
+// countSampled counts a batch's real rows (not padding) and its policy age.
+func (s *Server) countSampled(b *rbd.Buffer, batch *rbd.Batch) {
 	rows := 0
 	if t, ok := batch.Tensor("seq"); ok {
 		for i := 0; i < len(t.Data); i += 8 {
@@ -80,6 +86,11 @@ func (s *Server) answerTensors(b *rbd.Buffer, batch *rbd.Batch) []codec.Tensor {
 	if rows > 0 {
 		s.metrics.age.WithLabelValues(b.Name()).Observe(batch.PolicyAgeMean)
 	}
+}
+
+// batchTensors returns a batch's tensors as the answer encodes them
+// (aliasing the batch's memory).
+func batchTensors(batch *rbd.Batch) []codec.Tensor {
 	tensors := make([]codec.Tensor, len(batch.Tensors))
 	for i, t := range batch.Tensors {
 		tensors[i] = codec.Tensor{Name: t.Name, DType: t.DType.String(), Shape: t.Shape, Data: t.Data}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/rbdb/rbd"
@@ -103,15 +104,24 @@ func parseStreamRequest(body []byte) (*streamRequest, error) {
 	return sr, nil
 }
 
+// Transports of a sample answer (the "stream" query parameter).
+const (
+	transportSingle = ""    // one answer
+	transportStream = "tcp" // a sample stream of frames on the socket
+	transportArena  = "shm" // a sample stream whose batches are in shared memory
+)
+
 // streamParam reads the sample endpoint's "stream" query parameter.
-func streamParam(r *http.Request) (bool, error) {
+func streamParam(r *http.Request) (string, error) {
 	switch v := r.URL.Query().Get("stream"); v {
 	case "", "0", "false":
-		return false, nil
+		return transportSingle, nil
 	case "1", "true":
-		return true, nil
+		return transportStream, nil
+	case "shm":
+		return transportArena, nil
 	default:
-		return false, badRequest(fmt.Sprintf("stream: %q is not a transport option (want 1 for a sample stream, or 0)", v))
+		return "", badRequest(fmt.Sprintf("stream: %q is not a transport option (want 1 for a sample stream, shm for one in shared memory, or 0)", v))
 	}
 }
 
@@ -135,7 +145,7 @@ func (it *streamBatch) free() {
 // sampleStream answers POST .../sample?stream=1. Errors before the first
 // batch (a bad request, data not ready in time) are ordinary error
 // answers; after it, an error is the stream's last frame.
-func (s *Server) sampleStream(w http.ResponseWriter, r *http.Request, b *rbd.Buffer, body []byte) error {
+func (s *Server) sampleStream(w http.ResponseWriter, r *http.Request, b *rbd.Buffer, body []byte, transport string) error {
 	if wantsJSON(r) {
 		return badRequest("stream: a sample stream is binary frames of safetensors batches (docs/http-api.md); accept application/octet-stream, or drop stream=1 for a JSON answer")
 	}
@@ -178,10 +188,33 @@ func (s *Server) sampleStream(w http.ResponseWriter, r *http.Request, b *rbd.Buf
 	// The request is read: a stream must outlive the server's read
 	// timeout, which would otherwise end the request's context.
 	_ = rc.SetReadDeadline(time.Time{})
-	// What travels ahead of the reader is depth batches here plus what the
-	// socket buffers hold: keep the send buffer to about depth frames. The
-	// connection closes after the stream, so no later answer inherits it.
-	if frame := answerBytes(it.batch); setSendBuffer(r, int(min(max(int64(sr.depth)*frame, minStreamSendBuffer), maxStreamSendBuffer))) {
+	var ar *arena
+	if transport == transportArena {
+		// Slots for depth batches drawn ahead plus the ones the client
+		// holds; each fits the first batch with room for a longer header.
+		hdr, total, err := codec.SafetensorsHeader(batchTensors(it.batch), it.batch.Metadata)
+		if err != nil {
+			it.free()
+			return err
+		}
+		slots := sr.depth + 1 + arenaHold
+		slotBytes := total + int64(len(hdr)) + 4096
+		if err := leaseOf(w).grow(r.Context(), int64(slots)*slotBytes+4096, "the stream's shared-memory arena"); err != nil {
+			it.free()
+			return err
+		}
+		if ar, err = newArena(slots, slotBytes); err != nil {
+			it.free()
+			return err
+		}
+		defer ar.close()
+		w.Header().Set("X-Rbd-Arena", ar.path())
+		w.Header().Set("X-Rbd-Arena-Nonce", ar.nonce)
+	} else if frame := answerBytes(it.batch); setSendBuffer(r, int(min(max(int64(sr.depth)*frame, minStreamSendBuffer), maxStreamSendBuffer))) {
+		// What travels ahead of the reader is depth batches here plus
+		// what the socket buffers hold: keep the send buffer to about
+		// depth frames. The connection closes after the stream, so no
+		// later answer inherits it.
 		w.Header().Set("Connection", "close")
 	}
 	w.Header().Set("Content-Type", StreamContentType)
@@ -194,7 +227,12 @@ func (s *Server) sampleStream(w http.ResponseWriter, r *http.Request, b *rbd.Buf
 	for {
 		// Flush only when no batch waits: frames drawn ahead go out
 		// together, in fewer writes.
-		err := s.writeBatchFrame(w, rc, b, it.batch, len(ready) == 0)
+		var err error
+		if ar != nil {
+			err = s.writeArenaFrame(r.Context(), w, rc, ar, b, it.batch, len(ready) == 0)
+		} else {
+			err = s.writeBatchFrame(w, rc, b, it.batch, len(ready) == 0)
+		}
 		it.free()
 		if err != nil {
 			reason = "client gone: " + err.Error()
@@ -205,6 +243,11 @@ func (s *Server) sampleStream(w http.ResponseWriter, r *http.Request, b *rbd.Buf
 		select {
 		case it, ok = <-ready:
 			if !ok {
+				if ar != nil {
+					// The client maps the arena by the server's fd: keep it
+					// until the client has dropped every batch or hung up.
+					_ = ar.waitIdle(r.Context(), s.opts.StreamStallTimeout)
+				}
 				return nil
 			}
 		case <-s.stopping:
@@ -261,6 +304,12 @@ func (s *Server) writeBatchFrame(w http.ResponseWriter, rc *http.ResponseControl
 	if err != nil {
 		return err
 	}
+	return s.writeFrame(w, rc, hdr, total, tensors, flush)
+}
+
+// writeFrame writes an encoded batch (its safetensors header, total size
+// and tensors) as a frame.
+func (s *Server) writeFrame(w http.ResponseWriter, rc *http.ResponseController, hdr []byte, total int64, tensors []codec.Tensor, flush bool) error {
 	// A client that takes no frame for this long is stalled or gone: its
 	// stream ends and frees what it holds.
 	_ = rc.SetWriteDeadline(time.Now().Add(s.opts.StreamStallTimeout))
@@ -276,6 +325,43 @@ func (s *Server) writeBatchFrame(w http.ResponseWriter, rc *http.ResponseControl
 		if _, err := w.Write(t.Data); err != nil {
 			return err
 		}
+	}
+	if !flush {
+		return nil
+	}
+	return rc.Flush()
+}
+
+// writeArenaFrame copies a batch into a free arena slot and writes the
+// 16-byte frame naming it: the slot (uint32), 4 zero bytes, the batch's
+// length (uint64). A batch larger than a slot (a longer header than the
+// first batch's, say) travels inline as an ordinary frame.
+func (s *Server) writeArenaFrame(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, ar *arena, b *rbd.Buffer, batch *rbd.Batch, flush bool) error {
+	tensors := s.answerTensors(b, batch)
+	hdr, total, err := codec.SafetensorsHeader(tensors, batch.Metadata)
+	if err != nil {
+		return err
+	}
+	if total > ar.slotBytes {
+		return s.writeFrame(w, rc, hdr, total, tensors, flush)
+	}
+	i, err := ar.acquire(ctx, s.opts.StreamStallTimeout, func() { _ = rc.Flush() })
+	if err != nil {
+		return err
+	}
+	dst := ar.slot(i)
+	n := copy(dst, hdr)
+	for _, t := range tensors {
+		n += copy(dst[n:], t.Data)
+	}
+	atomic.StoreUint32(ar.state(i), slotHeld)
+	_ = rc.SetWriteDeadline(time.Now().Add(s.opts.StreamStallTimeout))
+	var frame [24]byte
+	binary.LittleEndian.PutUint64(frame[0:], frameArena|16)
+	binary.LittleEndian.PutUint32(frame[8:], uint32(i))
+	binary.LittleEndian.PutUint64(frame[16:], uint64(total))
+	if _, err := w.Write(frame[:]); err != nil {
+		return err
 	}
 	if !flush {
 		return nil

@@ -159,11 +159,15 @@ def child_client(a):
     it = c.iter_samples("bench", BATCH, depth=2, transport="stream")
     sbps, sgbps = sample_for(a.seconds, lambda: next(it).values())
     it.close()
+    it = c.iter_samples("bench", BATCH, depth=2, transport="shm")
+    mbps, mgbps = sample_for(a.seconds, lambda: next(it).values())
+    it.close()
     c.close()
     return dict(impl="rbd Python client -> rbd serve", fill_rows_per_s=a.capacity / fill,
                 add_rows_per_s=a.capacity / steady, sample_batches_per_s=bps, sample_gb_per_s=gbps,
                 prefetch_batches_per_s=pbps, prefetch_gb_per_s=pgbps,
                 stream_batches_per_s=sbps, stream_gb_per_s=sgbps,
+                shm_batches_per_s=mbps, shm_gb_per_s=mgbps,
                 bytes_per_transition_rss=held / info["size"], bytes_per_transition_layout=layout)
 
 
@@ -225,13 +229,14 @@ def main():
                              check=True, capture_output=True, text=True)
         results.append(json.loads(out.stdout))
     print()
-    print("| workload | implementation | add rows/s (fill) | sample batches/s (prefetch thread; stream) | sample GB/s | held/row | layout/row |")
+    print("| workload | implementation | add rows/s (fill) | sample batches/s (prefetch thread; stream; shm) | sample GB/s (shm) | held/row | layout/row |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
-        pre, st = r.get("prefetch_batches_per_s"), r.get("stream_batches_per_s")
-        print("| %s | %s | %s (%s) | %s%s | %.2f | %s | %s |" % (
+        pre, st, sh = r.get("prefetch_batches_per_s"), r.get("stream_batches_per_s"), r.get("shm_batches_per_s")
+        gb = "%.2f" % r["sample_gb_per_s"] + (" (%.2f)" % r["shm_gb_per_s"] if sh else "")
+        print("| %s | %s | %s (%s) | %s%s | %s | %s | %s |" % (
             r["workload"], r["impl"], fmt(r["add_rows_per_s"]), fmt(r["fill_rows_per_s"]),
-            fmt(r["sample_batches_per_s"]), " (%s; %s)" % (fmt(pre), fmt(st)) if pre else "", r["sample_gb_per_s"],
+            fmt(r["sample_batches_per_s"]), " (%s; %s; %s)" % (fmt(pre), fmt(st), fmt(sh)) if pre else "", gb,
             fmt(r["bytes_per_transition_rss"], "B"), fmt(r["bytes_per_transition_layout"], "B")))
     if a.json:
         for r in results:

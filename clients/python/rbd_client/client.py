@@ -1,19 +1,25 @@
 """HTTP client for an rbd server (docs/http-api.md), on the standard library and numpy."""
 
 import http.client
+import ipaddress
 import json
+import mmap
+import os
 import queue
+import socket
 import ssl
+import struct
 import threading
 import time
 import urllib.parse
+import weakref
 
 import numpy as np
 
 from . import safetensors
 from .errors import ConnectionFailed, RbdError, error_for
 
-__all__ = ["Client", "Batch", "Prefetcher", "SampleStream"]
+__all__ = ["Client", "Batch", "Prefetcher", "SampleStream", "ShmStream"]
 
 # Bodies up to this size are joined and sent with the headers in one write;
 # larger ones are sent tensor by tensor, straight from the arrays.
@@ -538,11 +544,30 @@ class Client:
         which one is used. Both retry "not_ready" for ``retry_not_ready``
         seconds and "rate_limited" for ``retry_rate_limited`` seconds (by
         default the client's), and give batch i the seed ``seed + i``."""
+        if transport == "auto" and self._colocated():
+            return ShmStream(self, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options, auto=True)
+        if transport == "shm":
+            return ShmStream(self, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options)
         if transport in ("auto", "stream"):
             return SampleStream(self, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options)
         if transport == "requests":
             return Prefetcher(self, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options)
-        raise ValueError("transport %r: want \"auto\", \"stream\" or \"requests\"" % (transport,))
+        raise ValueError("transport %r: want \"auto\", \"shm\", \"stream\" or \"requests\"" % (transport,))
+
+    def _colocated(self):
+        """Whether the server may be on this machine: its host is a loopback
+        address or one of this machine's (the arena check decides)."""
+        try:
+            addrs = {ai[4][0] for ai in socket.getaddrinfo(self._host, self._port, proto=socket.IPPROTO_TCP)}
+        except OSError:
+            return False
+        if any(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs):
+            return True
+        try:
+            mine = set(socket.gethostbyname_ex(socket.gethostname())[2])
+        except OSError:
+            return False
+        return bool(addrs & mine)
 
     def set_rate_limit(self, name, limit):
         """Replace a buffer's rate limit, e.g. ``{"samples_per_insert": 8,
@@ -727,8 +752,10 @@ class Prefetcher(_AheadIterator):
         self._stop.set()
 
 
-# The top bit of a stream frame's length word marks an error frame.
+# The top bit of a stream frame's length word marks an error frame, the
+# next one a frame naming a slot of a shared-memory arena.
 _FRAME_ERROR = 1 << 63
+_FRAME_ARENA = 1 << 62
 _STREAM_TYPE = "application/vnd.rbd.sample-stream"
 
 
@@ -753,6 +780,7 @@ class SampleStream(_AheadIterator):
     """
 
     transport = "stream"
+    _stream = "1"  # the query's stream value
 
     def __init__(self, client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options):
         if not 1 <= depth <= 64:
@@ -761,7 +789,7 @@ class SampleStream(_AheadIterator):
             raise ValueError("batches must be at least 1 (None: until close)")
         super().__init__(client, name, batch_size, sampler, batches, stop_at_epoch_end, options)
         self._depth = depth
-        self._path = client._path("v1", "buffers", name, "sample", query={"stream": "1"})
+        self._path = client._path("v1", "buffers", name, "sample", query={"stream": self._stream})
         self._conn = self._resp = None
         self._got = 0
         self._done = False
@@ -798,7 +826,15 @@ class SampleStream(_AheadIterator):
             conn.close()
             raise ConnectionFailed(0, "sample stream: content type %r, want %s (a server older than streams?)"
                                    % (ctype, _STREAM_TYPE), method="POST", path=self._path)
+        try:
+            self._opened(resp)
+        except BaseException:
+            conn.close()
+            raise
         self._conn, self._resp = conn, resp
+
+    def _opened(self, resp):
+        """Called with the stream's answer before the first frame."""
 
     def _read_exact(self, buf):
         view = memoryview(buf)
@@ -824,12 +860,21 @@ class SampleStream(_AheadIterator):
             obj = json.loads(bytes(payload))
             raise error_for(obj.get("status", 500), obj.get("error", "error frame"), obj.get("code"), None,
                             "POST", self._path, obj.get("rate_limit"))
-        buf = bytearray(n)
-        self._read_exact(buf)
+        if n & _FRAME_ARENA:
+            ref = bytearray(n & ~_FRAME_ARENA)
+            self._read_exact(ref)
+            buf = self._arena_batch(ref)
+        else:
+            buf = bytearray(n)
+            self._read_exact(buf)
         tensors, meta = safetensors.loads(buf)
         b = Batch(tensors)
         b.metadata = meta
         return b
+
+    def _arena_batch(self, ref):
+        raise ConnectionFailed(0, "sample stream: the server sent a shared-memory frame on a socket stream",
+                               method="POST", path=self._path)
 
     def _drop(self):
         if getattr(self, "_conn", None) is not None:
@@ -869,3 +914,79 @@ class SampleStream(_AheadIterator):
 
     def __del__(self):
         self._drop()
+
+
+class _NotColocated(Exception):
+    """The server's arena cannot be mapped here: another machine, or user."""
+
+
+def _release_slot(mm, offset):
+    """Hand an arena slot back to the server: its batch is gone."""
+    try:
+        struct.pack_into("<I", mm, offset, 0)
+    except (ValueError, TypeError):  # the arena is closed already
+        pass
+
+
+class ShmStream(SampleStream):
+    """A sample stream whose batches arrive in shared memory (``?stream=shm``).
+
+    For a learner on the server's machine: the server copies each batch
+    into a slot of an arena it shares with this process (a memfd, opened
+    through ``/proc/<server pid>/fd/<fd>``, so only the server's user or
+    root can map it), and the socket carries 16-byte frames naming slots.
+    A batch's arrays are views into the arena, with no copy and no socket
+    read; its slot goes back to the server when the last array (or torch
+    tensor) made from the batch is gone. A learner that keeps more than 4
+    batches alive at once makes the server wait for it (copy what you
+    keep). Everything else is :class:`SampleStream`'s; errors, seeds and
+    retries behave the same.
+    """
+
+    transport = "shm"
+    _stream = "shm"
+
+    def __init__(self, client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options, auto=False):
+        self._auto = auto
+        super().__init__(client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options)
+
+    def _open(self):
+        try:
+            super()._open()
+        except _NotColocated as e:
+            if not self._auto:
+                raise ConnectionFailed(0, "shared memory: %s" % e, method="POST", path=self._path) from e
+            # Not on the server's machine after all: frames on the socket.
+            self.transport, self._stream = "stream", "1"
+            self._path = self._client._path("v1", "buffers", self._name, "sample", query={"stream": "1"})
+            super()._open()
+
+    def _opened(self, resp):
+        if self._stream != "shm":
+            return
+        path, nonce = resp.getheader("X-Rbd-Arena"), resp.getheader("X-Rbd-Arena-Nonce")
+        if not path or not nonce:
+            raise ConnectionFailed(0, "sample stream: the answer names no arena", method="POST", path=self._path)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError as e:
+            raise _NotColocated("cannot open the server's arena %s: %s" % (path, e)) from e
+        try:
+            mm = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+        magic, version, slots, slot_bytes = struct.unpack_from("<8sIIQ", mm, 0)
+        (data_off,) = struct.unpack_from("<Q", mm, 40)
+        if magic != b"RBDARENA" or version != 1 or bytes(mm[24:40]).hex() != nonce:
+            mm.close()
+            raise _NotColocated("%s is not this stream's arena (another machine's process?)" % path)
+        self._mm, self._slots, self._slot_bytes, self._data_off = mm, slots, slot_bytes, data_off
+
+    def _arena_batch(self, ref):
+        slot, length = struct.unpack_from("<I4xQ", ref, 0)
+        if slot >= self._slots or length > self._slot_bytes:
+            raise ConnectionFailed(0, "sample stream: slot %d of %d bytes is outside the arena" % (slot, length),
+                                   method="POST", path=self._path)
+        owner = np.frombuffer(self._mm, dtype=np.uint8, count=length, offset=self._data_off + slot * self._slot_bytes)
+        weakref.finalize(owner, _release_slot, self._mm, 64 + 4 * slot)
+        return owner

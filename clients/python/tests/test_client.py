@@ -498,7 +498,10 @@ class PrefetchTest(ServerTest):
 
 
 class StreamTest(ServerTest):
-    """iter_samples over a sample stream (the default transport)."""
+    """iter_samples over a sample stream (what auto picks for a server on
+    another machine); ShmTest runs the same tests over shared memory."""
+
+    transport = "stream"
 
     def streams_open(self):
         for line in self.c.metrics().splitlines():
@@ -512,16 +515,16 @@ class StreamTest(ServerTest):
             self.assertLess(time.monotonic(), deadline, "the server still holds a stream")
             time.sleep(0.01)
 
-    def test_default_is_a_stream_matching_single_requests(self):
+    def test_matches_single_requests(self):
         name = self.buffer(priority=True)
         self.c.extend(name, episode(0, 60), stream="s")
         for sampler in ("uniform", "prioritized", "slice"):
             with self.subTest(sampler=sampler):
                 opts = {"num_slices": 2, "slice_len": 4} if sampler == "slice" else {}
                 bs = None if sampler == "slice" else 8
-                it = self.c.iter_samples(name, bs, sampler, batches=6, seed=11, **opts)
-                self.assertEqual(it.transport, "stream")
+                it = self.c.iter_samples(name, bs, sampler, batches=6, seed=11, transport=self.transport, **opts)
                 got = list(it)
+                self.assertEqual(it.transport, self.transport)
                 self.assertEqual(len(got), 6)
                 for i, b in enumerate(got):
                     want = self.c.sample(name, bs, sampler, seed=11 + i, **opts)
@@ -534,7 +537,8 @@ class StreamTest(ServerTest):
         name = self.buffer()
         self.c.extend(name, episode(0, 20), stream="s")
         seen = []
-        for b in self.c.iter_samples(name, 6, "without_replacement", consumer="c", stop_at_epoch_end=True):
+        for b in self.c.iter_samples(name, 6, "without_replacement", consumer="c", stop_at_epoch_end=True,
+                                     transport=self.transport):
             seen += b["seq"].tolist()
         self.assertTrue(b.epoch_end)
         self.assertEqual(sorted(seen), list(range(20)))
@@ -546,7 +550,7 @@ class StreamTest(ServerTest):
     def test_error_reaches_the_consumer(self):
         name = self.buffer()
         self.c.extend(name, episode(0, 50), stream="s")
-        it = self.c.iter_samples(name, 4, depth=1)
+        it = self.c.iter_samples(name, 4, depth=1, transport=self.transport)
         next(it)
         self.c.delete_buffer(name)
         with self.assertRaises(NotFound):
@@ -559,7 +563,7 @@ class StreamTest(ServerTest):
     def test_close_frees_the_server(self):
         name = self.buffer()
         self.c.extend(name, episode(0, 50), stream="s")
-        with self.c.iter_samples(name, 4) as it:
+        with self.c.iter_samples(name, 4, transport=self.transport) as it:
             next(it)
             self.assertEqual(self.streams_open(), 1)
         self.wait_streams_closed()
@@ -568,10 +572,10 @@ class StreamTest(ServerTest):
         name = self.buffer()
         self.c.extend(name, episode(0, 50), stream="s")
         code = ("import sys, rbd_client\n"
-                "it = rbd_client.Client(sys.argv[1]).iter_samples(sys.argv[2], 4)\n"
+                "it = rbd_client.Client(sys.argv[1]).iter_samples(sys.argv[2], 4, transport=sys.argv[3])\n"
                 "next(it)\nprint('reading', flush=True)\nsys.stdin.read()\n")
         env = dict(os.environ, PYTHONPATH=os.path.join(rbdserver.ROOT, "clients", "python"))
-        p = subprocess.Popen([sys.executable, "-c", code, self.server.url, name], stdin=subprocess.PIPE,
+        p = subprocess.Popen([sys.executable, "-c", code, self.server.url, name, self.transport], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, env=env)
         try:
             self.assertEqual(p.stdout.readline().strip(), b"reading")
@@ -592,18 +596,86 @@ class StreamTest(ServerTest):
             self.c.iter_samples(name, 4, depth=0)
         self.c.extend(name, episode(0, 10), stream="s")
         with self.assertRaises(BadRequest) as cm:
-            next(self.c.iter_samples(name, 4, samplr="x"))
+            next(self.c.iter_samples(name, 4, samplr="x", transport=self.transport))
         self.assertIn("samplr", cm.exception.message)
 
     @unittest.skipIf(torch is None, "PyTorch is not installed (optional: apt-get install python3-torch)")
     def test_as_torch(self):
         name = self.buffer()
         self.c.extend(name, episode(0, 10), stream="s")
-        b = next(self.c.iter_samples(name, 4, as_torch=True, batches=1))
+        b = next(self.c.iter_samples(name, 4, as_torch=True, batches=1, transport=self.transport))
         self.assertIsInstance(b["observation"], torch.Tensor)
 
 
+class ShmTest(StreamTest):
+    """iter_samples over shared memory: what auto picks on the server's machine."""
+
+    transport = "shm"
+
+    def server_fds(self):
+        return len(os.listdir("/proc/%d/fd" % self.server.proc.pid))
+
+    def test_auto_picks_shm_here(self):
+        name = self.buffer()
+        self.c.extend(name, episode(0, 20), stream="s")
+        it = self.c.iter_samples(name, 4, batches=2)
+        self.assertEqual(len(list(it)), 2)
+        self.assertEqual(it.transport, "shm")
+
+    def test_a_kept_batch_is_never_overwritten(self):
+        name = self.buffer()
+        self.c.extend(name, episode(0, 200), stream="s")
+        with self.c.iter_samples(name, 16, transport="shm", depth=2) as it:
+            kept = next(it)
+            kept_torch = _torch_view(next(it))
+            copy = {k: v.copy() for k, v in kept.items()}
+            torch_copy = kept_torch.clone() if kept_torch is not None else None
+            for _ in range(200):  # many times the arena's slots
+                next(it)
+            for k, v in copy.items():
+                np.testing.assert_array_equal(kept[k], v, err_msg=k)
+            if kept_torch is not None:
+                self.assertTrue(torch.equal(kept_torch, torch_copy))
+
+    def test_two_learners_at_once(self):
+        name = self.buffer()
+        self.c.extend(name, episode(0, 100), stream="s")
+        out, errs = {}, []
+
+        def learner(seed):
+            try:
+                c = Client(self.server.url)
+                out[seed] = [b["seq"].copy() for b in c.iter_samples(name, 8, transport="shm", batches=50, seed=seed)]
+                c.close()
+            except Exception as e:  # reported below
+                errs.append(e)
+        threads = [threading.Thread(target=learner, args=(s,)) for s in (100, 200)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertEqual(errs, [])
+        for seed, batches in out.items():
+            self.assertEqual(len(batches), 50)
+            for i in (0, 49):
+                np.testing.assert_array_equal(batches[i], self.c.sample(name, 8, seed=seed + i)["seq"])
+
+    def test_killed_client_frees_the_server(self):
+        fds = self.server_fds()
+        super().test_killed_client_frees_the_server()
+        deadline = time.monotonic() + 15
+        while self.server_fds() > fds:  # the arena's memfd and the connection
+            self.assertLess(time.monotonic(), deadline, "the server kept the dead client's arena open")
+            time.sleep(0.01)
+
+
+def _torch_view(batch):
+    return torch.from_numpy(batch["observation"]) if torch is not None else None
+
+
 class StreamRestartTest(unittest.TestCase):
+    transport = "stream"
+
     def test_restart_is_a_clear_error_then_a_new_stream_works(self):
         srv = rbdserver.Server().start()
         try:
@@ -611,7 +683,7 @@ class StreamRestartTest(unittest.TestCase):
             self.addCleanup(c.close)
             c.create_buffer("b", spec(storage="memmap"))
             c.extend("b", episode(0, 30), stream="s")
-            it = c.iter_samples("b", 4)
+            it = c.iter_samples("b", 4, transport=self.transport)
             next(it)
             addr = srv.url[len("http://"):]
             srv.stop()
@@ -624,9 +696,13 @@ class StreamRestartTest(unittest.TestCase):
             self.assertTrue(isinstance(e, ConnectionFailed) or e.code == "shutting_down", repr(e))
             srv.args = ["--addr", addr]
             srv.start()
-            self.assertEqual(len(list(c.iter_samples("b", 4, batches=3))), 3)
+            self.assertEqual(len(list(c.iter_samples("b", 4, batches=3, transport=self.transport))), 3)
         finally:
             srv.cleanup()
+
+
+class ShmRestartTest(StreamRestartTest):
+    transport = "shm"
 
 
 class RateLimitTest(ServerTest):

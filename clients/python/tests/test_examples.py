@@ -84,7 +84,7 @@ class LearnerTest(unittest.TestCase):
         self.assertLess(last, first, out)
         self.assertRegex(out, r"step +600 +loss [\d.]+ .* batches/s +\d+ rows/s .*collector episode length [\d.]+")
         self.assertIn("demo collector episodes: mean length", out)
-        self.assertRegex(out, r"waited for rbd: [\d.]+% of the time \([\d.]+s; transport stream\)")
+        self.assertRegex(out, r"waited for rbd: [\d.]+% of the time \([\d.]+s; transport shm\)")  # the server is on this machine
 
     def test_learner_teaches_the_collector(self):
         # The loop closed: pushed networks make the collector's CartPole

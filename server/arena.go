@@ -1,0 +1,171 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/edsrzf/mmap-go"
+	"golang.org/x/sys/unix"
+)
+
+// A shared-memory sample stream (?stream=shm) is a sample stream whose
+// batches do not cross the socket: the server copies each one into a slot
+// of an arena, a memfd the client maps through /proc/<pid>/fd/<fd>, and
+// sends a 16-byte frame naming the slot. The client reads the batch in
+// place (numpy views, no copy, no parse of a socket stream) and frees the
+// slot by storing 0 into the slot's state word once nothing refers to the
+// batch. The memfd has no name in any file system, so nothing is left
+// behind when either side dies; only the server's user (or root) can open
+// its /proc fd. The layout is in docs/format.md, "Sample arenas".
+
+const (
+	arenaMagic   = "RBDARENA"
+	arenaVersion = 1
+	// arenaHeader is the fixed part: magic, version, slots, slot bytes,
+	// nonce; the slots' state words follow it.
+	arenaHeader = 64
+	// arenaHold is how many batches the client may keep alive at once
+	// beyond the depth the server draws ahead: more and the server waits.
+	arenaHold = 4
+	// frameArena marks a frame naming an arena slot (bit 62 of the
+	// length word).
+	frameArena = uint64(1) << 62
+	// slot states
+	slotFree = 0
+	slotHeld = 1
+)
+
+// arena is one stream's shared memory.
+type arena struct {
+	f         *os.File
+	mem       mmap.MMap
+	slots     int
+	slotBytes int64
+	dataOff   int64
+	nonce     string
+	next      int // round-robin start of the free-slot search
+}
+
+// newArena makes an arena of slots slots of slotBytes bytes each (rounded
+// up to pages).
+func newArena(slots int, slotBytes int64) (*arena, error) {
+	const page = 4096
+	slotBytes = (slotBytes + page - 1) / page * page
+	dataOff := (int64(arenaHeader+4*slots) + page - 1) / page * page
+	size := dataOff + int64(slots)*slotBytes
+	fd, err := unix.MemfdCreate("rbd-arena", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("arena: memfd_create: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "rbd-arena")
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("arena: size %d: %w", size, err)
+	}
+	mem, err := mmap.Map(f, mmap.RDWR, 0)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("arena: map: %w", err)
+	}
+	var nonce [16]byte
+	_, _ = rand.Read(nonce[:])
+	a := &arena{f: f, mem: mem, slots: slots, slotBytes: slotBytes, dataOff: dataOff, nonce: hex.EncodeToString(nonce[:])}
+	copy(mem, arenaMagic)
+	binary.LittleEndian.PutUint32(mem[8:], arenaVersion)
+	binary.LittleEndian.PutUint32(mem[12:], uint32(slots))
+	binary.LittleEndian.PutUint64(mem[16:], uint64(slotBytes))
+	copy(mem[24:40], nonce[:])
+	binary.LittleEndian.PutUint64(mem[40:], uint64(dataOff))
+	return a, nil
+}
+
+// path is where a process of the same user on this machine opens the
+// arena.
+func (a *arena) path() string { return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), a.f.Fd()) }
+
+// size is the arena's memory.
+func (a *arena) size() int64 { return int64(len(a.mem)) }
+
+func (a *arena) state(i int) *uint32 {
+	return (*uint32)(unsafe.Pointer(&a.mem[arenaHeader+4*i]))
+}
+
+func (a *arena) slot(i int) []byte {
+	off := a.dataOff + int64(i)*a.slotBytes
+	return a.mem[off : off+a.slotBytes]
+}
+
+// errArenaStalled ends a stream whose client keeps every slot.
+var errArenaStalled = errors.New("the client released no arena slot in time")
+
+// acquire waits for a free slot (the client stores 0 into a state word
+// when it drops a batch; there is no wake-up across processes, so this
+// polls, backing off to 2 ms) until ctx ends or stall passes.
+// Before it waits it calls beforeWait once: frames not yet sent (the
+// stream's buffered writer) may be what the client needs to free a slot.
+func (a *arena) acquire(ctx context.Context, stall time.Duration, beforeWait func()) (int, error) {
+	deadline := time.Now().Add(stall)
+	pause := 20 * time.Microsecond
+	for waited := false; ; waited = true {
+		for k := range a.slots {
+			i := (a.next + k) % a.slots
+			if atomic.LoadUint32(a.state(i)) == slotFree {
+				a.next = (i + 1) % a.slots
+				return i, nil
+			}
+		}
+		if !waited && beforeWait != nil {
+			beforeWait()
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return -1, err
+		}
+		if time.Now().After(deadline) {
+			return -1, errArenaStalled
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, 2*time.Millisecond)
+	}
+}
+
+// idle reports whether the client holds no slot.
+func (a *arena) idle() bool {
+	for i := range a.slots {
+		if atomic.LoadUint32(a.state(i)) != slotFree {
+			return false
+		}
+	}
+	return true
+}
+
+// waitIdle waits until the client holds no slot, ctx ends or stall
+// passes.
+func (a *arena) waitIdle(ctx context.Context, stall time.Duration) error {
+	deadline := time.Now().Add(stall)
+	pause := 20 * time.Microsecond
+	for !a.idle() {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return errArenaStalled
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, 2*time.Millisecond)
+	}
+	return nil
+}
+
+func (a *arena) close() {
+	_ = a.mem.Unmap()
+	_ = a.f.Close()
+}
