@@ -42,6 +42,7 @@ type serveOptions struct {
 	maxBuffers  int
 	maxStreams  int
 	maxWaiting  int
+	streamStall time.Duration
 	streamIdle  time.Duration
 	cpRoot      string
 	pprof       bool
@@ -104,7 +105,8 @@ examples/r2d2.py).`,
 	f.Int64Var(&o.maxMemory, "max-memory", 0, "memory all requests may hold in flight together, in bytes (503 busy past it); 0 means a quarter of the machine's or cgroup's memory")
 	f.IntVar(&o.maxBuffers, "max-buffers", 1024, "buffers the data dir may hold (507 too_many_buffers past it)")
 	f.IntVar(&o.maxStreams, "max-streams", 65536, "streams with an open trajectory per buffer (429 too_many_streams past it)")
-	f.IntVar(&o.maxWaiting, "max-waiting", 4096, "sample requests that may wait for data at once (503 busy past it)")
+	f.IntVar(&o.maxWaiting, "max-waiting", 4096, "sample requests that may wait for data, and sample streams, at once (503 busy past it)")
+	f.DurationVar(&o.streamStall, "stream-stall-timeout", time.Minute, "end a sample stream whose client takes no batch (or, over shared memory, frees no slot) for this long")
 	f.DurationVar(&o.streamIdle, "stream-idle-timeout", time.Hour, "close a stream (its open trajectories end as truncated) after this long without an extend; 0 never")
 	f.StringVar(&o.cpRoot, "checkpoint-root", "./rbd-checkpoints", "where POST .../checkpoint writes hot checkpoints (the request names a dir under it); empty turns them off")
 	f.StringVar(&o.tokenFile, "token-file", "", "bearer tokens with roles, one \"ROLE TOKEN\" per line (read, write, admin); reloaded on SIGHUP and when it changes")
@@ -184,7 +186,7 @@ func runServe(ctx context.Context, stderr io.Writer, o *serveOptions, ready func
 		return err
 	}
 	opts := &server.Options{Token: o.token, Tokens: tokens, MaxBody: o.maxBody, MaxResponse: o.maxResponse, MaxMemory: maxMemory,
-		MaxWaiting: o.maxWaiting, CheckpointRoot: o.cpRoot, Pprof: o.pprof, Logger: log}
+		MaxWaiting: o.maxWaiting, StreamStallTimeout: o.streamStall, CheckpointRoot: o.cpRoot, Pprof: o.pprof, Logger: log}
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	// collectorDone stays nil without --demo: a nil channel never fires in

@@ -669,6 +669,26 @@ class ShmTest(StreamTest):
             time.sleep(0.01)
 
 
+class ShmStallTest(ServerTest):
+    server_args = ["--stream-stall-timeout", "300ms"]
+
+    def test_a_client_that_keeps_every_batch_loses_its_stream(self):
+        name = self.buffer()
+        self.c.extend(name, episode(0, 100), stream="s")
+        fds = len(os.listdir("/proc/%d/fd" % self.server.proc.pid))
+        kept = []
+        with self.assertRaises(ConnectionFailed):
+            with self.c.iter_samples(name, 4, transport="shm", depth=1) as it:
+                for b in it:  # never dropped: the server runs out of slots
+                    kept.append(b)
+        self.assertEqual(len(kept), 1 + 1 + 4, "depth 1 + 1 drawn + 4 held slots")
+        del kept
+        deadline = time.monotonic() + 15
+        while len(os.listdir("/proc/%d/fd" % self.server.proc.pid)) > fds:
+            self.assertLess(time.monotonic(), deadline, "the server kept the stalled client's arena")
+            time.sleep(0.01)
+
+
 def _torch_view(batch):
     return torch.from_numpy(batch["observation"]) if torch is not None else None
 
