@@ -588,6 +588,40 @@ class StreamTest(ServerTest):
             p.stdin.close()
         self.wait_streams_closed()
 
+    def test_rows_never_torn_under_writers(self):
+        # Every row's 4 observation components are equal and its next
+        # observation is one more: a row mixed from two writes shows.
+        name = self.buffer(capacity=256)
+        self.c.extend(name, episode(0, 300), stream="seed")
+        stop, errs = threading.Event(), []
+
+        def writer(w):
+            c = Client(self.server.url)
+            try:
+                k = 0
+                while not stop.is_set():
+                    c.extend(name, episode(1000 * (w + 1) + 20 * k, 7), stream="w%d" % w)
+                    k = (k + 1) % 40
+            except Exception as e:  # reported below
+                errs.append(e)
+            finally:
+                c.close()
+        threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
+        for t in threads:
+            t.start()
+        try:
+            for i, b in enumerate(self.c.iter_samples(name, 32, batches=150, transport=self.transport)):
+                obs, nxt = b["observation"], b["next.observation"]
+                self.assertTrue((obs == obs[:, :1]).all(), "batch %d: a torn observation: %s" % (i, obs))
+                np.testing.assert_array_equal(nxt, obs + 1, err_msg="batch %d: next observation" % i)
+            written = self.c.info(name)["write_count"]
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(30)
+        self.assertEqual(errs, [])
+        self.assertGreater(written, 300 + 2 * 256, "the writers wrapped the ring while the learner read")
+
     def test_bad_options(self):
         name = self.buffer()
         with self.assertRaisesRegex(ValueError, "transport"):
