@@ -126,6 +126,14 @@ def _entry(name, e):
     return _ST_TO_RBD[st], shape, offs[0], offs[1]
 
 
+# Layouts of recently decoded headers: a learner decodes the same header
+# (the same keys and shapes) batch after batch, and checking it costs more
+# than making the arrays. Keyed by the header's exact bytes and the file's
+# size, so a hit is a header already checked against the same data length.
+_LAYOUTS = {}
+_LAYOUTS_MAX = 16
+
+
 def loads(buf, bfloat16="float32"):
     """Decode a safetensors file held in ``buf`` (bytes, bytearray, memoryview).
 
@@ -134,6 +142,40 @@ def loads(buf, bfloat16="float32"):
     ``bfloat16`` says how BF16 tensors come back: ``"float32"`` (widened,
     a copy; numpy has no bfloat16) or ``"bits"`` (uint16 view).
     """
+    key = None
+    if len(buf) >= 8:
+        (n,) = struct.unpack_from("<Q", buf, 0)
+        if n <= 4096 and n <= len(buf) - 8:
+            key = (bytes(memoryview(buf)[8:8 + n]), len(buf))
+            layout = _LAYOUTS.get(key)
+            if layout is not None:
+                return _arrays(buf, layout, bfloat16)
+    layout = _layout(buf)
+    if key is not None:
+        if len(_LAYOUTS) >= _LAYOUTS_MAX:
+            _LAYOUTS.pop(next(iter(_LAYOUTS)))
+        _LAYOUTS[key] = layout
+    return _arrays(buf, layout, bfloat16)
+
+
+def _arrays(buf, layout, bfloat16):
+    meta, tensors = layout
+    out = {}
+    for name, npdt, shape, offset, count in tensors:
+        if npdt is None:
+            a = np.frombuffer(buf, dtype="<u2", count=count, offset=offset).reshape(shape)
+            if bfloat16 == "float32":
+                a = from_bfloat16_bits(a)
+        else:
+            a = np.frombuffer(buf, dtype=npdt, count=count, offset=offset).reshape(shape)
+        out[name] = a
+    return out, dict(meta)
+
+
+def _layout(buf):
+    """Check a header against its file; return (metadata, [(name, numpy
+    dtype or None for BF16, shape, byte offset, element count)]) in data
+    order."""
     n, header = _header(buf)
     data_len = len(buf) - 8 - n
     base = 8 + n
@@ -158,23 +200,16 @@ def loads(buf, bfloat16="float32"):
         located.append((lo, hi - lo, name, dtype, shape, count))
     located.sort()
     pos = 0
-    out = {}
+    tensors = []
     for lo, size, name, dtype, shape, count in located:
         if lo != pos:
             raise SafetensorsError("tensor %r starts at %d, want %d (offsets must be contiguous and not overlap)"
                                    % (name, lo, pos))
         pos += size
-        npdt = DTYPES[dtype][1]
-        if npdt is None:
-            a = np.frombuffer(buf, dtype="<u2", count=count, offset=base + lo).reshape(shape)
-            if bfloat16 == "float32":
-                a = from_bfloat16_bits(a)
-        else:
-            a = np.frombuffer(buf, dtype=npdt, count=count, offset=base + lo).reshape(shape)
-        out[name] = a
+        tensors.append((name, DTYPES[dtype][1], tuple(shape), base + lo, count))
     if pos != data_len:
         raise SafetensorsError("tensors cover %d of the %d data bytes" % (pos, data_len))
-    return out, meta
+    return meta, tensors
 
 
 def encode(tensors, metadata=None, dtypes=None):

@@ -46,6 +46,25 @@ class SafetensorsTest(unittest.TestCase):
             self.assertEqual(got[k].shape, a.shape, k)
             np.testing.assert_array_equal(got[k], a, k)
 
+    def test_repeated_headers(self):
+        # loads remembers checked layouts: the same header over other data
+        # gives that data, metadata is the caller's own copy, and a bad file
+        # is refused every time.
+        a = bytearray(st.dumps({"x": np.arange(4, dtype=np.float32)}, {"epoch": "1"}))
+        b = bytearray(st.dumps({"x": np.arange(4, 8, dtype=np.float32)}, {"epoch": "1"}))
+        for _ in range(2):
+            ta, ma = st.loads(a)
+            tb, mb = st.loads(b)
+            np.testing.assert_array_equal(ta["x"], [0, 1, 2, 3])
+            np.testing.assert_array_equal(tb["x"], [4, 5, 6, 7])
+            self.assertEqual(mb, {"epoch": "1"})
+            ma["epoch"] = "changed"
+        self.assertEqual(st.loads(a)[1], {"epoch": "1"})
+        short = a[:-4]  # the same header, 4 data bytes missing
+        for _ in range(2):
+            with self.assertRaises(st.SafetensorsError):
+                st.loads(short)
+
     def test_views_not_copies(self):
         buf = bytearray(st.dumps({"x": np.arange(6, dtype=np.int64).reshape(2, 3)}))
         got, _ = st.loads(buf)
