@@ -1,11 +1,11 @@
 package rbd
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -134,23 +134,46 @@ func ParseSampleRequest(data []byte) (*SampleRequest, error) {
 			}
 		}
 	}
-	rest, _ := json.Marshal(raw)
-	dec := json.NewDecoder(bytes.NewReader(rest))
-	dec.DisallowUnknownFields()
-	req := &SampleRequest{}
-	if err := dec.Decode(req); err != nil {
-		var ute *json.UnmarshalTypeError
-		switch {
-		case errors.As(err, &ute):
-			return nil, reqErr(ute.Field, "must be %s", ute.Type)
-		case strings.HasPrefix(err.Error(), "json: unknown field "):
-			return nil, reqErr(strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`), "unknown key")
+	// Each value is decoded straight into its field (found by its json
+	// tag), in the order of sampleRequestKeys so that the first bad key
+	// reported does not depend on map order.
+	req := &SampleRequest{Seed: seed}
+	fields := reflect.ValueOf(req).Elem()
+	for _, k := range sampleRequestKeys {
+		v, ok := raw[k]
+		if !ok {
+			continue
 		}
-		return nil, reqErr("body", "%v", err)
+		i, ok := sampleRequestFields[k]
+		if !ok {
+			return nil, reqErr(k, "internal error: no field for this key")
+		}
+		if err := json.Unmarshal(v, fields.Field(i).Addr().Interface()); err != nil {
+			if ute, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
+				field := k
+				if ute.Field != "" {
+					field += "." + ute.Field
+				}
+				return nil, reqErr(field, "must be %s", ute.Type)
+			}
+			return nil, reqErr(k, "%v", err)
+		}
 	}
-	req.Seed = seed
 	return req, nil
 }
+
+// sampleRequestFields maps each JSON key of SampleRequest to its field
+// index, from the struct's tags (read once; never written after).
+var sampleRequestFields = func() map[string]int {
+	m := map[string]int{}
+	t := reflect.TypeFor[SampleRequest]()
+	for i := range t.NumField() {
+		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name != "" && name != "-" {
+			m[name] = i
+		}
+	}
+	return m
+}()
 
 func parseSeed(v json.RawMessage) (uint64, error) {
 	s := strings.TrimSpace(string(v))
@@ -371,6 +394,7 @@ func sliceShape(req *SampleRequest, pp *sampler.Params) error {
 func (b *Buffer) planKeys(p *plan) error {
 	keys := p.req.Keys
 	if keys == nil {
+		keys = make([]string, 0, len(p.spec.Fields)+len(p.recon))
 		for _, f := range p.spec.Fields {
 			keys = append(keys, f.Name)
 		}
@@ -378,12 +402,14 @@ func (b *Buffer) planKeys(p *plan) error {
 			keys = append(keys, "next."+k)
 		}
 	}
-	seen := map[string]bool{}
+	seen := make(map[string]bool, len(keys))
+	p.outKeys = make([]string, 0, len(keys)+len(p.recon))
+	p.stored = make([]storage.Column, 0, len(keys))
 	var recon []string
 	for i, k := range keys {
-		field := fmt.Sprintf("keys[%d]", i)
+		field := func() string { return fmt.Sprintf("keys[%d]", i) } // only for an error
 		if seen[k] {
-			return reqErr(field, "%q is listed twice", k)
+			return reqErr(field(), "%q is listed twice", k)
 		}
 		seen[k] = true
 		if obs, ok := strings.CutPrefix(k, "next."); ok && slices.Contains(p.recon, obs) {
@@ -396,9 +422,9 @@ func (b *Buffer) planKeys(p *plan) error {
 		}
 		if _, ok := p.spec.Field(k); !ok {
 			if obs, isNext := strings.CutPrefix(k, "next."); isNext && p.compact && slices.Contains(p.spec.ObsKeys, obs) {
-				return reqErr(field, "%q is rebuilt at sample time: set next_state to true", k)
+				return reqErr(field(), "%q is rebuilt at sample time: set next_state to true", k)
 			}
-			return reqErr(field, "%q is not a field of buffer %q", k, b.Name())
+			return reqErr(field(), "%q is not a field of buffer %q", k, b.Name())
 		}
 		c, _ := b.Column(k)
 		p.stored = append(p.stored, c)

@@ -498,13 +498,20 @@ func nstepReturns(p *plan, d *drawn, g *gathered) {
 func (b *Buffer) encode(p *plan, d *drawn, g *gathered) *Batch {
 	sel := d.sel
 	n := len(sel.Seqs)
-	out := &Batch{pool: &b.pool}
+	out := &Batch{pool: &b.pool, Tensors: make([]Tensor, 0, len(p.outKeys)+8)}
 	alloc := func(size int) []byte { return g.alloc(b, size) }
+	// Every tensor's shape is carved from one slice (full slice
+	// expressions, so no shape can grow into the next).
+	dims := make([]int, 0, 4*(len(p.outKeys)+8))
 	shape := func(row []int) []int {
+		start := len(dims)
 		if p.slices {
-			return append([]int{sel.NumSlices, sel.SliceLen}, row...)
+			dims = append(dims, sel.NumSlices, sel.SliceLen)
+		} else {
+			dims = append(dims, n)
 		}
-		return append([]int{n}, row...)
+		dims = append(dims, row...)
+		return dims[start:len(dims):len(dims)]
 	}
 	for _, k := range p.outKeys {
 		if obs, ok := cutNext(k); ok && g.recon[obs] != nil {
