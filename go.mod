@@ -18,7 +18,7 @@ require (
 
 require github.com/klauspost/compress v1.20.3
 
-require golang.org/x/sync v0.25.0 // indirect
+require golang.org/x/sync v0.25.0
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect

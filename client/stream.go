@@ -29,6 +29,13 @@ type StreamOptions struct {
 	// StopAtEpochEnd ends the stream after the batch that ends an epoch of
 	// a without-replacement sampler.
 	StopAtEpochEnd bool
+	// SharedMemory asks for the batches in shared memory (?stream=shm), for
+	// a client on the server's machine: each batch's tensors alias a slot
+	// the server filled, with no copy, until Batch.Release hands the slot
+	// back. Release every batch: with 4 unreleased (beyond Depth) the
+	// server waits, and after --stream-stall-timeout ends the stream.
+	// SampleStream returns ErrNotColocated if the arena cannot be mapped.
+	SharedMemory bool
 }
 
 // streamContentType is server.StreamContentType (the client does not
@@ -36,8 +43,7 @@ type StreamOptions struct {
 const streamContentType = "application/vnd.rbd.sample-stream"
 
 // frameError and frameArena are the length word's flags of an error frame
-// and of a frame naming a shared-memory slot (never sent on a stream=1
-// stream, which is all this client opens).
+// and of a frame naming a shared-memory slot (StreamOptions.SharedMemory).
 const (
 	frameError = uint64(1) << 63
 	frameArena = uint64(1) << 62
@@ -45,14 +51,16 @@ const (
 
 // SampleStream is an open sample stream (SampleStream): batches arrive in
 // order, drawn by the server ahead of the reader. It is not safe for
-// concurrent use; Close it when done (it frees the server's side too).
+// concurrent use; Close it when done (it frees the server's side too;
+// shared-memory batches stay readable until released).
 type SampleStream struct {
 	name        string
 	resp        *http.Response
 	r           *bufio.Reader
 	maxResponse int64
 	want, got   int64
-	err         error // sticky: the stream is over
+	err         error  // sticky: the stream is over
+	arena       *arena // SharedMemory streams
 }
 
 // SampleStream opens a sample stream (POST /v1/buffers/{name}/sample?stream=1):
@@ -85,7 +93,11 @@ func (c *Client) SampleStream(ctx context.Context, name string, req *SampleReque
 	if err != nil {
 		return nil, fmt.Errorf("sample stream %s: %w", name, err)
 	}
-	resp, err := c.sendRetrying(ctx, http.MethodPost, path, url.Values{"stream": {"1"}}, b, acceptTensors)
+	transport := "1"
+	if o.SharedMemory {
+		transport = "shm"
+	}
+	resp, err := c.sendRetrying(ctx, http.MethodPost, path, url.Values{"stream": {transport}}, b, acceptTensors)
 	if err != nil {
 		return nil, fmt.Errorf("sample stream %s: %w", name, err)
 	}
@@ -93,7 +105,14 @@ func (c *Client) SampleStream(ctx context.Context, name string, req *SampleReque
 		resp.Body.Close()
 		return nil, fmt.Errorf("sample stream %s: content type %q, want %s (a server older than streams?)", name, resp.Header.Get("Content-Type"), streamContentType)
 	}
-	return &SampleStream{name: name, resp: resp, r: bufio.NewReaderSize(resp.Body, 64<<10), maxResponse: c.maxResponse, want: o.Batches}, nil
+	s := &SampleStream{name: name, resp: resp, r: bufio.NewReaderSize(resp.Body, 64<<10), maxResponse: c.maxResponse, want: o.Batches}
+	if o.SharedMemory {
+		if s.arena, err = openArena(resp.Header.Get("X-Rbd-Arena"), resp.Header.Get("X-Rbd-Arena-Nonce")); err != nil {
+			resp.Body.Close()
+			return nil, fmt.Errorf("sample stream %s: %w", name, err)
+		}
+	}
+	return s, nil
 }
 
 // Next returns the stream's next batch. After the last batch of a stream
@@ -131,7 +150,7 @@ func (s *SampleStream) next() (*Batch, error) {
 		return nil, fmt.Errorf("sample stream %s: after %d batches: %w", s.name, s.got, s.readErrorFrame(n&^frameError))
 	}
 	if n&frameArena != 0 {
-		return nil, fmt.Errorf("sample stream %s: the server sent a shared-memory frame on a socket stream", s.name)
+		return s.arenaBatch(n &^ frameArena)
 	}
 	if n > uint64(s.maxResponse) {
 		return nil, fmt.Errorf("sample stream %s: a %d-byte batch exceeds the %d allowed (Options.MaxResponseBytes)", s.name, n, s.maxResponse)
@@ -148,6 +167,28 @@ func (s *SampleStream) next() (*Batch, error) {
 		return nil, fmt.Errorf("sample stream %s: batch %d: %w", s.name, s.got, err)
 	}
 	return &Batch{Tensors: tensors, Metadata: meta}, nil
+}
+
+// arenaBatch reads a frame naming an arena slot and decodes the batch in
+// place.
+func (s *SampleStream) arenaBatch(n uint64) (*Batch, error) {
+	if s.arena == nil || n != 16 {
+		return nil, fmt.Errorf("sample stream %s: a shared-memory frame of %d bytes on a socket stream", s.name, n)
+	}
+	var ref [16]byte
+	if _, err := io.ReadFull(s.r, ref[:]); err != nil {
+		return nil, fmt.Errorf("sample stream %s: batch %d: %w", s.name, s.got, err)
+	}
+	data, release, err := s.arena.batch(int(binary.LittleEndian.Uint32(ref[0:])), binary.LittleEndian.Uint64(ref[8:]))
+	if err != nil {
+		return nil, fmt.Errorf("sample stream %s: batch %d: %w", s.name, s.got, err)
+	}
+	tensors, meta, err := codec.DecodeSafetensors(data)
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("sample stream %s: batch %d: %w", s.name, s.got, err)
+	}
+	return &Batch{Tensors: tensors, Metadata: meta, release: release}, nil
 }
 
 // readErrorFrame reads an error frame's payload into an *APIError.
@@ -177,5 +218,10 @@ func (s *SampleStream) Close() error {
 	if s.err == nil {
 		s.err = errors.New("sample stream: closed")
 	}
-	return s.resp.Body.Close()
+	err := s.resp.Body.Close()
+	if s.arena != nil {
+		s.arena.close() // unmapped once the last batch is released
+		s.arena = nil
+	}
+	return err
 }

@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -61,7 +63,20 @@ func sameBatch(a, b *client.Batch) error {
 	return nil
 }
 
+// transports are the ways a stream carries batches, for tests that run
+// over both.
+var transports = []struct {
+	name string
+	shm  bool
+}{{"socket", false}, {"shm", true}}
+
 func TestSampleStreamMatchesSingleRequests(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) { streamMatchesSingleRequests(t, tr.shm) })
+	}
+}
+
+func streamMatchesSingleRequests(t *testing.T, shm bool) {
 	ts, _ := newServer(t, nil)
 	c := newClient(t, ts.URL, nil)
 	fillCartpole(t, c, 2000, 1200)
@@ -84,7 +99,7 @@ func TestSampleStreamMatchesSingleRequests(t *testing.T) {
 			if req.Sampler == "without_replacement" {
 				req.Consumer = "stream"
 			}
-			st, err := c.SampleStream(ctx, "cp", &req, &client.StreamOptions{Batches: batches, Depth: 3})
+			st, err := c.SampleStream(ctx, "cp", &req, &client.StreamOptions{Batches: batches, Depth: 3, SharedMemory: shm})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -106,6 +121,7 @@ func TestSampleStreamMatchesSingleRequests(t *testing.T) {
 				if err := sameBatch(got, want); err != nil {
 					t.Fatalf("batch %d differs from a single request with seed %d: %v", i, 41+i, err)
 				}
+				got.Release()
 			}
 			if b, err := st.Next(); err != io.EOF {
 				t.Fatalf("after the last batch: %v, %v; want io.EOF", b, err)
@@ -151,6 +167,12 @@ func TestSampleStreamUntilEpochEnd(t *testing.T) {
 // TestSampleStreamRowsNotTorn reads a stream while 8 writers overwrite a
 // small ring: every row of every batch must derive from one token.
 func TestSampleStreamRowsNotTorn(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) { streamRowsNotTorn(t, tr.shm) })
+	}
+}
+
+func streamRowsNotTorn(t *testing.T, shm bool) {
 	ts, _ := newServer(t, nil)
 	c := newClient(t, ts.URL, nil)
 	ctx := ctxT(t)
@@ -174,7 +196,7 @@ func TestSampleStreamRowsNotTorn(t *testing.T) {
 			}
 		})
 	}
-	st, err := c.SampleStream(ctx, "cp", &client.SampleRequest{BatchSize: 64}, &client.StreamOptions{Batches: 300})
+	st, err := c.SampleStream(ctx, "cp", &client.SampleRequest{BatchSize: 64}, &client.StreamOptions{Batches: 300, SharedMemory: shm})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,12 +211,98 @@ func TestSampleStreamRowsNotTorn(t *testing.T) {
 				t.Fatalf("batch %d: %v", i, err)
 			}
 		}
+		b.Release()
 	}
 	stop.Store(true)
 	wg.Wait()
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// TestSampleStreamSharedMemorySlots: a batch not released is never
+// overwritten however many follow; a reader that releases nothing loses
+// its stream after the stall timeout; Close leaves unreleased batches
+// readable.
+func TestSampleStreamSharedMemorySlots(t *testing.T) {
+	ts, _ := newServer(t, &server.Options{StreamStallTimeout: 300 * time.Millisecond})
+	c := newClient(t, ts.URL, nil)
+	fillCartpole(t, c, 2000, 1200)
+	st, err := c.SampleStream(ctxT(t), "cp", &client.SampleRequest{BatchSize: 32}, &client.StreamOptions{SharedMemory: true, Depth: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := st.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([][]byte, len(kept.Tensors))
+	for i, tn := range kept.Tensors {
+		want[i] = bytes.Clone(tn.Data)
+	}
+	for i := range 200 {
+		b, err := st.Next()
+		if err != nil {
+			t.Fatalf("batch %d: %v", i+1, err)
+		}
+		b.Release()
+	}
+	for i, tn := range kept.Tensors {
+		if !bytes.Equal(tn.Data, want[i]) {
+			t.Fatalf("tensor %s of a batch not released changed while 200 more were read", tn.Name)
+		}
+	}
+	// Keep every batch: depth 1 + 1 drawn + 4 held slots, then the server
+	// waits and gives up.
+	var held []*client.Batch
+	for {
+		b, err := st.Next()
+		if err != nil {
+			if !errors.Is(err, io.ErrUnexpectedEOF) && !isConnReset(err) {
+				t.Fatalf("stream of a reader that releases nothing ended with %v", err)
+			}
+			break
+		}
+		held = append(held, b)
+	}
+	if len(held) != 5 { // 6 slots, one of them the kept batch's
+		t.Fatalf("%d more batches arrived with every slot held, want 5", len(held))
+	}
+	st.Close()
+	for i, tn := range kept.Tensors {
+		if !bytes.Equal(tn.Data, want[i]) {
+			t.Fatalf("tensor %s of an unreleased batch unreadable after Close", tn.Name)
+		}
+	}
+	kept.Release()
+	for _, b := range held {
+		b.Release()
+	}
+	waitFor(t, "the stream to end", func() bool { return streamsGauge(t, c) == "0" })
+
+}
+
+// TestSampleStreamNotColocated: an arena the client cannot map (missing,
+// or another process's file) is ErrNotColocated, so a caller can fall back
+// to a socket stream.
+func TestSampleStreamNotColocated(t *testing.T) {
+	notArena := filepath.Join(t.TempDir(), "not-an-arena")
+	if err := os.WriteFile(notArena, bytes.Repeat([]byte{7}, 8192), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/proc/999999999/fd/3", notArena} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/vnd.rbd.sample-stream")
+			w.Header().Set("X-Rbd-Arena", path)
+			w.Header().Set("X-Rbd-Arena-Nonce", "00112233445566778899aabbccddeeff")
+		}))
+		c := newClient(t, srv.URL, nil)
+		_, err := c.SampleStream(ctxT(t), "cp", nil, &client.StreamOptions{SharedMemory: true})
+		srv.Close()
+		if !errors.Is(err, client.ErrNotColocated) {
+			t.Errorf("arena %s: %v, want ErrNotColocated", path, err)
+		}
 	}
 }
 

@@ -15,6 +15,19 @@ type Batch struct {
 	// Metadata is the safetensors __metadata__: "epoch" and "epoch_end" for
 	// without-replacement samplers; nil when the server sent none.
 	Metadata map[string]string
+
+	release func() // shared-memory batches: hands the slot back
+}
+
+// Release hands a shared-memory batch's slot back to the server
+// (StreamOptions.SharedMemory); its tensors must not be used after it. It
+// does nothing for other batches, whose memory is the garbage collector's.
+func (b *Batch) Release() {
+	if b.release != nil {
+		b.release()
+		b.release = nil
+		b.Tensors = nil
+	}
 }
 
 // Tensor returns the named tensor.
