@@ -108,7 +108,9 @@ var errArenaStalled = errors.New("the client released no arena slot in time")
 
 // acquire waits for a free slot (the client stores 0 into a state word
 // when it drops a batch; there is no wake-up across processes, so this
-// polls, backing off to 2 ms) until ctx ends or stall passes.
+// polls, backing off to 200 µs: a longer sleep would leave a fast reader
+// waiting on an empty pipeline, and a slow reader's poll costs a few µs a
+// time) until ctx ends or stall passes.
 // Before it waits it calls beforeWait once: frames not yet sent (the
 // stream's buffered writer) may be what the client needs to free a slot.
 func (a *arena) acquire(ctx context.Context, stall time.Duration, beforeWait func()) (int, error) {
@@ -133,7 +135,7 @@ func (a *arena) acquire(ctx context.Context, stall time.Duration, beforeWait fun
 			return -1, errArenaStalled
 		}
 		time.Sleep(pause)
-		pause = min(2*pause, 2*time.Millisecond)
+		pause = min(2*pause, 200*time.Microsecond)
 	}
 }
 

@@ -17,6 +17,7 @@ package server_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -29,6 +30,7 @@ import (
 	"testing"
 
 	"github.com/rbdb/rbd"
+	"github.com/rbdb/rbd/client"
 	"github.com/rbdb/rbd/codec"
 	"github.com/rbdb/rbd/internal/benchdata"
 	"github.com/rbdb/rbd/server"
@@ -178,9 +180,12 @@ func bnCapacity(w bnWorkload) int {
 // compact memory buffer (uniform, a fresh random draw each time, answer
 // = obs + next obs + action, reward, flags, seq, traj_id, step as
 // safetensors), then the raw baseline: the same client fetching a prebuilt
-// body of the same size from a handler that only writes it, and
+// body of the same size from a handler that only writes it,
 // server=rbd-stream: the same batches from one sample stream per
-// connection (?stream=1, depth 2). x_raw is rbd's GB/s over the raw GB/s
+// connection (?stream=1, depth 2; frames read raw, like the request
+// sides' answers), and server=rbd-shm: a shared-memory stream read with
+// the Go client, which also decodes each batch's safetensors header (each
+// batch copied out once, then released). x_raw is rbd's GB/s over the raw GB/s
 // of the same run.
 //
 //	go test ./server -run '^$' -bench 'BenchmarkHTTPSample' -benchtime 2s -count 3 -cpu 2
@@ -218,11 +223,11 @@ func BenchmarkHTTPSample(b *testing.B) {
 
 			for _, conns := range []int{1, 4} {
 				var rawGBs float64
-				for _, side := range []string{"raw", "rbd", "rbd-stream"} {
+				for _, side := range []string{"raw", "rbd", "rbd-stream", "rbd-shm"} {
 					b.Run(fmt.Sprintf("conns=%d/server=%s", conns, side), func(b *testing.B) {
-						if side == "rbd-stream" {
+						if side == "rbd-stream" || side == "rbd-shm" {
 							b.SetBytes(int64(len(answer)))
-							bnStreams(b, url, req, conns, len(answer))
+							bnStreams(b, base, url, req, conns, len(answer), side == "rbd-shm")
 							sec := b.Elapsed().Seconds()
 							gbs := float64(b.N) * float64(len(answer)) / sec / 1e9
 							b.ReportMetric(float64(b.N)/sec, "batches/s")
@@ -265,10 +270,14 @@ func BenchmarkHTTPSample(b *testing.B) {
 // bnStreams reads b.N batches from conns sample streams (POST
 // .../sample?stream=1, one per connection, depth 2), each frame into one
 // reused buffer like the request sides.
-func bnStreams(b *testing.B, url, req string, conns, answer int) {
+func bnStreams(b *testing.B, base, url, req string, conns, answer int, shm bool) {
 	b.Helper()
 	hc := benchdata.Client(conns)
 	defer hc.CloseIdleConnections()
+	gc, err := client.New(base, &client.Options{HTTPClient: hc})
+	if err != nil {
+		b.Fatal(err)
+	}
 	var wg sync.WaitGroup
 	var firstErr atomic.Pointer[error]
 	b.ResetTimer()
@@ -281,7 +290,13 @@ func bnStreams(b *testing.B, url, req string, conns, answer int) {
 			continue
 		}
 		wg.Go(func() {
-			if err := bnReadStream(hc, url, fmt.Sprintf(`{"batch_size": 256, "batches": %d}`, n), n, answer); err != nil {
+			var err error
+			if shm {
+				err = bnReadShm(gc, n, answer)
+			} else {
+				err = bnReadStream(hc, url, fmt.Sprintf(`{"batch_size": 256, "batches": %d}`, n), n, answer)
+			}
+			if err != nil {
 				firstErr.CompareAndSwap(nil, &err)
 			}
 		})
@@ -291,6 +306,31 @@ func bnStreams(b *testing.B, url, req string, conns, answer int) {
 	if p := firstErr.Load(); p != nil {
 		b.Fatal(*p)
 	}
+}
+
+// bnReadShm reads n batches from a shared-memory stream with the Go
+// client, copying every tensor into one reused buffer (so the reader
+// touches each byte, as the other sides do), then releasing the slot.
+func bnReadShm(c *client.Client, n, answer int) error {
+	st, err := c.SampleStream(context.Background(), "bench", &client.SampleRequest{BatchSize: 256},
+		&client.StreamOptions{Batches: int64(n), SharedMemory: true})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	buf := make([]byte, answer)
+	for i := range n {
+		b, err := st.Next()
+		if err != nil {
+			return fmt.Errorf("batch %d: %w", i, err)
+		}
+		off := 0
+		for _, t := range b.Tensors {
+			off += copy(buf[off:], t.Data)
+		}
+		b.Release()
+	}
+	return nil
 }
 
 func bnReadStream(hc *http.Client, url, req string, n, answer int) error {
