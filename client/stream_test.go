@@ -514,7 +514,7 @@ func TestSampleStreamOutlivesReadTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := &http.Server{Handler: server.New(db, nil).Handler(), ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond}
+	hs := &http.Server{Handler: server.New(db, nil).Handler(), ReadTimeout: time.Second, WriteTimeout: time.Second}
 	go hs.Serve(ln)
 	defer hs.Close()
 	c := newClient(t, "http://"+ln.Addr().String(), nil)
@@ -529,7 +529,7 @@ func TestSampleStreamOutlivesReadTimeout(t *testing.T) {
 		if _, err := st.Next(); err != nil {
 			t.Fatalf("batch %d, %v into the stream: %v", i, time.Since(start), err)
 		}
-		time.Sleep(100 * time.Millisecond) // a slow learner: 800 ms in all, past both timeouts
+		time.Sleep(200 * time.Millisecond) // a slow learner: 1.6 s in all, past both timeouts
 	}
 }
 
