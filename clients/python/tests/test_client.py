@@ -561,6 +561,7 @@ class StreamTest(ServerTest):
         self.wait_streams_closed()
 
     def test_close_frees_the_server(self):
+        self.wait_streams_closed()  # earlier tests' streams end asynchronously
         name = self.buffer()
         self.c.extend(name, episode(0, 50), stream="s")
         with self.c.iter_samples(name, 4, transport=self.transport) as it:
@@ -569,6 +570,7 @@ class StreamTest(ServerTest):
         self.wait_streams_closed()
 
     def test_killed_client_frees_the_server(self):
+        self.wait_streams_closed()
         name = self.buffer()
         self.c.extend(name, episode(0, 50), stream="s")
         code = ("import sys, rbd_client\n"
