@@ -107,36 +107,28 @@ func (a *arena) slot(i int) []byte {
 var errArenaStalled = errors.New("the client released no arena slot in time")
 
 // acquire waits for a free slot (the client stores 0 into a state word
-// when it drops a batch; there is no wake-up across processes, so this
-// polls, backing off to 200 µs: a longer sleep would leave a fast reader
-// waiting on an empty pipeline, and a slow reader's poll costs a few µs a
-// time) until ctx ends or stall passes.
-// Before it waits it calls beforeWait once: frames not yet sent (the
-// stream's buffered writer) may be what the client needs to free a slot.
+// when it drops a batch). Before it waits it calls beforeWait once: frames
+// not yet sent (the stream's buffered writer) may be what the client needs
+// to free a slot.
 func (a *arena) acquire(ctx context.Context, stall time.Duration, beforeWait func()) (int, error) {
-	deadline := time.Now().Add(stall)
-	pause := 20 * time.Microsecond
-	for waited := false; ; waited = true {
+	slot := -1
+	free := func() bool {
 		for k := range a.slots {
 			i := (a.next + k) % a.slots
 			if atomic.LoadUint32(a.state(i)) == slotFree {
-				a.next = (i + 1) % a.slots
-				return i, nil
+				a.next, slot = (i+1)%a.slots, i
+				return true
 			}
 		}
-		if !waited && beforeWait != nil {
-			beforeWait()
-			continue
-		}
-		if err := ctx.Err(); err != nil {
-			return -1, err
-		}
-		if time.Now().After(deadline) {
-			return -1, errArenaStalled
-		}
-		time.Sleep(pause)
-		pause = min(2*pause, 200*time.Microsecond)
+		return false
 	}
+	if !free() && beforeWait != nil {
+		beforeWait()
+	}
+	if err := poll(ctx, stall, free); err != nil {
+		return -1, err
+	}
+	return slot, nil
 }
 
 // idle reports whether the client holds no slot.
@@ -152,9 +144,18 @@ func (a *arena) idle() bool {
 // waitIdle waits until the client holds no slot, ctx ends or stall
 // passes.
 func (a *arena) waitIdle(ctx context.Context, stall time.Duration) error {
+	return poll(ctx, stall, a.idle)
+}
+
+// poll calls cond until it holds, ctx ends or stall passes
+// (errArenaStalled). There is no wake-up across processes, so it sleeps
+// between calls, backing off to 200 µs: a longer sleep would leave a fast
+// reader waiting on an empty pipeline, and a slow reader's poll costs a few
+// µs a time.
+func poll(ctx context.Context, stall time.Duration, cond func() bool) error {
 	deadline := time.Now().Add(stall)
 	pause := 20 * time.Microsecond
-	for !a.idle() {
+	for !cond() {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -162,7 +163,7 @@ func (a *arena) waitIdle(ctx context.Context, stall time.Duration) error {
 			return errArenaStalled
 		}
 		time.Sleep(pause)
-		pause = min(2*pause, 2*time.Millisecond)
+		pause = min(2*pause, 200*time.Microsecond)
 	}
 	return nil
 }

@@ -195,19 +195,7 @@ func BenchmarkHTTPSample(b *testing.B) {
 		b.Run("workload="+w.name, func(b *testing.B) {
 			capacity := bnCapacity(w)
 			db, base := bnServe(b, b.TempDir())
-			spec, err := storage.ParseSpec([]byte(bnSpec(w, capacity, "memory")))
-			if err != nil {
-				b.Fatal(err)
-			}
-			buf, _, err := db.CreateBuffer("bench", spec)
-			if err != nil {
-				b.Fatal(err)
-			}
-			for k := 0; k < capacity/bnBatch+1; k++ {
-				if _, err := buf.Extend("fill", benchdata.StorageBatch(bnBatchTensors(w, k), bnBatch)); err != nil {
-					b.Fatal(err)
-				}
-			}
+			bnFill(b, db, w, capacity)
 			url := base + "/v1/buffers/bench/sample"
 			// One real answer, served as is by the raw baseline.
 			var answer []byte
@@ -264,6 +252,25 @@ func BenchmarkHTTPSample(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// bnFill creates a compact memory buffer "bench" of capacity rows of
+// workload w in db and fills it.
+func bnFill(b *testing.B, db *rbd.DB, w bnWorkload, capacity int) {
+	b.Helper()
+	spec, err := storage.ParseSpec([]byte(bnSpec(w, capacity, "memory")))
+	if err != nil {
+		b.Fatal(err)
+	}
+	buf, _, err := db.CreateBuffer("bench", spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for k := 0; k < capacity/bnBatch+1; k++ {
+		if _, err := buf.Extend("fill", benchdata.StorageBatch(bnBatchTensors(w, k), bnBatch)); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
@@ -442,19 +449,7 @@ func BenchmarkSampleHandler(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer db.Close()
-	spec, err := storage.ParseSpec([]byte(bnSpec(w, capacity, "memory")))
-	if err != nil {
-		b.Fatal(err)
-	}
-	buf, _, err := db.CreateBuffer("bench", spec)
-	if err != nil {
-		b.Fatal(err)
-	}
-	for k := 0; k < capacity/bnBatch+1; k++ {
-		if _, err := buf.Extend("fill", benchdata.StorageBatch(bnBatchTensors(w, k), bnBatch)); err != nil {
-			b.Fatal(err)
-		}
-	}
+	bnFill(b, db, w, capacity)
 	h := server.New(db, nil).Handler()
 	body := []byte(`{"batch_size": 256}`)
 	rw := &discardWriter{h: http.Header{}}
