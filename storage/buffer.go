@@ -3,6 +3,7 @@ package storage
 import (
 	"errors"
 	"fmt"
+	"github.com/rbdb/rbd/internal/series"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -122,6 +123,9 @@ type Buffer struct {
 	notifyMu sync.Mutex
 	notify   chan struct{} // closed (and replaced) when rows are published
 	sampled  atomic.Int64  // rows returned by samples (for info and metrics)
+	// activity is the last minutes of write_count, samples served and
+	// size, a point per second with a change (Activity).
+	activity *series.Ring
 
 	sync syncState
 	// prio is the prioritised-replay state (nil without spec.Priority),
@@ -216,6 +220,7 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) (*Buffer, error) {
 		streams:    map[string]map[int64]*streamPos{},
 		streamUsed: map[string]time.Time{},
 		limiter:    ratelimit.New(spec.RateLimit, 0),
+		activity:   series.New(ActivityWindow, activityWidth),
 	}
 	if b.persistent {
 		b.dir = bufferDir(s.dir, name)

@@ -365,7 +365,10 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	}
 
 	envs = b.publish(recs, first, written, end, stream, envs)
-	b.limiter.SetSize(b.liveRows())
+	size := b.liveRows()
+	b.limiter.SetSize(size)
+	b.noteActivity(actWriteCount, end)
+	b.noteActivity(actSize, size)
 	b.dirty.Store(true)
 	b.notifyMu.Lock()
 	close(b.notify)
