@@ -218,6 +218,7 @@ func (s *Server) deleteBuffer(w http.ResponseWriter, r *http.Request) error {
 	if err := s.db.DeleteBuffer(name); err != nil {
 		return err
 	}
+	s.errs.forget(name)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }

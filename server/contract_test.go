@@ -303,6 +303,16 @@ func (ctWeights) CollectorInfo(collector string) (server.CollectorInfo, error) {
 		FramesPerSecond: 5000}, nil
 }
 
+func (ctWeights) Collectors() []string { return []string{"demo"} }
+
+func (ctWeights) CollectorActivity(collector string, since int64) (server.CollectorActivity, error) {
+	if collector != "demo" {
+		return server.CollectorActivity{}, fmt.Errorf("collector %q: %w", collector, storage.ErrNotFound)
+	}
+	return server.CollectorActivity{T: []int64{since + 1, since + 2}, Frames: []float64{256, 512}, Episodes: []float64{10, 22},
+		MeanEpisodeReturn: []float64{9.5, 11}, MeanEpisodeLength: []float64{9.5, 11}}, nil
+}
+
 func (ctWeights) SetWeights(collector string, tensors map[string][]float32, shapes map[string][]int) error {
 	if collector != "demo" {
 		return fmt.Errorf("collector %q: %w", collector, storage.ErrNotFound)
@@ -543,6 +553,23 @@ func ctCases(t *testing.T) []ctCase {
 		{name: "rows count not a number", method: "GET", path: "/v1/buffers/cp/rows?count=ten", want: 400, invalid: true},
 		{name: "rows unknown buffer", method: "GET", path: "/v1/buffers/nope/rows", want: 404},
 		{name: "rows shutting down", shut: true, method: "GET", path: "/v1/buffers/cp/rows", want: 503, code: "shutting_down"},
+		{name: "rows of a trajectory", method: "GET", path: "/v1/buffers/cp/rows?traj_id=0&count=3", accept: js, want: 200},
+		{name: "rows of an unknown trajectory", method: "GET", path: "/v1/buffers/cp/rows?traj_id=999999", accept: js, want: 200},
+		{name: "rows of a trajectory from a negative seq", method: "GET", path: "/v1/buffers/cp/rows?traj_id=0&from_seq=-1", want: 400},
+		{name: "rows traj_id not a number", method: "GET", path: "/v1/buffers/cp/rows?traj_id=x", want: 400, invalid: true},
+
+		// dashboard
+		{name: "stats", method: "GET", path: "/v1/buffers/cp/stats", want: 200},
+		{name: "stats without priorities", method: "GET", path: "/v1/buffers/plain.v1/stats?buckets=5", want: 200},
+		{name: "stats buckets out of range", method: "GET", path: "/v1/buffers/cp/stats?buckets=0", want: 400, invalid: true},
+		{name: "stats unknown buffer", method: "GET", path: "/v1/buffers/nope/stats", want: 404},
+		{name: "stats without token", method: "GET", path: "/v1/buffers/cp/stats", auth: "-", want: 401, invalid: true},
+		{name: "activity", method: "GET", path: "/v1/activity", want: 200},
+		{name: "activity since", method: "GET", path: "/v1/activity?since=1", want: 200},
+		{name: "activity since not a number", method: "GET", path: "/v1/activity?since=yesterday", want: 400, invalid: true},
+		{name: "activity since negative", method: "GET", path: "/v1/activity?since=-4", want: 400, invalid: true},
+		{name: "collectors", method: "GET", path: "/v1/collectors", want: 200},
+		{name: "collectors shutting down", shut: true, method: "GET", path: "/v1/collectors", want: 503, code: "shutting_down"},
 
 		// streams
 		{name: "close stream", method: "DELETE", path: "/v1/buffers/cp/streams/open", want: 200},

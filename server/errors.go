@@ -99,6 +99,9 @@ func writeError(w http.ResponseWriter, err error) int {
 	if be := (*ratelimit.BlockedError)(nil); errors.As(err, &be) {
 		body.RateLimit = &be.State
 	}
+	if sw, ok := w.(*statusWriter); ok {
+		sw.failure = &body
+	}
 	writeJSON(w, status, body)
 	return status
 }

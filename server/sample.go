@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"sort"
 	"strconv"
 
 	"github.com/rbdb/rbd"
@@ -237,7 +238,21 @@ func (s *Server) rows(w http.ResponseWriter, r *http.Request) error {
 	if err := leaseOf(w).grow(r.Context(), limit*(2*int64(rowBytes)+48), "the rows answer"); err != nil {
 		return err
 	}
-	seqs := b.LiveSeqs(from, int(limit))
+	var seqs []int64
+	if tv := q.Get("traj_id"); tv != "" {
+		id, err := intParam(tv, 0, "traj_id")
+		if err != nil {
+			return err
+		}
+		if from < 0 {
+			return badRequest(fmt.Sprintf("from_seq: %d is negative; with traj_id it pages within the trajectory (rows from that seq on)", from))
+		}
+		if seqs, err = trajectorySeqs(b, id, from, int(limit)); err != nil {
+			return err
+		}
+	} else {
+		seqs = b.LiveSeqs(from, int(limit))
+	}
 	dst := make([][]byte, len(cols))
 	for i, c := range cols {
 		dst[i] = make([]byte, len(seqs)*c.RowBytes)
@@ -284,6 +299,26 @@ func (s *Server) rows(w http.ResponseWriter, r *http.Request) error {
 		tensors = append(tensors, codec.Tensor{Name: m.name, DType: "int64", Shape: []int{n}, Data: data})
 	}
 	return s.writeTensors(w, r, tensors, nil, nil)
+}
+
+// trajectorySeqs returns the seqs of trajectory id's live rows from seq
+// from on, oldest first, at most limit (none for a trajectory with no live
+// rows).
+func trajectorySeqs(b *rbd.Buffer, id, from int64, limit int) ([]int64, error) {
+	var seqs []int64
+	err := b.ReadIndex(func(v storage.Index) {
+		t := v.ByID(id)
+		if t == nil {
+			return
+		}
+		// A trajectory's seqs grow with its steps: start at the first
+		// seq >= from.
+		n := t.Len()
+		for i := sort.Search(n, func(i int) bool { return t.Seq(i) >= from }); i < n && len(seqs) < limit; i++ {
+			seqs = append(seqs, t.Seq(i))
+		}
+	})
+	return seqs, err
 }
 
 func intParam(v string, def int64, name string) (int64, error) {

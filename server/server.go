@@ -141,6 +141,8 @@ type Server struct {
 	streams atomic.Int64
 	// tokens are the bearer tokens and their roles (SetTokens).
 	tokens atomic.Pointer[Tokens]
+	// errs remembers failed requests per buffer for the dashboard.
+	errs errorLog
 	// bodies holds extend bodies (*[]byte) for reuse: a storage extend
 	// copies every byte it keeps, so a body is free once Extend returns.
 	bodies sync.Pool
@@ -167,8 +169,14 @@ func New(db *rbd.DB, opts *Options) *Server {
 	s.route("DELETE /v1/buffers/{name}/streams/{stream}", "close_stream", s.closeStream)
 	s.route("POST /v1/buffers/{name}/checkpoint", "checkpoint", s.checkpoint)
 	s.route("PUT /v1/buffers/{name}/rate_limit", "rate_limit", s.setRateLimit)
+	s.route("GET /v1/buffers/{name}/stats", "stats", s.bufferStats)
+	s.route("GET /v1/activity", "activity", s.activity)
+	s.route("GET /v1/collectors", "collectors", s.listCollectors)
 	s.route("GET /v1/collectors/{name}", "collector", s.getCollector)
 	s.route("PUT /v1/collectors/{name}/weights", "weights", s.setWeights)
+	ui := uiHandler()
+	s.route("GET /{$}", "ui", ui)
+	s.route("GET /ui/{file...}", "ui", ui)
 	if o.Pprof {
 		s.mux.Handle("GET /debug/pprof/", s.wrap("pprof", http.HandlerFunc(pprof.Index)))
 		s.mux.Handle("GET /debug/pprof/cmdline", s.wrap("pprof", http.HandlerFunc(pprof.Cmdline)))
@@ -209,6 +217,9 @@ type statusWriter struct {
 	status int
 	bytes  int64
 	lease  lease
+	// failure is what writeError told the client, for the dashboard's
+	// error log.
+	failure *errorBody
 }
 
 // leaseOf returns the memory lease of the request w answers. Every
@@ -260,6 +271,9 @@ func (s *Server) wrap(name string, h http.Handler) http.Handler {
 				w.status = http.StatusOK
 			}
 			s.metrics.observe(name, w.status, time.Since(start))
+			if w.status >= 400 {
+				s.noteFailure(name, r, w)
+			}
 			s.log.Info("request", "method", r.Method, "path", r.URL.Path, "status", w.status,
 				"bytes", w.bytes, "duration_ms", float64(time.Since(start).Microseconds())/1000)
 		}()
@@ -277,6 +291,28 @@ func (s *Server) wrap(name string, h http.Handler) http.Handler {
 		r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxBody)
 		h.ServeHTTP(w, r)
 	})
+}
+
+// bufferEndpoints are the endpoints whose {name} is a buffer: their
+// failures go into that buffer's error log.
+var bufferEndpoints = map[string]bool{"create": true, "info": true, "delete": true, "extend": true, "sample": true,
+	"priorities": true, "update": true, "rows": true, "close_stream": true, "checkpoint": true, "rate_limit": true, "stats": true}
+
+// noteFailure remembers a failed request in its buffer's error log, if it
+// named an existing buffer.
+func (s *Server) noteFailure(endpoint string, r *http.Request, w *statusWriter) {
+	name := r.PathValue("name")
+	if !bufferEndpoints[endpoint] || name == "" {
+		return
+	}
+	if _, err := s.db.Buffer(name); err != nil {
+		return
+	}
+	f := failedRequest{Time: time.Now().UTC(), Endpoint: endpoint, Status: w.status}
+	if w.failure != nil {
+		f.Code, f.Error = w.failure.Code, w.failure.Error
+	}
+	s.errs.note(name, f)
 }
 
 func (h handlerFunc) ServeHTTP(w http.ResponseWriter, r *http.Request) {

@@ -73,7 +73,7 @@ func (v Index) TrajectoryLengths(buckets int) LengthHistogram {
 	v.ix.mustBeSettled()
 	l := v.ix.byLen
 	total := l.prefix(lenBuckets)
-	h := LengthHistogram{Trajectories: total}
+	h := LengthHistogram{Edges: []int{}, Counts: []int{}, Trajectories: total}
 	if total == 0 {
 		return h
 	}

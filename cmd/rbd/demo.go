@@ -9,9 +9,11 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/rbdb/rbd/collector"
 	"github.com/rbdb/rbd/collector/envs"
+	"github.com/rbdb/rbd/internal/series"
 	"github.com/rbdb/rbd/ratelimit"
 	"github.com/rbdb/rbd/server"
 	"github.com/rbdb/rbd/storage"
@@ -42,6 +44,10 @@ type demoCollector struct {
 	active    atomic.Pointer[demoPolicy]
 	version   atomic.Int64
 	stats     atomic.Pointer[collector.Stats]
+	// history is the last minutes of frames, episodes, mean return and
+	// mean length, a point per second with a batch (the dashboard's
+	// learning curve).
+	history *series.Ring
 }
 
 // demoPolicy is one version of the demo's policy.
@@ -75,6 +81,7 @@ func newDemoCollector(spec envs.Spec, stateSize int) *demoCollector {
 	}
 	d.active.Store(p)
 	d.stats.Store(&collector.Stats{})
+	d.history = series.New(storage.ActivityWindow, 4)
 	return d
 }
 
@@ -112,7 +119,10 @@ func (d *demoCollector) Act(obs *collector.Obs, act *envs.Actions, rng *rand.Ran
 
 // observe records the collector's stats after each batch (and while its
 // writes are held back by the rate limiter).
-func (d *demoCollector) observe(st collector.Stats) { d.stats.Store(&st) }
+func (d *demoCollector) observe(st collector.Stats) {
+	d.stats.Store(&st)
+	d.history.SetAll(time.Now(), float64(st.Frames), float64(st.Episodes), st.MeanReturn, st.MeanLength)
+}
 
 // SetWeights implements server.WeightSetter.
 func (d *demoCollector) SetWeights(name string, vals map[string][]float32, shapes map[string][]int) error {
@@ -203,6 +213,18 @@ func (d *demoCollector) CollectorInfo(name string) (server.CollectorInfo, error)
 		Frames: st.Frames, Episodes: st.Episodes, MeanEpisodeReturn: st.MeanReturn, MeanEpisodeLength: st.MeanLength,
 		FramesPerSecond: st.FramesPerSecond(), RateLimited: st.RateLimited, RateLimitWaitSeconds: st.RateLimitWait.Seconds(),
 	}, nil
+}
+
+// Collectors implements server.CollectorHistory.
+func (d *demoCollector) Collectors() []string { return []string{"demo"} }
+
+// CollectorActivity implements server.CollectorHistory.
+func (d *demoCollector) CollectorActivity(name string, since int64) (server.CollectorActivity, error) {
+	if _, err := d.CollectorInfo(name); err != nil {
+		return server.CollectorActivity{}, err
+	}
+	t, cols := d.history.Columns(since)
+	return server.CollectorActivity{T: t, Frames: cols[0], Episodes: cols[1], MeanEpisodeReturn: cols[2], MeanEpisodeLength: cols[3]}, nil
 }
 
 var errBadWeights = fmt.Errorf("bad weights: %w", storage.ErrInvalidBatch)
