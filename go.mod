@@ -18,7 +18,15 @@ require (
 
 require github.com/klauspost/compress v1.20.3
 
-require golang.org/x/sync v0.25.0
+require (
+	github.com/chromedp/chromedp v0.23.0
+	golang.org/x/sync v0.25.0
+)
+
+require (
+	github.com/chromedp/cdproto v0.159.0 // indirect
+	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect

@@ -93,7 +93,10 @@ async function api(path, { binary = false } = {}) {
 function askToken(why) {
   const dlg = document.getElementById("token-dialog");
   document.getElementById("token-error").textContent = why;
-  if (!dlg.open) dlg.showModal();
+  if (!dlg.open) {
+    document.getElementById("token-input").value = "";
+    dlg.showModal();
+  }
   return new Promise((resolve) => {
     (tokenWaiters ||= []).push(resolve);
   });
@@ -150,18 +153,23 @@ function parseSafetensors(buf) {
 // WINDOW_S seconds ending at now.
 function lineChart(series, { now, height = 160, label = "" } = {}) {
   const W = 560, H = height, L = 46, R = 8, T = 8, B = 20;
-  const t0 = now - WINDOW_S;
+  // The last WINDOW_S seconds, or less while the history is younger (at
+  // least a minute), so that a new server's lines are not a sliver.
+  let first = now;
+  for (const s of series) if (s.t.length) first = Math.min(first, s.t[0]);
+  const span = Math.min(WINDOW_S, Math.max(60, now - first));
+  const t0 = now - span;
   let ymax = 0;
   for (const s of series) for (const v of s.y) ymax = Math.max(ymax, v);
   if (ymax <= 0) ymax = 1;
-  const x = (t) => L + ((t - t0) / WINDOW_S) * (W - L - R);
+  const x = (t) => L + ((t - t0) / span) * (W - L - R);
   const y = (v) => T + (1 - v / ymax) * (H - T - B);
   const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: "100%", role: "img", "aria-label": label, class: "chart line" });
   root.append(svg("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }));
   root.append(svg("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }));
   root.append(svg("text", { x: L - 4, y: T + 8, "text-anchor": "end" }, fmt(ymax, ymax < 10 ? 1 : 0)));
   root.append(svg("text", { x: L - 4, y: H - B, "text-anchor": "end" }, "0"));
-  root.append(svg("text", { x: L, y: H - 6 }, `-${WINDOW_S / 60} min`));
+  root.append(svg("text", { x: L, y: H - 6 }, span >= 120 ? `-${Math.round(span / 60)} min` : `-${span} s`));
   root.append(svg("text", { x: W - R, y: H - 6, "text-anchor": "end" }, "now"));
   for (const s of series) {
     const pts = [];
@@ -293,7 +301,7 @@ function route() {
 }
 
 function render(...nodes) {
-  main.replaceChildren(...nodes);
+  main.replaceChildren(...nodes.flat());
 }
 
 function kindOf(info) {
@@ -323,7 +331,7 @@ async function overviewPage() {
     const { logical, stored } = bytesOf(info);
     const link = "#/buffer/" + encodeURIComponent(info.name);
     const spark = h ? sparkline(rates(h.t, h.write_count)) : el("span");
-    return el("tr", { "data-buffer": info.name },
+    return el("tr", { "data-buffer": info.name, "data-size": info.size, "data-write-count": info.write_count },
       el("td", {}, el("a", { href: link, class: "name" }, info.name)),
       el("td", {}, kindOf(info)),
       el("td", {}, el("span", { class: "fill", title: pct.toFixed(1) + "%" }, el("span", { style: `width:${pct.toFixed(1)}%` })), " ",
