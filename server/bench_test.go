@@ -28,6 +28,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/rbdb/rbd"
 	"github.com/rbdb/rbd/client"
@@ -487,4 +488,68 @@ func (d *discardWriter) WriteHeader(code int) {
 	if d.status == 0 {
 		d.status = code
 	}
+}
+
+// BenchmarkDashboardPoll measures one refresh of the dashboard's buffer
+// page: the requests it sends every second (the buffer list, the buffer's
+// info, its stats, the activity since two seconds ago) against a full
+// prioritised CartPole buffer and 99 more buffers. core_%_at_1Hz is the
+// share of one core a page open on it costs the server.
+func BenchmarkDashboardPoll(b *testing.B) {
+	w := bnWorkloads[0]
+	capacity := w.capacity
+	if testing.Short() {
+		capacity = w.shortCap
+	}
+	db, url := bnServe(b, b.TempDir())
+	prio := strings.Replace(bnSpec(w, capacity, "memory"), `"compact_obs"`, `"priority": {"alpha": 0.6, "eps": 1e-6}, "compact_obs"`, 1)
+	spec, err := storage.ParseSpec([]byte(prio))
+	if err != nil {
+		b.Fatal(err)
+	}
+	buf, _, err := db.CreateBuffer("bench", spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for k := 0; k < capacity/bnBatch+1; k++ {
+		if _, err := buf.Extend("fill", benchdata.StorageBatch(bnBatchTensors(w, k), bnBatch)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	small, err := storage.ParseSpec([]byte(bnSpec(w, 1000, "memory")))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range 99 {
+		o, _, err := db.CreateBuffer(fmt.Sprintf("other%02d", i), small)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := o.Extend("fill", benchdata.StorageBatch(bnBatchTensors(w, 0), bnBatch)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	hc := &http.Client{}
+	get := func(path string) {
+		resp, err := hc.Get(url + path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			b.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("GET %s: %d", path, resp.StatusCode)
+		}
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		get("/v1/buffers")
+		get("/v1/buffers/bench")
+		get("/v1/buffers/bench/stats")
+		get(fmt.Sprintf("/v1/activity?since=%d", time.Now().Unix()-2))
+	}
+	perPoll := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+	b.ReportMetric(perPoll/1e9*100, "core_%_at_1Hz")
 }
