@@ -287,9 +287,14 @@ function route() {
   else page = overviewPage;
   const tick = async () => {
     try {
+      const t0 = performance.now();
       const keep = await page();
       if (gen !== pageGen) return;
-      setStatus("updated " + new Date().toLocaleTimeString(), false);
+      // How long the refresh took, requests and drawing: what a slow
+      // server or a page with many buffers costs, in plain sight.
+      const ms = Math.round(performance.now() - t0);
+      statusEl.dataset.refreshMs = ms;
+      setStatus(`updated ${new Date().toLocaleTimeString()} in ${ms} ms`, false);
       if (keep !== false) pageTimer = setTimeout(tick, POLL_MS);
     } catch (e) {
       if (gen !== pageGen) return;
