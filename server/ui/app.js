@@ -335,7 +335,7 @@ async function overviewPage() {
     const pct = cap ? (100 * info.size) / cap : 0;
     const { logical, stored } = bytesOf(info);
     const link = "#/buffer/" + encodeURIComponent(info.name);
-    const spark = h ? sparkline(rates(h.t, h.write_count)) : el("span");
+    const spark = h ? sparkline([[rates(h.t, h.write_count), "#2563eb"], [rates(h.t, h.samples_served), "#d9480f"]]) : el("span");
     return el("tr", { "data-buffer": info.name, "data-size": info.size, "data-write-count": info.write_count },
       el("td", {}, el("a", { href: link, class: "name" }, info.name)),
       el("td", {}, kindOf(info)),
@@ -350,21 +350,26 @@ async function overviewPage() {
       el("td", {}, limiterBadge(info.rate_limit)));
   });
   const table = el("table", { id: "buffers" },
-    el("thead", {}, el("tr", {}, ["buffer", "kind", "fill", "writes", "in rows/s", "out rows/s", "in, last 10 min", "bytes logical / stored", "durable", "limiter"]
+    el("thead", {}, el("tr", {}, ["buffer", "kind", "fill", "writes", "in rows/s", "out rows/s", "in / out, last 10 min", "bytes logical / stored", "durable", "limiter"]
       .map((h, i) => el("th", { class: [3, 4, 5, 7, 8].includes(i) ? "num" : "" }, h)))),
     el("tbody", {}, rows));
   render(el("h1", {}, `Buffers (${bufs.length})`),
     bufs.length ? el("div", { class: "card" }, table) : el("p", { class: "muted" }, "No buffers yet: create one with PUT /v1/buffers/{name}."));
 }
 
-function sparkline(r) {
+// sparkline draws rates [[{t, y}, color], ...] over the last WINDOW_S
+// seconds on one scale.
+function sparkline(lines) {
   const W = 120, H = 24;
   const t0 = history.now - WINDOW_S;
-  const ymax = Math.max(1, ...r.y);
-  const pts = [];
-  for (let i = 0; i < r.t.length; i++) if (r.t[i] >= t0) pts.push(`${(((r.t[i] - t0) / WINDOW_S) * W).toFixed(1)},${(H - 1 - (r.y[i] / ymax) * (H - 2)).toFixed(1)}`);
-  return svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, class: "spark" },
-    svg("polyline", { points: pts.join(" "), fill: "none", stroke: "#2563eb", "stroke-width": 1 }));
+  const ymax = Math.max(1, ...lines.flatMap(([r]) => r.y));
+  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, class: "spark" });
+  for (const [r, color] of lines) {
+    const pts = [];
+    for (let i = 0; i < r.t.length; i++) if (r.t[i] >= t0) pts.push(`${(((r.t[i] - t0) / WINDOW_S) * W).toFixed(1)},${(H - 1 - (r.y[i] / ymax) * (H - 2)).toFixed(1)}`);
+    root.append(svg("polyline", { points: pts.join(" "), fill: "none", stroke: color, "stroke-width": 1 }));
+  }
+  return root;
 }
 
 async function bufferPage(name) {
