@@ -357,16 +357,19 @@ async function overviewPage() {
     bufs.length ? el("div", { class: "card" }, table) : el("p", { class: "muted" }, "No buffers yet: create one with PUT /v1/buffers/{name}."));
 }
 
-// sparkline draws rates [[{t, y}, color], ...] over the last WINDOW_S
-// seconds on one scale.
+// sparkline draws rates [[{t, y}, color], ...] on one scale over the last
+// WINDOW_S seconds (less while the history is younger, as lineChart).
 function sparkline(lines) {
   const W = 120, H = 24;
-  const t0 = history.now - WINDOW_S;
+  let first = history.now;
+  for (const [r] of lines) if (r.t.length) first = Math.min(first, r.t[0]);
+  const span = Math.min(WINDOW_S, Math.max(60, history.now - first)); // as lineChart
+  const t0 = history.now - span;
   const ymax = Math.max(1, ...lines.flatMap(([r]) => r.y));
   const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, class: "spark" });
   for (const [r, color] of lines) {
     const pts = [];
-    for (let i = 0; i < r.t.length; i++) if (r.t[i] >= t0) pts.push(`${(((r.t[i] - t0) / WINDOW_S) * W).toFixed(1)},${(H - 1 - (r.y[i] / ymax) * (H - 2)).toFixed(1)}`);
+    for (let i = 0; i < r.t.length; i++) if (r.t[i] >= t0) pts.push(`${(((r.t[i] - t0) / span) * W).toFixed(1)},${(H - 1 - (r.y[i] / ymax) * (H - 2)).toFixed(1)}`);
     root.append(svg("polyline", { points: pts.join(" "), fill: "none", stroke: color, "stroke-width": 1 }));
   }
   return root;
