@@ -61,10 +61,16 @@ type SampleRequest struct {
 	// row is), for staleness control; until such rows exist the sample is
 	// not ready.
 	MinPolicyVersion *int64 `json:"min_policy_version,omitempty"`
+	// ReturnProb adds "prob" (float64 [B]): each row's probability of
+	// being drawn by this sampler from this buffer, and in the answer's
+	// metadata the buffer's size (rows drawn among), priority_total and
+	// priority_min at the draw. Sharded clients weigh shards with it.
+	// Uniform and prioritized samplers only.
+	ReturnProb bool `json:"return_prob,omitempty"`
 }
 
 var sampleRequestKeys = []string{"batch_size", "sampler", "seed", "keys", "next_state", "n_step", "num_slices",
-	"slice_len", "strict_length", "beta", "consumer", "include_incomplete", "drop_last", "fill", "timeout_ms", "min_policy_version"}
+	"slice_len", "strict_length", "beta", "consumer", "include_incomplete", "drop_last", "fill", "timeout_ms", "min_policy_version", "return_prob"}
 
 // NStep asks for n-step returns with discount Gamma.
 type NStep struct {
@@ -310,6 +316,17 @@ func (b *Buffer) planSample(req *SampleRequest, maxBytes int64) (*plan, error) {
 			return nil, reqErr("n_step", "needs next_state on a compact_obs buffer (the bootstrap observation is rebuilt)")
 		}
 		p.rewardColumn, _ = b.Column("next.reward")
+	}
+	if req.ReturnProb {
+		if kind != sampler.Uniform && kind != sampler.Prioritized {
+			return nil, reqErr("return_prob", "applies to the uniform and prioritized samplers (not %q)", kind)
+		}
+		if req.MinPolicyVersion != nil {
+			return nil, reqErr("return_prob", "cannot be combined with min_policy_version: the rows drawn among are not counted then")
+		}
+		if _, ok := spec.Field("prob"); ok {
+			return nil, reqErr("return_prob", "this buffer has a field named \"prob\" (created before the name was reserved)")
+		}
 	}
 	if req.IncludeIncomplete && (p.slices || len(p.recon) == 0) {
 		return nil, reqErr("include_incomplete", "applies to transition samplers on compact_obs buffers with next_state")

@@ -103,6 +103,10 @@ type drawn struct {
 	metas   []storage.RowMeta
 	next    []transforms.NextSource
 	windows [][]storage.RowMeta // n-step only
+	// elig and prob are set for return_prob: what the draw was taken over,
+	// and each row's probability of being drawn.
+	elig *storage.Eligibility
+	prob []float64
 }
 
 // Sample draws a batch. It validates the request against the buffer
@@ -204,6 +208,9 @@ func (b *Buffer) draw(ctx context.Context, p *plan, rng *rand.Rand, deadline tim
 			var sel *sampler.Selection
 			if sel, drawErr = b.state.Draw(ix, p.params, rng); drawErr == nil {
 				d = p.resolve(ix, sel)
+				if p.req.ReturnProb {
+					d.probabilities(ix, p)
+				}
 			}
 		})
 		if err == nil {
@@ -256,6 +263,25 @@ func (p *plan) resolve(ix storage.Index, sel *sampler.Selection) *drawn {
 		d.next[i] = transforms.NextOf(m, p.compact)
 	}
 	return d
+}
+
+// probabilities records, under the index lock of the draw, what the draw
+// was taken over and each drawn row's probability: 1/rows for uniform
+// draws, q/priority_total for prioritised ones (the samplers' rejection of
+// ineligible rows makes exactly these).
+func (d *drawn) probabilities(ix storage.Index, p *plan) {
+	e := ix.Eligibility(p.params.NextKnown)
+	d.elig = &e
+	d.prob = make([]float64, len(d.sel.Seqs))
+	for i, seq := range d.sel.Seqs {
+		switch {
+		case seq < 0:
+		case p.params.Kind == sampler.Prioritized:
+			d.prob[i] = ix.PriorityQ(seq) / e.PriorityTotal
+		default:
+			d.prob[i] = 1 / float64(e.Rows)
+		}
+	}
 }
 
 // gatherAt gathers columns at seqs (-1 = skip) and reports whether every
@@ -563,6 +589,19 @@ func (b *Buffer) encode(p *plan, d *drawn, g *gathered) *Batch {
 	}
 	if sel.HasEpoch {
 		out.Metadata = map[string]string{"epoch": strconv.FormatInt(sel.Epoch, 10), "epoch_end": strconv.FormatBool(sel.EpochEnd)}
+	}
+	if d.prob != nil {
+		pb := alloc(8 * n)
+		for i, v := range d.prob {
+			binary.LittleEndian.PutUint64(pb[8*i:], math.Float64bits(v))
+		}
+		out.Tensors = append(out.Tensors, Tensor{Name: "prob", DType: storage.Float64, Shape: shape(nil), Data: pb})
+		if out.Metadata == nil {
+			out.Metadata = map[string]string{}
+		}
+		out.Metadata["size"] = strconv.FormatInt(d.elig.Rows, 10)
+		out.Metadata["priority_total"] = strconv.FormatFloat(d.elig.PriorityTotal, 'g', -1, 64)
+		out.Metadata["priority_min"] = strconv.FormatFloat(d.elig.PriorityMin, 'g', -1, 64)
 	}
 	real := 0
 	var ageSum int64

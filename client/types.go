@@ -130,6 +130,10 @@ type SampleRequest struct {
 	// policy_version is at least this (slice samplers: slices whose first
 	// row is); Ptr(v).
 	MinPolicyVersion *int64 `json:"min_policy_version,omitempty"`
+	// ReturnProb adds "prob" (each row's probability of being drawn) and
+	// the metadata size, priority_total and priority_min: what a sharded
+	// client combines shards with. Uniform and prioritized samplers only.
+	ReturnProb bool `json:"return_prob,omitempty"`
 }
 
 // NStep asks for n-step returns with discount Gamma. It mirrors rbd.NStep.

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"sort"
 	"strconv"
@@ -57,6 +58,8 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 	for k, v := range batch.Metadata {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
 			extra[k] = n
+		} else if f, err := strconv.ParseFloat(v, 64); err == nil && !math.IsInf(f, 0) && !math.IsNaN(f) {
+			extra[k] = f
 		} else if bv, err := strconv.ParseBool(v); err == nil {
 			extra[k] = bv
 		} else {

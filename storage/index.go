@@ -436,6 +436,27 @@ func (s *slotBits) appendSet(dst []int64, from, to, base int64) []int64 {
 	return dst
 }
 
+// eachClear calls fn with every slot in [from, to) whose bit is clear.
+func (s *slotBits) eachClear(from, to int64, fn func(slot int64)) {
+	for w := from >> 6; w<<6 < to; w++ {
+		var word uint64
+		if w < int64(len(s.words)) {
+			word = s.words[w]
+		}
+		word = ^word
+		if lo := w << 6; lo < from {
+			word &^= 1<<(from-lo) - 1
+		}
+		if hi := (w + 1) << 6; hi > to {
+			word &= 1<<(64-(hi-to)) - 1
+		}
+		for word != 0 {
+			fn(w<<6 + int64(bits.TrailingZeros64(word)))
+			word &= word - 1
+		}
+	}
+}
+
 func (s *slotBits) put(slot int64, on bool) {
 	w := int(slot >> 6)
 	if w >= len(s.words) {

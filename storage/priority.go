@@ -183,3 +183,52 @@ func (b *Buffer) MaxPriority() float64 {
 	defer b.imu.RUnlock()
 	return b.prio.max
 }
+
+// Eligibility describes the rows a transition sampler draws among: with
+// nextKnown (compact_obs samples that need the next observation), the
+// indexed rows whose next observation is known; otherwise every indexed
+// row. Rows is how many there are and PriorityTotal the sum of their
+// sampling priorities q = p^alpha (0 without priorities), so a uniform
+// draw picks a row with probability 1/Rows and a prioritised one with
+// q/PriorityTotal. PriorityMin is the smallest q among the live rows, as
+// importance weights use it.
+type Eligibility struct {
+	Rows          int64
+	PriorityTotal float64
+	PriorityMin   float64
+}
+
+// Eligibility returns what the draw of a transition sampler is taken
+// over. In a compact_obs buffer asked for nextKnown it reads the index's
+// next-known bits a word at a time and looks only at rows whose bit is
+// clear (the newest row of each open trajectory, mostly): O(window/64)
+// plus those rows, no record read.
+func (v Index) Eligibility(nextKnown bool) Eligibility {
+	e := Eligibility{Rows: v.ix.rows}
+	if v.b.prio != nil {
+		e.PriorityTotal = v.PriorityTotal()
+		e.PriorityMin = v.PriorityMinQ()
+	}
+	if !nextKnown || !v.b.spec.CompactObs {
+		return e
+	}
+	lo, hi := v.Window()
+	c := v.ix.capacity
+	for seq := lo; seq < hi; {
+		slot := seq % c
+		n := min(hi-seq, c-slot)
+		v.ix.known.eachClear(slot, slot+n, func(s int64) {
+			q := seq + (s - slot)
+			if !v.Live(q) {
+				return // a hole, or a row not yet published
+			}
+			e.Rows--
+			if v.b.prio != nil {
+				e.PriorityTotal -= v.PriorityQ(q)
+			}
+		})
+		seq += n
+	}
+	e.PriorityTotal = max(e.PriorityTotal, 0)
+	return e
+}

@@ -699,6 +699,12 @@ func (v *specValidator) field(path string, f Field, capacity int64, capacityOK b
 // reserved keep such a field.
 const ReservedNewField = "policy_version"
 
+// ReservedNewSampleKeys are keys sample answers may add (return_prob's
+// prob, a sharded client's shard): new buffers may not name a field so;
+// buffers created before keep such a field, and return_prob is refused
+// on them.
+var ReservedNewSampleKeys = []string{"prob", "shard"}
+
 func (specValidator) nameProblem(name string) string {
 	if name == "" {
 		return "field name must not be empty"

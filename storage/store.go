@@ -311,6 +311,12 @@ func (s *Store) createLocked(name string, spec Spec) (b *Buffer, created bool, e
 		return nil, false, fmt.Errorf("create buffer %q: %w", name,
 			&SpecError{Path: specFieldPath(ReservedNewField), Msg: fmt.Sprintf("field name %q is reserved for the version of the policy that produced each row", ReservedNewField)})
 	}
+	for _, k := range ReservedNewSampleKeys {
+		if _, ok := spec.Field(k); ok {
+			return nil, false, fmt.Errorf("create buffer %q: %w", name,
+				&SpecError{Path: specFieldPath(k), Msg: fmt.Sprintf("field name %q is reserved for a key sample answers add (return_prob, sharded clients)", k)})
+		}
+	}
 	if len(s.buffers) >= s.opts.maxBuffers() {
 		return nil, false, fmt.Errorf("create buffer %q: %d buffers are open, the most allowed: %w (delete one, or raise the limit)", name, len(s.buffers), ErrTooManyBuffers)
 	}
