@@ -207,7 +207,9 @@ func (v Index) Eligibility(nextKnown bool) Eligibility {
 	e := Eligibility{Rows: v.ix.rows}
 	if v.b.prio != nil {
 		e.PriorityTotal = v.PriorityTotal()
-		e.PriorityMin = v.PriorityMinQ()
+		if m := v.PriorityMinQ(); !math.IsInf(m, 0) {
+			e.PriorityMin = m // +Inf while no row is live
+		}
 	}
 	if !nextKnown || !v.b.spec.CompactObs {
 		return e

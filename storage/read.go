@@ -289,6 +289,23 @@ type Info struct {
 	RateLimit *ratelimit.State `json:"rate_limit,omitempty"`
 	// PolicyVersions says which policy versions produced the live rows.
 	PolicyVersions PolicyVersions `json:"policy_versions"`
+	// Sampling is what uniform and prioritized draws are taken over (see
+	// Index.Eligibility): sharded clients split a batch across shards by it.
+	Sampling SamplingInfo `json:"sampling"`
+}
+
+// SamplingInfo is Eligibility for both kinds of draw: over every live row
+// (Rows, PriorityTotal), and over the rows whose next observation is known
+// (NextKnownRows, NextKnownPriorityTotal: what compact_obs samples with
+// next_state draw among; equal to the former in other buffers).
+// PriorityMin is the smallest sampling priority q of the live rows; the
+// priority figures are 0 without priorities.
+type SamplingInfo struct {
+	Rows                   int64   `json:"rows"`
+	NextKnownRows          int64   `json:"next_known_rows"`
+	PriorityTotal          float64 `json:"priority_total"`
+	NextKnownPriorityTotal float64 `json:"next_known_priority_total"`
+	PriorityMin            float64 `json:"priority_min"`
 }
 
 // Info returns the buffer's sizes and counters. For compact_obs buffers the
@@ -312,6 +329,10 @@ func (b *Buffer) Info() (Info, error) {
 	info.Trajectories = len(b.ix.list)
 	tails := b.ix.tails
 	info.PolicyVersions = b.ix.versions.describe()
+	v := Index{&b.ix, b}
+	all, known := v.Eligibility(false), v.Eligibility(true)
+	info.Sampling = SamplingInfo{Rows: all.Rows, NextKnownRows: known.Rows, PriorityTotal: all.PriorityTotal,
+		NextKnownPriorityTotal: known.PriorityTotal, PriorityMin: all.PriorityMin}
 	b.imu.RUnlock()
 	b.wmu.Lock()
 	info.Streams = len(b.streams)
