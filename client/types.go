@@ -41,6 +41,21 @@ type Info struct {
 	RateLimit *ratelimit.State `json:"rate_limit,omitempty"`
 	// PolicyVersions says which policy versions produced the live rows.
 	PolicyVersions PolicyVersions `json:"policy_versions"`
+	// Sampling is what uniform and prioritized draws are taken over; a
+	// Sharded client splits batches across shards by it.
+	Sampling SamplingInfo `json:"sampling"`
+}
+
+// SamplingInfo mirrors storage.SamplingInfo: rows and sums of sampling
+// priorities q over every live row, and over the rows whose next
+// observation is known (what compact_obs samples with next_state draw
+// among), and the smallest q (priority figures are 0 without priorities).
+type SamplingInfo struct {
+	Rows                   int64   `json:"rows"`
+	NextKnownRows          int64   `json:"next_known_rows"`
+	PriorityTotal          float64 `json:"priority_total"`
+	NextKnownPriorityTotal float64 `json:"next_known_priority_total"`
+	PriorityMin            float64 `json:"priority_min"`
 }
 
 // PolicyVersions says which policy versions produced a buffer's live rows

@@ -1,0 +1,376 @@
+package client_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"gonum.org/v1/gonum/stat/distuv"
+
+	"github.com/rbdb/rbd/client"
+	"github.com/rbdb/rbd/codec"
+)
+
+func newSharded(t *testing.T, urls []string, opts *client.ShardedOptions) *client.Sharded {
+	t.Helper()
+	s, err := client.NewSharded(urls, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func i64Of(t *testing.T, b *client.Batch, name string) []int64 {
+	t.Helper()
+	ts, ok := b.Tensor(name)
+	if !ok {
+		t.Fatalf("no tensor %q", name)
+	}
+	out := make([]int64, len(ts.Data)/8)
+	for i := range out {
+		out[i] = int64(binary.LittleEndian.Uint64(ts.Data[8*i:]))
+	}
+	return out
+}
+
+func f64Of(t *testing.T, b *client.Batch, name string) []float64 {
+	t.Helper()
+	ts, ok := b.Tensor(name)
+	if !ok {
+		t.Fatalf("no tensor %q", name)
+	}
+	out := make([]float64, len(ts.Data)/8)
+	for i := range out {
+		out[i] = math.Float64frombits(binary.LittleEndian.Uint64(ts.Data[8*i:]))
+	}
+	return out
+}
+
+func f32Of(t *testing.T, b *client.Batch, name string) []float32 {
+	t.Helper()
+	ts, ok := b.Tensor(name)
+	if !ok {
+		t.Fatalf("no tensor %q", name)
+	}
+	out := make([]float32, len(ts.Data)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(ts.Data[4*i:]))
+	}
+	return out
+}
+
+func TestShardedBadInput(t *testing.T) {
+	ts, _ := newServer(t, nil)
+	for _, tc := range []struct {
+		name string
+		urls []string
+		want string
+	}{
+		{"empty", nil, "empty"},
+		{"duplicate", []string{ts.URL, ts.URL + "/"}, "listed twice"},
+		{"not a URL", []string{ts.URL, "ftp://x"}, "shard"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := client.NewSharded(tc.urls, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("NewSharded(%v) = %v, want an error saying %q", tc.urls, err, tc.want)
+			}
+		})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := client.NewShardedSRV(ctx, "no such service!", nil); err == nil || !strings.Contains(err.Error(), "SRV") {
+		t.Fatalf("a bad SRV name: %v, want an error naming the lookup", err)
+	}
+	s := newSharded(t, []string{ts.URL}, nil)
+	if _, err := s.Sample(ctxT(t), "x", &client.SampleRequest{Sampler: "slice", NumSlices: 2, SliceLen: 2}); !errors.Is(err, client.ErrBadRequest) {
+		t.Fatalf("slices from a sharded client: %v, want ErrBadRequest", err)
+	}
+}
+
+// Shards that hold a buffer with different specs are refused before
+// anything is created.
+func TestShardedSpecConflict(t *testing.T) {
+	var urls []string
+	for range 3 {
+		ts, _ := newServer(t, nil)
+		urls = append(urls, ts.URL)
+	}
+	s := newSharded(t, urls, nil)
+	ctx := ctxT(t)
+	if _, _, err := s.Shard(0).CreateBuffer(ctx, "b", cartpole(100)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Shard(1).CreateBuffer(ctx, "b", cartpole(200)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateBuffer(ctx, "b", cartpole(100)); !errors.Is(err, client.ErrConflict) {
+		t.Fatalf("create over shards with different specs: %v, want ErrConflict", err)
+	}
+	if _, err := s.Shard(2).Info(ctx, "b"); !client.IsNotFound(err) {
+		t.Fatalf("shard 2 got the buffer anyway: %v", err)
+	}
+	if _, err := s.CreateBuffer(ctx, "c", cartpole(100)); err != nil {
+		t.Fatal(err)
+	}
+	infos, errs := s.Infos(ctx, "c")
+	for i := range infos {
+		if errs[i] != nil || infos[i].Spec.Capacity != 100 {
+			t.Fatalf("shard %d after create: %+v %v", i, infos[i].Spec, errs[i])
+		}
+	}
+}
+
+// Rendezvous hashing: dropping a shard moves only the streams whose first
+// choice it was, each to its own second choice.
+func TestShardedHashOrder(t *testing.T) {
+	urls := []string{"http://10.0.0.1:7450", "http://10.0.0.2:7450", "http://10.0.0.3:7450", "http://10.0.0.4:7450"}
+	all := newSharded(t, urls, nil)
+	three := newSharded(t, urls[:3], nil) // without 10.0.0.4
+	first := make([]int, 4)
+	for k := range 4000 {
+		stream := fmt.Sprintf("actor-%d", k)
+		o4, o3 := all.HashOrder(stream), three.HashOrder(stream)
+		first[o4[0]]++
+		want := o4[0]
+		if want == 3 {
+			want = o4[1] // the dropped shard's streams go to their second choice
+		}
+		if o3[0] != want {
+			t.Fatalf("stream %s: first shard %d with 3 shards, want %d (order with 4: %v)", stream, o3[0], want, o4)
+		}
+	}
+	for i, n := range first {
+		if n < 800 || n > 1200 {
+			t.Errorf("shard %d is first for %d of 4000 streams, want about 1000", i, n)
+		}
+	}
+}
+
+// shardedFixture writes the same rows to three shards of different sizes
+// and to one reference buffer that holds all of them: trajectories of 7
+// rows, the last of each shard's streams left open (its newest row is not
+// eligible), priorities 1 + tok%5 set by (shard, seq). Every row's action
+// is its token, unique over all shards.
+func shardedFixture(t *testing.T) (*client.Sharded, *client.Client) {
+	t.Helper()
+	var urls []string
+	for range 3 {
+		ts, _ := newServer(t, nil)
+		urls = append(urls, ts.URL)
+	}
+	refTS, _ := newServer(t, nil)
+	ref := newClient(t, refTS.URL, nil)
+	s := newSharded(t, urls, &client.ShardedOptions{Seed: client.Ptr[uint64](1)})
+	ctx := ctxT(t)
+	if _, err := s.CreateBuffer(ctx, "b", cartpole(1000)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ref.CreateBuffer(ctx, "b", cartpole(1000)); err != nil {
+		t.Fatal(err)
+	}
+	tok := int64(0)
+	for shard, rows := range []int{30, 75, 150} {
+		var toks []int64
+		var done []bool
+		for r := range rows {
+			toks = append(toks, tok)
+			done = append(done, r%7 == 6)
+			tok++
+		}
+		stream := fmt.Sprintf("shard-%d", shard)
+		res, err := s.Shard(shard).Extend(ctx, "b", stream, steps(toks, done, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rres, err := ref.Extend(ctx, "b", stream, steps(toks, done, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sh, seqs, rseqs []int64
+		var prio []float64
+		for k, tk := range toks {
+			sh = append(sh, int64(shard))
+			seqs = append(seqs, res.FirstSeq+int64(k))
+			rseqs = append(rseqs, rres.FirstSeq+int64(k))
+			prio = append(prio, float64(1+tk%5))
+		}
+		if _, _, err := s.UpdatePriorities(ctx, "b", sh, seqs, prio); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := ref.UpdatePriorities(ctx, "b", rseqs, prio); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s, ref
+}
+
+// A batch merged from 3 shards of different sizes and priorities is
+// distributed as one buffer holding the same rows (chi-squared against
+// the reference buffer's own probabilities), and its prob and weight equal
+// the reference's for the same row.
+func TestShardedSampleMatchesOneBuffer(t *testing.T) {
+	s, ref := shardedFixture(t)
+	// Thousands of draws: more than ctxT's 20 s under the race detector.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for _, kind := range []string{"uniform", "prioritized"} {
+		t.Run(kind, func(t *testing.T) {
+			// The reference: each row's probability and weight, by token.
+			rb, err := ref.Sample(ctx, "b", &client.SampleRequest{Sampler: kind, BatchSize: 20000, ReturnProb: true, Beta: client.Ptr(0.6), Seed: client.Ptr[uint64](3)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantProb := map[int64]float64{}
+			wantWeight := map[int64]float32{}
+			rprob := f64Of(t, rb, "prob")
+			var rweight []float32
+			if kind == "prioritized" {
+				rweight = f32Of(t, rb, "weight")
+			}
+			for i, tk := range i64Of(t, rb, "action") {
+				wantProb[tk] = rprob[i]
+				if rweight != nil {
+					wantWeight[tk] = rweight[i]
+				}
+			}
+			eligible := 255 - 3 // every row but the open newest of each shard
+			if len(wantProb) != eligible {
+				t.Fatalf("the reference drew %d distinct rows, want all %d eligible", len(wantProb), eligible)
+			}
+			counts := map[int64]float64{}
+			const batches, batch = 100, 256 // about 100 draws per row
+			for k := range batches {
+				b, err := s.Sample(ctx, "b", &client.SampleRequest{Sampler: kind, BatchSize: batch, Beta: client.Ptr(0.6), Seed: client.Ptr(uint64(k))})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if b.Rows() != batch || b.Metadata["shards_used"] != "0,1,2" || b.Metadata["shards_missing"] != "" {
+					t.Fatalf("batch of %d rows, metadata %v", b.Rows(), b.Metadata)
+				}
+				toks, probs, shards := i64Of(t, b, "action"), f64Of(t, b, "prob"), i64Of(t, b, "shard")
+				var weights []float32
+				if kind == "prioritized" {
+					weights = f32Of(t, b, "weight")
+				}
+				for i, tk := range toks {
+					want, ok := wantProb[tk]
+					if !ok {
+						t.Fatalf("row %d (token %d) is not an eligible row", i, tk)
+					}
+					if math.Abs(probs[i]-want) > 1e-12*want+1e-15 {
+						t.Fatalf("token %d: merged prob %v, one buffer's %v", tk, probs[i], want)
+					}
+					if wantShard := map[bool]int64{true: 0, false: 1}[tk < 30]; tk >= 105 && shards[i] != 2 || tk < 105 && shards[i] != wantShard {
+						t.Fatalf("token %d came from shard %d", tk, shards[i])
+					}
+					if weights != nil && math.Abs(float64(weights[i]-wantWeight[tk])) > 1e-6*float64(wantWeight[tk]) {
+						t.Fatalf("token %d: merged weight %v, one buffer's %v", tk, weights[i], wantWeight[tk])
+					}
+					counts[tk]++
+				}
+			}
+			n := float64(batches * batch)
+			chi2 := 0.0
+			for tk, p := range wantProb {
+				exp := n * p
+				chi2 += (counts[tk] - exp) * (counts[tk] - exp) / exp
+			}
+			df := float64(len(wantProb) - 1)
+			if pv := (distuv.ChiSquared{K: df}).Survival(chi2); pv < 1e-4 {
+				t.Fatalf("merged draws differ from one buffer's: chi2 %.1f, %v degrees of freedom, p = %.2g", chi2, df, pv)
+			}
+			t.Logf("%s: chi2 %.1f with %v degrees of freedom", kind, chi2, df)
+		})
+	}
+}
+
+// A shard that is down is left out of draws (the answer names it, the
+// batch is full from the others) and writes fail over to the next shard in
+// the stream's order.
+func TestShardedShardDown(t *testing.T) {
+	var servers []*httptest.Server
+	var urls []string
+	for range 3 {
+		ts, _ := newServer(t, nil)
+		servers = append(servers, ts)
+		urls = append(urls, ts.URL)
+	}
+	s := newSharded(t, urls, &client.ShardedOptions{ShardTimeout: 2 * time.Second, StatsTTL: time.Millisecond})
+	ctx := ctxT(t)
+	if _, err := s.CreateBuffer(ctx, "b", cartpole(1000)); err != nil {
+		t.Fatal(err)
+	}
+	// One stream per shard, found by its hash order.
+	streamFor := map[int]string{}
+	for k := 0; len(streamFor) < 3; k++ {
+		st := fmt.Sprintf("actor-%d", k)
+		if _, ok := streamFor[s.HashOrder(st)[0]]; !ok {
+			streamFor[s.HashOrder(st)[0]] = st
+		}
+	}
+	tok := int64(0)
+	write := func(stream string) client.ShardedExtendResult {
+		t.Helper()
+		toks := seqToks(tok, 14)
+		tok += 14
+		done := make([]bool, 14)
+		done[6], done[13] = true, true
+		res, err := s.Extend(ctx, "b", stream, steps(toks, done, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	for shard, st := range streamFor {
+		if res := write(st); res.Shard != shard {
+			t.Fatalf("stream %s went to shard %d, its hash order says %d", st, res.Shard, shard)
+		}
+	}
+	// One shard dies (shards are numbered in the order of their URLs).
+	dead := slices.Index(s.Shards(), servers[1].URL)
+	var alive []string
+	for i := range 3 {
+		if i != dead {
+			alive = append(alive, strconv.Itoa(i))
+		}
+	}
+	servers[1].CloseClientConnections()
+	servers[1].Close()
+	b, err := s.Sample(ctx, "b", &client.SampleRequest{BatchSize: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Rows() != 64 || b.Metadata["shards_missing"] != strconv.Itoa(dead) || b.Metadata["shards_used"] != strings.Join(alive, ",") {
+		t.Fatalf("with shard %d down: %d rows, metadata %v", dead, b.Rows(), b.Metadata)
+	}
+	for _, sh := range i64Of(t, b, "shard") {
+		if sh == int64(dead) {
+			t.Fatal("a row came from the dead shard")
+		}
+	}
+	res := write(streamFor[dead])
+	if want := s.HashOrder(streamFor[dead])[1]; res.Shard != want || s.StreamShard("b", streamFor[dead]) != want {
+		t.Fatalf("the dead shard's stream wrote to shard %d, want its second choice %d", res.Shard, want)
+	}
+	// The other streams stay where they were.
+	for shard := range 3 {
+		if shard == dead {
+			continue
+		}
+		if res := write(streamFor[shard]); res.Shard != shard {
+			t.Fatalf("stream of shard %d moved to %d", shard, res.Shard)
+		}
+	}
+	// Bad requests are not failures of a shard: no failover.
+	if _, err := s.Extend(ctx, "b", streamFor[0], []codec.Tensor{client.NewTensor("observation", []int{1, 4}, []float32{1, 2, 3, 4})}); !errors.Is(err, client.ErrBadRequest) {
+		t.Fatalf("a bad extend: %v, want ErrBadRequest from its shard", err)
+	}
+}
