@@ -1,0 +1,75 @@
+package client_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/rbdb/rbd/client"
+)
+
+// BenchmarkShardedSample compares one 256-row CartPole sample from one
+// server holding every row with the same sample through client.Sharded
+// from 3 local shards holding a third each (and, to separate the
+// stats round from the draw, with the figures cached for the whole run).
+// One connection; the shards run in this process, so on a 2-core machine
+// their parallel draws share the cores with the client.
+func BenchmarkShardedSample(b *testing.B) {
+	const rows, batch = 30_000, 256
+	fill := func(c *client.Client, n int, base int64) {
+		ctx := context.Background()
+		if _, _, err := c.CreateBuffer(ctx, "b", cartpole(int64(n))); err != nil {
+			b.Fatal(err)
+		}
+		for k := 0; k < n; k += 1000 {
+			toks := seqToks(base+int64(k), 1000)
+			done := make([]bool, 1000)
+			for i := range done {
+				done[i] = i%20 == 19
+			}
+			if _, err := c.Extend(ctx, "b", "s", steps(toks, done, nil)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	one, _ := newServer(b, nil)
+	fill(newClient(b, one.URL, nil), 3*rows, 0)
+	var urls []string
+	for i := range 3 {
+		ts, _ := newServer(b, nil)
+		fill(newClient(b, ts.URL, nil), rows, int64(i*rows))
+		urls = append(urls, ts.URL)
+	}
+	for _, kind := range []string{"uniform", "prioritized"} {
+		req := &client.SampleRequest{Sampler: kind, BatchSize: batch}
+		b.Run(fmt.Sprintf("sampler=%s/side=one-server", kind), func(b *testing.B) {
+			c := newClient(b, one.URL, nil)
+			for b.Loop() {
+				if _, err := c.Sample(context.Background(), "b", req); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "batches/s")
+		})
+		for _, side := range []struct {
+			name string
+			ttl  float64
+		}{{"3-shards", 1}, {"3-shards-stats-cached", 3600}} {
+			b.Run(fmt.Sprintf("sampler=%s/side=%s", kind, side.name), func(b *testing.B) {
+				s, err := client.NewSharded(urls, &client.ShardedOptions{StatsTTL: secs(side.ttl)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for b.Loop() {
+					if _, err := s.Sample(context.Background(), "b", req); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "batches/s")
+			})
+		}
+	}
+}
+
+func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
