@@ -11,10 +11,11 @@ docs/http-api.md in the rbd repository.
 
 from . import safetensors
 from .client import Batch, Client, Prefetcher, SampleStream
+from .sharded import NoShards, ShardedClient
 from .errors import (BadRequest, Conflict, ConnectionFailed, NotFound, NotReady, RateLimited,
                      RbdError, Unauthorized)
 
 __version__ = "0.1.0"
 
-__all__ = ["Client", "Batch", "Prefetcher", "SampleStream", "RbdError", "BadRequest", "Unauthorized", "NotFound",
+__all__ = ["Client", "ShardedClient", "NoShards", "Batch", "Prefetcher", "SampleStream", "RbdError", "BadRequest", "Unauthorized", "NotFound",
            "Conflict", "NotReady", "RateLimited", "ConnectionFailed", "safetensors", "__version__"]

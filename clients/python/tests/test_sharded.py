@@ -1,0 +1,153 @@
+"""ShardedClient against real `rbd serve` shards: placement (the same as the
+Go client's), specs checked before a create, merged samples equal to one
+buffer holding the same rows, a shard going down."""
+
+import math
+import unittest
+
+import numpy as np
+
+import rbdserver  # first: puts the checkout's rbd_client on the path if needed
+from rbd_client import BadRequest, Client, ShardedClient
+
+from test_client import spec
+
+
+def rows_of(tokens, done_every=7, open_last=True):
+    """Rows whose observation (all 4 components) and action are the
+    token; an episode ends every ``done_every`` rows, the last left open."""
+    n = len(tokens)
+    tok = np.asarray(tokens, dtype=np.int64)
+    done = (np.arange(n) % done_every) == done_every - 1
+    if not open_last:
+        done[-1] = True
+    rows = {"observation": np.repeat(tok[:, None].astype(np.float32), 4, axis=1),
+            "action": tok,
+            "next.reward": np.ones(n, np.float32),
+            "next.done": done, "next.terminated": done, "next.truncated": np.zeros(n, bool),
+            "next.observation": np.repeat((tok[done] + 1)[:, None].astype(np.float32), 4, axis=1)}
+    return rows
+
+
+def chi2_bound(df, z=3.72):
+    """The chi-squared quantile of p = 1e-4 (z = 3.72), Wilson-Hilferty."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+class HashOrderTest(unittest.TestCase):
+    def test_same_as_go(self):
+        # The orders client.Sharded (Go) gives for these URLs and streams.
+        urls = ["http://10.0.0.1:7450", "http://10.0.0.2:7450", "http://10.0.0.3:7450", "http://rbd-3.rbd:7450"]
+        want = {"": [0, 1, 2, 3], "actor-0": [1, 3, 2, 0], "actor-1": [3, 0, 2, 1], "actor-17": [3, 0, 2, 1],
+                "learner": [2, 1, 0, 3], "ünïcode": [3, 2, 1, 0]}
+        with ShardedClient(list(reversed(urls))) as s:
+            for stream, order in want.items():
+                self.assertEqual(s.hash_order(stream), order, stream)
+
+    def test_bad_lists(self):
+        with self.assertRaisesRegex(ValueError, "empty"):
+            ShardedClient([])
+        with self.assertRaisesRegex(ValueError, "twice"):
+            ShardedClient(["http://a:1", "http://a:1/"])
+
+
+class ShardedTest(unittest.TestCase):
+    def setUp(self):
+        self.servers = [rbdserver.Server().start() for _ in range(3)]
+        self.ref_server = rbdserver.Server().start()
+        self.s = ShardedClient([srv.url for srv in self.servers], seed=1)
+        self.ref = Client(self.ref_server.url)
+        self.addCleanup(self._cleanup)
+
+    def _cleanup(self):
+        self.s.close()
+        self.ref.close()
+        for srv in self.servers + [self.ref_server]:
+            srv.cleanup()
+
+    def shard_of(self, server):
+        return self.s.urls.index(server.url)
+
+    def test_spec_conflict_creates_nothing(self):
+        a = Client(self.servers[0].url)
+        b = Client(self.servers[1].url)
+        try:
+            a.create_buffer("x", spec(capacity=100))
+            b.create_buffer("x", spec(capacity=200))
+        finally:
+            a.close()
+            b.close()
+        with self.assertRaisesRegex(ValueError, "different specs"):
+            self.s.create_buffer("x", spec(capacity=100))
+        infos = self.s.info("x")
+        self.assertIsNone(infos[self.shard_of(self.servers[2])], "the third shard got the buffer anyway")
+
+    def fill(self):
+        """Shards of 30, 75 and 150 rows (tokens unique over all), priorities
+        1 + token % 5 set by (shard, seq); the reference holds them all."""
+        sp = spec(capacity=1000, priority=True)
+        self.s.create_buffer("b", sp)
+        self.ref.create_buffer("b", sp)
+        tok = 0
+        for k, n in enumerate([30, 75, 150]):
+            shard = self.shard_of(self.servers[k])
+            toks = np.arange(tok, tok + n)
+            tok += n
+            c = self.s.shard(shard)
+            res = c.extend("b", rows_of(toks), stream="s%d" % k)
+            rres = self.ref.extend("b", rows_of(toks), stream="s%d" % k)
+            prio = 1.0 + toks % 5
+            self.s.update_priorities("b", np.full(n, shard), res["first_seq"] + np.arange(n), prio)
+            self.ref.update_priorities("b", rres["first_seq"] + np.arange(n), prio)
+
+    def test_merged_sample_is_one_buffer(self):
+        self.fill()
+        for sampler in ("uniform", "prioritized"):
+            with self.subTest(sampler=sampler):
+                rb = self.ref.sample("b", 20000, sampler, return_prob=True, beta=0.6, seed=3)
+                want_prob = dict(zip(rb["action"].tolist(), rb["prob"].tolist()))
+                want_w = dict(zip(rb["action"].tolist(), rb["weight"].tolist())) if sampler == "prioritized" else {}
+                self.assertEqual(len(want_prob), 255 - 3)
+                counts = {}
+                for k in range(60):
+                    b = self.s.sample("b", 256, sampler, beta=0.6, seed=k)
+                    self.assertEqual(len(b["seq"]), 256)
+                    self.assertEqual(b.metadata["shards_missing"], "")
+                    for i, t in enumerate(b["action"].tolist()):
+                        self.assertIn(t, want_prob)
+                        self.assertAlmostEqual(b["prob"][i], want_prob[t], delta=1e-12 * want_prob[t])
+                        if want_w:
+                            self.assertAlmostEqual(float(b["weight"][i]), want_w[t], delta=1e-6 * want_w[t])
+                        counts[t] = counts.get(t, 0) + 1
+                n = 60 * 256
+                chi2 = sum((counts.get(t, 0) - n * p) ** 2 / (n * p) for t, p in want_prob.items())
+                self.assertLess(chi2, chi2_bound(len(want_prob) - 1), "merged draws differ from one buffer's")
+
+    def test_shard_down(self):
+        self.s.create_buffer("b", spec(capacity=1000))
+        streams = {}
+        k = 0
+        while len(streams) < 3:
+            st = "actor-%d" % k
+            streams.setdefault(self.s.hash_order(st)[0], st)
+            k += 1
+        tok = 0
+        for shard, st in streams.items():
+            res = self.s.extend("b", rows_of(np.arange(tok, tok + 14), open_last=False), stream=st)
+            tok += 14
+            self.assertEqual(res["shard"], shard)
+        dead = self.shard_of(self.servers[1])
+        self.servers[1].stop()
+        self.s.stats_ttl = 0
+        b = self.s.sample("b", 64)
+        self.assertEqual(len(b["seq"]), 64)
+        self.assertEqual(b.metadata["shards_missing"], str(dead))
+        self.assertNotIn(dead, b["shard"].tolist())
+        res = self.s.extend("b", rows_of(np.arange(tok, tok + 7)), stream=streams[dead])
+        self.assertEqual(res["shard"], self.s.hash_order(streams[dead])[1])
+        with self.assertRaises(BadRequest):
+            self.s.sample("b", 4, "slice")
+
+
+if __name__ == "__main__":
+    unittest.main()
