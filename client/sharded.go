@@ -30,8 +30,10 @@ type ShardedOptions struct {
 	// or reprioritised since are not yet reflected in the split (see
 	// docs/scale-out.md).
 	StatsTTL time.Duration
-	// ShardTimeout bounds each shard's part of a sample: a shard that has
-	// not answered by then is left out of that draw. Zero means 5 s.
+	// ShardTimeout bounds each shard's part of a sample (a shard that has
+	// not answered by then is left out of that draw) and each write
+	// attempt (a shard that has not answered by then is passed over, like
+	// one that refused). Zero means 5 s.
 	ShardTimeout time.Duration
 	// DownFor is how long a shard that failed a write is passed over by
 	// writes. Zero means 10 s.
@@ -293,7 +295,9 @@ func (s *Sharded) Extend(ctx context.Context, name, stream string, tensors []cod
 	// them) when every shard failed once.
 	for _, i := range append(healthy, down...) {
 		sh := s.shards[i]
-		res, err := sh.c.Extend(ctx, name, stream, tensors)
+		actx, cancel := context.WithTimeout(ctx, s.opts.ShardTimeout)
+		res, err := sh.c.Extend(actx, name, stream, tensors)
+		cancel()
 		if err == nil {
 			s.mu.Lock()
 			s.homes[streamKey{name, stream}] = i

@@ -66,7 +66,8 @@ class ShardedClient:
     in the sorted order of their URLs, the numbers answers carry as
     ``shard``). ``stats_ttl`` is how long each shard's sampling figures are
     reused to split batches, ``shard_timeout`` bounds a shard's part of a
-    sample (a shard that misses it is left out of that draw), ``down_for``
+    sample (a shard that misses it is left out of that draw) and each
+    request to a shard (the clients' timeout), ``down_for``
     is how long a shard that failed a write is passed over. Other keyword
     arguments go to each shard's :class:`Client` (``token``, ``ca``, ...).
     Safe to use from several threads.
