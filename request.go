@@ -63,9 +63,10 @@ type SampleRequest struct {
 	MinPolicyVersion *int64 `json:"min_policy_version,omitempty"`
 	// ReturnProb adds "prob" (float64 [B]): each row's probability of
 	// being drawn by this sampler from this buffer, and in the answer's
-	// metadata the buffer's size (rows drawn among), priority_total and
-	// priority_min at the draw. Sharded clients weigh shards with it.
-	// Uniform and prioritized samplers only.
+	// metadata the buffer's size (rows drawn among; for slices, the
+	// trajectories slices are drawn from), priority_total and priority_min
+	// at the draw. Sharded clients weigh shards with it. Uniform,
+	// prioritized and slice samplers only.
 	ReturnProb bool `json:"return_prob,omitempty"`
 }
 
@@ -318,8 +319,8 @@ func (b *Buffer) planSample(req *SampleRequest, maxBytes int64) (*plan, error) {
 		p.rewardColumn, _ = b.Column("next.reward")
 	}
 	if req.ReturnProb {
-		if kind != sampler.Uniform && kind != sampler.Prioritized {
-			return nil, reqErr("return_prob", "applies to the uniform and prioritized samplers (not %q)", kind)
+		if kind != sampler.Uniform && kind != sampler.Prioritized && kind != sampler.Slice {
+			return nil, reqErr("return_prob", "applies to the uniform, prioritized and slice samplers (not %q)", kind)
 		}
 		if req.MinPolicyVersion != nil {
 			return nil, reqErr("return_prob", "cannot be combined with min_policy_version: the rows drawn among are not counted then")

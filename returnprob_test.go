@@ -147,7 +147,8 @@ func TestReturnProb(t *testing.T) {
 func TestReturnProbBadRequests(t *testing.T) {
 	buf, _ := returnProbBuffer(t)
 	reqs := []SampleRequest{
-		{Sampler: "slice", NumSlices: 2, SliceLen: 2, ReturnProb: true},
+		{Sampler: "prioritized_slice", NumSlices: 2, SliceLen: 2, ReturnProb: true},
+		{Sampler: "slice_without_replacement", NumSlices: 2, SliceLen: 2, ReturnProb: true},
 		{Sampler: "without_replacement", BatchSize: 2, ReturnProb: true},
 		{BatchSize: 2, ReturnProb: true, MinPolicyVersion: ptr(int64(0))},
 	}

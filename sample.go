@@ -270,6 +270,10 @@ func (p *plan) resolve(ix storage.Index, sel *sampler.Selection) *drawn {
 // draws, q/priority_total for prioritised ones (the samplers' rejection of
 // ineligible rows makes exactly these).
 func (d *drawn) probabilities(ix storage.Index, p *plan) {
+	if p.slices {
+		d.sliceProbabilities(ix, p)
+		return
+	}
 	e := ix.Eligibility(p.params.NextKnown)
 	d.elig = &e
 	d.prob = make([]float64, len(d.sel.Seqs))
@@ -280,6 +284,36 @@ func (d *drawn) probabilities(ix storage.Index, p *plan) {
 			d.prob[i] = ix.PriorityQ(seq) / e.PriorityTotal
 		default:
 			d.prob[i] = 1 / float64(e.Rows)
+		}
+	}
+}
+
+// sliceProbabilities does what probabilities does for the slice sampler,
+// which draws a trajectory uniformly among those it may cut a slice from
+// (with strict_length, the ones with slice_len live rows or more; else
+// all) and then a start uniformly among that trajectory's: a slice of
+// trajectory t has probability 1 / (trajectories * starts(t)). Every row
+// of a slice carries it (padding: 0); size is the trajectories.
+func (d *drawn) sliceProbabilities(ix storage.Index, p *plan) {
+	L := p.params.SliceLen
+	trajs := int64(ix.NumTrajectories())
+	if p.params.StrictLength {
+		trajs = int64(ix.CountAtLeast(L))
+	}
+	d.elig = &storage.Eligibility{Rows: trajs}
+	d.prob = make([]float64, len(d.sel.Seqs))
+	for s := 0; s < d.sel.NumSlices; s++ {
+		first := d.metas[s*L]
+		t, _ := ix.Position(first)
+		if t == nil {
+			continue
+		}
+		starts := t.Len() - min(L, t.Len()) + 1
+		pr := 1 / (float64(trajs) * float64(starts))
+		for i := s * L; i < (s+1)*L; i++ {
+			if d.sel.Seqs[i] >= 0 {
+				d.prob[i] = pr
+			}
 		}
 	}
 }

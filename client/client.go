@@ -425,11 +425,21 @@ func (c *Client) CreateBufferJSON(ctx context.Context, name string, spec json.Ra
 
 // Info returns a buffer's state (GET /v1/buffers/{name}).
 func (c *Client) Info(ctx context.Context, name string) (Info, error) {
+	return c.info(ctx, name, nil)
+}
+
+// InfoForSlices is Info with Sampling.Slices: the trajectories the slice
+// sampler draws among for slices of sliceLen rows.
+func (c *Client) InfoForSlices(ctx context.Context, name string, sliceLen int) (Info, error) {
+	return c.info(ctx, name, url.Values{"slice_len": {strconv.Itoa(sliceLen)}})
+}
+
+func (c *Client) info(ctx context.Context, name string, query url.Values) (Info, error) {
 	path, err := bufferPath(name, "")
 	if err != nil {
 		return Info{}, fmt.Errorf("info: %w", err)
 	}
-	resp, err := c.send(ctx, http.MethodGet, path, nil, nil, "application/json")
+	resp, err := c.send(ctx, http.MethodGet, path, query, nil, "application/json")
 	if err != nil {
 		return Info{}, fmt.Errorf("info %s: %w", name, err)
 	}

@@ -370,12 +370,14 @@ func (s *Sharded) Infos(ctx context.Context, name string) (infos []Info, errs []
 	return infos, errs
 }
 
-// shardStats returns the buffer's per-shard figures, asking the shards
-// again when the cached ones are older than StatsTTL. A shard that does
-// not answer within ShardTimeout has a nil entry.
-func (s *Sharded) shardStats(ctx context.Context, name string) *shardedStats {
+// shardStats returns the buffer's per-shard figures (with the slice
+// figures for sliceLen > 0), asking the shards again when the cached ones
+// are older than StatsTTL. A shard that does not answer within
+// ShardTimeout has a nil entry.
+func (s *Sharded) shardStats(ctx context.Context, name string, sliceLen int) *shardedStats {
+	key := name + "\x00" + strconv.Itoa(sliceLen)
 	s.mu.Lock()
-	st := s.stats[name]
+	st := s.stats[key]
 	s.mu.Unlock()
 	if st != nil && time.Since(st.at) < s.opts.StatsTTL {
 		return st
@@ -385,23 +387,28 @@ func (s *Sharded) shardStats(ctx context.Context, name string) *shardedStats {
 	st = &shardedStats{at: time.Now(), infos: make([]*Info, len(s.shards))}
 	s.each(ctx, func(ctx context.Context, i int, c *Client) error {
 		info, err := c.Info(ctx, name)
+		if sliceLen > 0 {
+			info, err = c.InfoForSlices(ctx, name, sliceLen)
+		}
 		if err == nil {
 			st.infos[i] = &info
 		}
 		return err
 	})
 	s.mu.Lock()
-	s.stats[name] = st
+	s.stats[key] = st
 	s.mu.Unlock()
 	return st
 }
 
 // Sample draws a batch from the shards as if one buffer held all their
-// rows. Uniform and prioritized samplers only (others are ErrBadRequest).
+// rows. Uniform, prioritized and slice samplers (others are
+// ErrBadRequest).
 //
-// The batch is split across shards by a multinomial draw in proportion to
-// each shard's eligible rows (uniform) or their total sampling priority
-// (prioritized), from figures at most StatsTTL old; the shards are sampled
+// The batch (for slices: its slices) is split across shards by a
+// multinomial draw in proportion to each shard's eligible rows (uniform),
+// their total sampling priority (prioritized) or the trajectories slices
+// are cut from (slice), from figures at most StatsTTL old; the shards are sampled
 // in parallel with return_prob, and rows a shard did not deliver within
 // ShardTimeout are drawn again from the shards that answered, in
 // proportion. The answer holds the tensors of a single answer, concatenated
@@ -415,13 +422,14 @@ func (s *Sharded) Sample(ctx context.Context, name string, req *SampleRequest) (
 		req = &SampleRequest{}
 	}
 	kind := cmp.Or(req.Sampler, "uniform")
-	if kind != "uniform" && kind != "prioritized" {
-		return nil, fmt.Errorf("sample %s: sampler %q: %w: a sharded client samples with uniform and prioritized only", name, kind, ErrBadRequest)
+	if kind != "uniform" && kind != "prioritized" && kind != "slice" {
+		return nil, fmt.Errorf("sample %s: sampler %q: %w: a sharded client samples with uniform, prioritized and slice only", name, kind, ErrBadRequest)
 	}
-	if req.BatchSize < 1 {
-		return nil, fmt.Errorf("sample %s: batch_size must be at least 1: %w", name, ErrBadRequest)
+	units, sliceLen, err := shardedShape(req, kind)
+	if err != nil {
+		return nil, fmt.Errorf("sample %s: %w", name, err)
 	}
-	st := s.shardStats(ctx, name)
+	st := s.shardStats(ctx, name, sliceLen)
 	weights := make([]float64, len(s.shards))
 	var spec *Spec
 	for i, info := range st.infos {
@@ -443,7 +451,7 @@ func (s *Sharded) Sample(ctx context.Context, name string, req *SampleRequest) (
 			missing[i] = true
 		}
 	}
-	need := req.BatchSize
+	need := units
 	for round := 0; need > 0; round++ {
 		counts := s.split(need, weights, missing)
 		if counts == nil {
@@ -452,7 +460,7 @@ func (s *Sharded) Sample(ctx context.Context, name string, req *SampleRequest) (
 			}
 			return nil, fmt.Errorf("sample %s: %w: every shard asked failed", name, ErrNoShards)
 		}
-		got := s.sampleParts(ctx, name, req, counts, parts, missing)
+		got := s.sampleParts(ctx, name, req, sliceLen, counts, parts, missing)
 		need -= got
 		if round > len(s.shards) {
 			return nil, fmt.Errorf("sample %s: shards keep failing: %w", name, ErrNoShards)
@@ -461,10 +469,42 @@ func (s *Sharded) Sample(ctx context.Context, name string, req *SampleRequest) (
 	return mergeShards(parts, missing, kind, req)
 }
 
+// shardedShape returns what a sample is split in (rows, or slices) and
+// the slice length (0 for transition samplers), as the server reads
+// batch_size, num_slices and slice_len.
+func shardedShape(req *SampleRequest, kind string) (units, sliceLen int, err error) {
+	if kind != "slice" {
+		if req.BatchSize < 1 {
+			return 0, 0, fmt.Errorf("batch_size must be at least 1: %w", ErrBadRequest)
+		}
+		return req.BatchSize, 0, nil
+	}
+	B, S, L := req.BatchSize, req.NumSlices, req.SliceLen
+	switch {
+	case S > 0 && L > 0 && (B == 0 || B == S*L):
+	case S == 0 && L > 0 && B > 0 && B%L == 0:
+		S = B / L
+	case L == 0 && S > 0 && B > 0 && B%S == 0:
+		L = B / S
+	default:
+		return 0, 0, fmt.Errorf("slices need two of batch_size, num_slices and slice_len (and batch_size = num_slices x slice_len): %w", ErrBadRequest)
+	}
+	return S, L, nil
+}
+
 // drawMass is what a shard's share of a batch is proportional to.
 func drawMass(info *Info, req *SampleRequest, kind string) float64 {
 	nextKnown := info.Spec.CompactObs && (req.NextState == nil || *req.NextState) && !req.IncludeIncomplete
 	sm := info.Sampling
+	if kind == "slice" {
+		if sm.Slices == nil {
+			return 0
+		}
+		if req.StrictLength == nil || *req.StrictLength {
+			return float64(sm.Slices.AtLeast)
+		}
+		return float64(sm.Slices.Trajectories)
+	}
 	switch {
 	case kind == "prioritized" && nextKnown:
 		return sm.NextKnownPriorityTotal
@@ -513,7 +553,7 @@ func (s *Sharded) split(n int, weights []float64, missing map[int]bool) []int {
 // sampleParts asks each shard with a count for that many rows, in
 // parallel, appends what comes back to parts and marks shards that fail as
 // missing. It returns the rows delivered.
-func (s *Sharded) sampleParts(ctx context.Context, name string, req *SampleRequest, counts []int, parts []*Batch, missing map[int]bool) int {
+func (s *Sharded) sampleParts(ctx context.Context, name string, req *SampleRequest, sliceLen int, counts []int, parts []*Batch, missing map[int]bool) int {
 	var wg sync.WaitGroup
 	got := make([]*Batch, len(counts))
 	for i, n := range counts {
@@ -522,6 +562,9 @@ func (s *Sharded) sampleParts(ctx context.Context, name string, req *SampleReque
 		}
 		r := *req
 		r.BatchSize, r.ReturnProb = n, true
+		if sliceLen > 0 {
+			r.BatchSize, r.NumSlices, r.SliceLen = 0, n, sliceLen
+		}
 		if req.Seed != nil {
 			// Distinct per shard and per round, and reproducible.
 			sd := *req.Seed + uint64(i+1)*0x9e3779b97f4a7c15 + uint64(len(missing))
@@ -634,26 +677,35 @@ func mergeShards(parts []*Batch, missing map[int]bool, kind string, req *SampleR
 	var shard, prob, weight []byte
 	for _, i := range idx {
 		p := parts[i]
-		_, total, _, _ := probFigures(p)
+		size, total, _, _ := probFigures(p)
 		pt, ok := p.Tensor("prob")
 		if !ok {
 			return nil, fmt.Errorf("shard %d answered without prob (a server older than return_prob?)", i)
 		}
-		for r := range pt.Shape[0] {
+		for r := range pt.Elems() {
 			pr := math.Float64frombits(binary.LittleEndian.Uint64(pt.Data[8*r:]))
 			shard = binary.LittleEndian.AppendUint64(shard, uint64(i))
-			if kind == "prioritized" {
+			switch kind {
+			case "prioritized":
 				q := pr * total
 				prob = binary.LittleEndian.AppendUint64(prob, math.Float64bits(q/mass))
 				weight = binary.LittleEndian.AppendUint32(weight, math.Float32bits(float32(math.Pow(q/qmin, -beta))))
-			} else {
+			case "slice":
+				// 1/(T_s * starts) within the shard; the shard is drawn
+				// with probability T_s / T.
+				prob = binary.LittleEndian.AppendUint64(prob, math.Float64bits(pr*float64(size)/mass))
+			default:
 				prob = binary.LittleEndian.AppendUint64(prob, math.Float64bits(1/mass))
 			}
 		}
 	}
 	n := len(shard) / 8
-	setTensor(out, codec.Tensor{Name: "shard", DType: "int64", Shape: []int{n}, Data: shard})
-	setTensor(out, codec.Tensor{Name: "prob", DType: "float64", Shape: []int{n}, Data: prob})
+	rowShape := []int{n}
+	if pt, ok := out.Tensor("prob"); ok {
+		rowShape = pt.Shape // [S, L] for slices
+	}
+	setTensor(out, codec.Tensor{Name: "shard", DType: "int64", Shape: slices.Clone(rowShape), Data: shard})
+	setTensor(out, codec.Tensor{Name: "prob", DType: "float64", Shape: slices.Clone(rowShape), Data: prob})
 	if kind == "prioritized" {
 		setTensor(out, codec.Tensor{Name: "weight", DType: "float32", Shape: []int{n}, Data: weight})
 	}

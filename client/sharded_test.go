@@ -90,8 +90,11 @@ func TestShardedBadInput(t *testing.T) {
 		t.Fatalf("a bad SRV name: %v, want an error naming the lookup", err)
 	}
 	s := newSharded(t, []string{ts.URL}, nil)
-	if _, err := s.Sample(ctxT(t), "x", &client.SampleRequest{Sampler: "slice", NumSlices: 2, SliceLen: 2}); !errors.Is(err, client.ErrBadRequest) {
-		t.Fatalf("slices from a sharded client: %v, want ErrBadRequest", err)
+	if _, err := s.Sample(ctxT(t), "x", &client.SampleRequest{Sampler: "prioritized_slice", NumSlices: 2, SliceLen: 2}); !errors.Is(err, client.ErrBadRequest) {
+		t.Fatalf("prioritized slices from a sharded client: %v, want ErrBadRequest", err)
+	}
+	if _, err := s.Sample(ctxT(t), "x", &client.SampleRequest{Sampler: "slice", NumSlices: 2}); !errors.Is(err, client.ErrBadRequest) {
+		t.Fatalf("slices without a length: %v, want ErrBadRequest", err)
 	}
 }
 
@@ -288,6 +291,71 @@ func TestShardedSampleMatchesOneBuffer(t *testing.T) {
 				t.Fatalf("merged draws differ from one buffer's: chi2 %.1f, %v degrees of freedom, p = %.2g", chi2, df, pv)
 			}
 			t.Logf("%s: chi2 %.1f with %v degrees of freedom", kind, chi2, df)
+		})
+	}
+}
+
+// Slices merged from 3 shards are drawn as one buffer's slice sampler
+// draws them: each slice (named by its first row) has the reference
+// buffer's probability, and the counts follow it (chi-squared).
+func TestShardedSlicesMatchOneBuffer(t *testing.T) {
+	s, ref := shardedFixture(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const L = 3
+	for _, strict := range []bool{true, false} {
+		t.Run(fmt.Sprintf("strict_length=%v", strict), func(t *testing.T) {
+			rb, err := ref.Sample(ctx, "b", &client.SampleRequest{Sampler: "slice", NumSlices: 5000, SliceLen: L, StrictLength: client.Ptr(strict), ReturnProb: true, Seed: client.Ptr[uint64](4)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := map[int64]float64{} // first row's token -> the slice's probability
+			rtok, rprob := i64Of(t, rb, "action"), f64Of(t, rb, "prob")
+			for k := 0; k < len(rtok); k += L {
+				want[rtok[k]] = rprob[k]
+			}
+			sum := 0.0
+			for _, p := range want {
+				sum += p
+			}
+			if math.Abs(sum-1) > 1e-9 {
+				t.Fatalf("the reference's slice probabilities sum to %v over %d slices seen: some slice never drawn?", sum, len(want))
+			}
+			counts := map[int64]float64{}
+			const batches, slicesPer = 60, 64
+			for k := range batches {
+				b, err := s.Sample(ctx, "b", &client.SampleRequest{Sampler: "slice", NumSlices: slicesPer, SliceLen: L, StrictLength: client.Ptr(strict), Seed: client.Ptr(uint64(k))})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if b.Rows() != slicesPer {
+					t.Fatalf("%d slices, want %d", b.Rows(), slicesPer)
+				}
+				if sh, _ := b.Tensor("shard"); !slices.Equal(sh.Shape, []int{slicesPer, L}) {
+					t.Fatalf("shard shape %v, want [%d %d]", sh.Shape, slicesPer, L)
+				}
+				toks, probs := i64Of(t, b, "action"), f64Of(t, b, "prob")
+				for j := 0; j < len(toks); j += L {
+					w, ok := want[toks[j]]
+					if !ok {
+						t.Fatalf("a slice starting at token %d, which one buffer never starts a slice at", toks[j])
+					}
+					if math.Abs(probs[j]-w) > 1e-12 {
+						t.Fatalf("slice at token %d: merged prob %v, one buffer's %v", toks[j], probs[j], w)
+					}
+					counts[toks[j]]++
+				}
+			}
+			n := float64(batches * slicesPer)
+			chi2 := 0.0
+			for tk, p := range want {
+				chi2 += (counts[tk] - n*p) * (counts[tk] - n*p) / (n * p)
+			}
+			df := float64(len(want) - 1)
+			if pv := (distuv.ChiSquared{K: df}).Survival(chi2); pv < 1e-4 {
+				t.Fatalf("merged slices differ from one buffer's: chi2 %.1f, %v degrees of freedom, p = %.2g", chi2, df, pv)
+			}
+			t.Logf("chi2 %.1f with %v degrees of freedom", chi2, df)
 		})
 	}
 }

@@ -56,6 +56,16 @@ type SamplingInfo struct {
 	PriorityTotal          float64 `json:"priority_total"`
 	NextKnownPriorityTotal float64 `json:"next_known_priority_total"`
 	PriorityMin            float64 `json:"priority_min"`
+	// Slices is set by InfoForSlices: the trajectories slices are drawn
+	// among.
+	Slices *SliceFigures `json:"slices,omitempty"`
+}
+
+// SliceFigures mirrors storage.SliceFigures.
+type SliceFigures struct {
+	SliceLen     int   `json:"slice_len"`
+	Trajectories int64 `json:"trajectories"`
+	AtLeast      int64 `json:"trajectories_at_least"`
 }
 
 // PolicyVersions says which policy versions produced a buffer's live rows

@@ -174,6 +174,20 @@ func (s *Server) getBuffer(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if v := r.URL.Query().Get("slice_len"); v != "" {
+		l, err := intParam(v, 0, "slice_len")
+		if err != nil {
+			return err
+		}
+		if l < 1 || l > info.Spec.Capacity {
+			return badRequest(fmt.Sprintf("slice_len: %d is outside 1..%d (the capacity)", l, info.Spec.Capacity))
+		}
+		sl, err := b.SliceFigures(int(l))
+		if err != nil {
+			return err
+		}
+		info.Sampling.Slices = &sl
+	}
 	writeJSON(w, http.StatusOK, info)
 	return nil
 }

@@ -484,7 +484,8 @@ func ctCases(t *testing.T) []ctCase {
 		{name: "sample JSON, every key", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, accept: js, body: []byte(everyKey), want: 200},
 		{name: "sample with return_prob JSON", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, accept: js, body: []byte(`{"batch_size": 4, "sampler": "prioritized", "return_prob": true}`), want: 200},
 		{name: "sample with return_prob", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, body: []byte(`{"batch_size": 4, "return_prob": true}`), want: 200},
-		{name: "sample slices with return_prob", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, body: []byte(`{"sampler": "slice", "num_slices": 2, "slice_len": 2, "return_prob": true}`), want: 400},
+		{name: "sample slices with return_prob", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, accept: js, body: []byte(`{"sampler": "slice", "num_slices": 2, "slice_len": 2, "strict_length": false, "return_prob": true}`), want: 200},
+		{name: "sample prioritized slices with return_prob", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, body: []byte(`{"sampler": "prioritized_slice", "num_slices": 2, "slice_len": 2, "return_prob": true}`), want: 400},
 		{name: "sample slices JSON", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, accept: js, body: []byte(sliceKeys), want: 200},
 		{name: "sample slices safetensors", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, body: []byte(sliceKeys), want: 200},
 		{name: "sample without replacement JSON", method: "POST", path: "/v1/buffers/cp/sample", ctype: form, accept: js, body: []byte(wrKeys), want: 200},
@@ -617,6 +618,8 @@ func ctCases(t *testing.T) []ctCase {
 		{name: "delete again", method: "DELETE", path: "/v1/buffers/plain.v1", want: 404},
 		{name: "delete bad name", method: "DELETE", path: "/v1/buffers/a..b", want: 400, invalid: true},
 		{name: "delete shutting down", shut: true, method: "DELETE", path: "/v1/buffers/cp", want: 503, code: "shutting_down"},
+		{name: "info with slice figures", method: "GET", path: "/v1/buffers/cp?slice_len=3", want: 200},
+		{name: "info slice_len out of range", method: "GET", path: "/v1/buffers/cp?slice_len=0", want: 400, invalid: true},
 		{name: "info after all", method: "GET", path: "/v1/buffers/cp", want: 200},
 		{name: "list shutting down", shut: true, method: "GET", path: "/v1/buffers", want: 503, code: "shutting_down"},
 	}

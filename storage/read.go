@@ -306,6 +306,30 @@ type SamplingInfo struct {
 	PriorityTotal          float64 `json:"priority_total"`
 	NextKnownPriorityTotal float64 `json:"next_known_priority_total"`
 	PriorityMin            float64 `json:"priority_min"`
+	// Slices is set when asked for a slice length (GET
+	// /v1/buffers/{name}?slice_len=L): what the slice sampler draws among.
+	Slices *SliceFigures `json:"slices,omitempty"`
+}
+
+// SliceFigures is what the slice sampler draws a trajectory among for
+// slices of SliceLen rows: every live trajectory (Trajectories,
+// strict_length false) or those with at least SliceLen live rows
+// (AtLeast, strict_length true).
+type SliceFigures struct {
+	SliceLen     int   `json:"slice_len"`
+	Trajectories int64 `json:"trajectories"`
+	AtLeast      int64 `json:"trajectories_at_least"`
+}
+
+// SliceFigures counts the trajectories slices of sliceLen rows are drawn
+// from, in O(log) from the length index.
+func (b *Buffer) SliceFigures(sliceLen int) (SliceFigures, error) {
+	f := SliceFigures{SliceLen: sliceLen}
+	err := b.ReadIndex(func(v Index) {
+		f.Trajectories = int64(v.NumTrajectories())
+		f.AtLeast = int64(v.CountAtLeast(sliceLen))
+	})
+	return f, err
 }
 
 // Info returns the buffer's sizes and counters. For compact_obs buffers the

@@ -328,9 +328,12 @@ class Client:
         self._specs[name] = info["spec"]
         return info
 
-    def info(self, name):
-        """A buffer's info: spec, size, write_count, trajectories, bytes, ..."""
-        info = self._json("GET", self._path("v1", "buffers", name))
+    def info(self, name, slice_len=None):
+        """A buffer's info: spec, size, write_count, trajectories, bytes, ...
+        With ``slice_len``, ``info["sampling"]["slices"]`` counts the
+        trajectories slices of that length are drawn among."""
+        query = None if slice_len is None else {"slice_len": int(slice_len)}
+        info = self._json("GET", self._path("v1", "buffers", name, query=query))
         self._specs[name] = info["spec"]
         return info
 

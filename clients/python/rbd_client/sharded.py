@@ -209,14 +209,15 @@ class ShardedClient:
 
     # -- sampling -----------------------------------------------------------
 
-    def _figures(self, name):
+    def _figures(self, name, slice_len=None):
+        key = (name, slice_len)
         with self._lock:
-            st = self._stats.get(name)
+            st = self._stats.get(key)
         if st is not None and time.monotonic() - st[0] < self.stats_ttl:
             return st[1]
-        infos, _ = self._each(lambda i, c: c.info(name))
+        infos, _ = self._each(lambda i, c: c.info(name, slice_len=slice_len))
         with self._lock:
-            self._stats[name] = (time.monotonic(), infos)
+            self._stats[key] = (time.monotonic(), infos)
         return infos
 
     @staticmethod
@@ -224,6 +225,9 @@ class ShardedClient:
         next_known = (info["spec"].get("compact_obs") and options.get("next_state", True)
                       and not options.get("include_incomplete"))
         sm = info["sampling"]
+        if sampler == "slice":
+            sl = sm.get("slices") or {}
+            return sl.get("trajectories_at_least", 0) if options.get("strict_length", True) else sl.get("trajectories", 0)
         if sampler == "prioritized":
             return sm["next_known_priority_total"] if next_known else sm["priority_total"]
         return sm["next_known_rows"] if next_known else sm["rows"]
@@ -248,7 +252,8 @@ class ShardedClient:
 
     def sample(self, name, batch_size, sampler="uniform", as_torch=False, device=None, beta=0.4, **options):
         """Draw a batch from the shards as if one buffer held all their rows
-        (uniform and prioritized samplers).
+        (uniform, prioritized and slice samplers; slices take ``num_slices``
+        and ``slice_len`` as options, or one of them with ``batch_size``).
 
         Returns a :class:`Batch` with the single answer's arrays
         concatenated shard after shard plus ``shard`` (int64), ``prob`` (each
@@ -256,17 +261,28 @@ class ShardedClient:
         ``weight`` = (q / min q)^-beta over the shards that took part. Its
         metadata lists ``shards_used`` and ``shards_missing``.
         """
-        if sampler not in ("uniform", "prioritized"):
-            raise BadRequest(400, "sampler %r: a sharded client samples with uniform and prioritized only" % sampler)
-        if batch_size is None or batch_size < 1:
+        if sampler not in ("uniform", "prioritized", "slice"):
+            raise BadRequest(400, "sampler %r: a sharded client samples with uniform, prioritized and slice only" % sampler)
+        slice_len = None
+        units = batch_size
+        if sampler == "slice":
+            S, L = options.pop("num_slices", None), options.pop("slice_len", None)
+            if S is None and L and batch_size and batch_size % L == 0:
+                S = batch_size // L
+            if L is None and S and batch_size and batch_size % S == 0:
+                L = batch_size // S
+            if not S or not L or (batch_size and batch_size != S * L):
+                raise BadRequest(400, "slices need two of batch_size, num_slices and slice_len")
+            units, slice_len = S, L
+        elif batch_size is None or batch_size < 1:
             raise BadRequest(400, "batch_size must be at least 1")
-        infos = self._figures(name)
+        infos = self._figures(name, slice_len)
         missing = {i for i, info in enumerate(infos) if info is None}
         if len(missing) == len(infos):
             raise NoShards("sample %s: no shard answered" % name)
         weights = [0.0 if info is None else float(self._mass(info, sampler, options)) for info in infos]
         parts = [[] for _ in infos]
-        need, rounds = batch_size, 0
+        need, rounds = units, 0
         while need > 0:
             counts = self._split(need, weights, missing)
             if counts is None:
@@ -276,9 +292,12 @@ class ShardedClient:
                 if k == 0:
                     continue
                 opts = dict(options, return_prob=True, beta=beta)
+                if slice_len is not None:
+                    opts.update(num_slices=k, slice_len=slice_len)
                 if "seed" in opts:
                     opts["seed"] = (int(opts["seed"]) + (i + 1) * 0x9e3779b97f4a7c15 + len(missing)) & _MASK
-                futs[i] = (k, self._pool.submit(lambda i=i, k=k, o=opts: self.shard(i).sample(name, k, sampler, **o)))
+                bs = None if slice_len is not None else k
+                futs[i] = (k, self._pool.submit(lambda i=i, bs=bs, o=opts: self.shard(i).sample(name, bs, sampler, **o)))
             for i, (k, f) in futs.items():
                 try:
                     b = f.result()
@@ -314,11 +333,14 @@ class ShardedClient:
         shard, prob = [], []
         for i in used:
             for b in parts[i]:
-                shard.append(np.full(len(b["prob"]), i, dtype=np.int64))
+                shard.append(np.full(b["prob"].shape, i, dtype=np.int64))
                 if sampler == "prioritized":
                     prob.append(b["prob"] * float(b.metadata["priority_total"]) / mass)
+                elif sampler == "slice":
+                    # 1/(T_s * starts) in the shard, which is drawn with T_s / T.
+                    prob.append(b["prob"] * int(b.metadata["size"]) / mass)
                 else:
-                    prob.append(np.full(len(b["prob"]), 1.0 / mass))
+                    prob.append(np.full(b["prob"].shape, 1.0 / mass))
         out["shard"] = np.concatenate(shard)
         out["prob"] = np.concatenate(prob)
         if sampler == "prioritized":

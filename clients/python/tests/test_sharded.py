@@ -123,6 +123,24 @@ class ShardedTest(unittest.TestCase):
                 chi2 = sum((counts.get(t, 0) - n * p) ** 2 / (n * p) for t, p in want_prob.items())
                 self.assertLess(chi2, chi2_bound(len(want_prob) - 1), "merged draws differ from one buffer's")
 
+    def test_merged_slices_are_one_buffer(self):
+        self.fill()
+        rb = self.ref.sample("b", None, "slice", num_slices=5000, slice_len=3, return_prob=True, seed=4)
+        want = dict(zip(rb["action"][:, 0].tolist(), rb["prob"][:, 0].tolist()))
+        self.assertAlmostEqual(sum(want.values()), 1.0, delta=1e-9)
+        counts = {}
+        for k in range(60):
+            b = self.s.sample("b", None, "slice", num_slices=64, slice_len=3, seed=k)
+            self.assertEqual(b["action"].shape, (64, 3))
+            self.assertEqual(b["shard"].shape, (64, 3))
+            for first, p in zip(b["action"][:, 0].tolist(), b["prob"][:, 0].tolist()):
+                self.assertIn(first, want)
+                self.assertAlmostEqual(p, want[first], delta=1e-12)
+                counts[first] = counts.get(first, 0) + 1
+        n = 60 * 64
+        chi2 = sum((counts.get(t, 0) - n * p) ** 2 / (n * p) for t, p in want.items())
+        self.assertLess(chi2, chi2_bound(len(want) - 1))
+
     def test_shard_down(self):
         self.s.create_buffer("b", spec(capacity=1000))
         streams = {}
@@ -146,7 +164,7 @@ class ShardedTest(unittest.TestCase):
         res = self.s.extend("b", rows_of(np.arange(tok, tok + 7)), stream=streams[dead])
         self.assertEqual(res["shard"], self.s.hash_order(streams[dead])[1])
         with self.assertRaises(BadRequest):
-            self.s.sample("b", 4, "slice")
+            self.s.sample("b", 4, "prioritized_slice")
 
 
 if __name__ == "__main__":
