@@ -3,6 +3,8 @@ package client_test
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,3 +75,61 @@ func BenchmarkShardedSample(b *testing.B) {
 }
 
 func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// BenchmarkShardedExtend measures ingest of 256-row CartPole batches from
+// 6 writer goroutines (one stream each) into one server, and through
+// client.Sharded into 3 shards. Every server runs in this process on the
+// same 2 cores: this shows what the client costs and how the work
+// spreads, not what 3 machines would take in.
+func BenchmarkShardedExtend(b *testing.B) {
+	const writers, batch = 6, 256
+	one, _ := newServer(b, nil)
+	var urls []string
+	for range 3 {
+		ts, _ := newServer(b, nil)
+		urls = append(urls, ts.URL)
+	}
+	s, err := client.NewSharded(urls, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	single := newClient(b, one.URL, nil)
+	ctx := context.Background()
+	if _, _, err := single.CreateBuffer(ctx, "b", cartpole(1_000_000)); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := s.CreateBuffer(ctx, "b", cartpole(1_000_000)); err != nil {
+		b.Fatal(err)
+	}
+	done := make([]bool, batch)
+	for i := range done {
+		done[i] = i%50 == 49
+	}
+	rows := steps(seqToks(0, batch), done, nil)
+	for _, side := range []struct {
+		name   string
+		extend func(stream string) error
+	}{
+		{"one-server", func(st string) error { _, err := single.Extend(ctx, "b", st, rows); return err }},
+		{"3-shards", func(st string) error { _, err := s.Extend(ctx, "b", st, rows); return err }},
+	} {
+		b.Run("side="+side.name, func(b *testing.B) {
+			var next atomic.Int64
+			b.SetParallelism(writers / runtimeProcs())
+			var id atomic.Int64
+			b.RunParallel(func(pb *testing.PB) {
+				st := fmt.Sprintf("w%d", id.Add(1))
+				for pb.Next() {
+					if err := side.extend(st); err != nil {
+						b.Error(err)
+						return
+					}
+					next.Add(1)
+				}
+			})
+			b.ReportMetric(float64(next.Load()*batch)/b.Elapsed().Seconds(), "rows/s")
+		})
+	}
+}
+
+func runtimeProcs() int { return max(1, runtime.GOMAXPROCS(0)) }
