@@ -40,6 +40,8 @@ type ShardedOptions struct {
 	DownFor time.Duration
 	// Seed seeds the split of batches across shards; nil draws one.
 	Seed *uint64
+	// Resolver looks up NewShardedSRV's name; nil means the system's.
+	Resolver *net.Resolver
 }
 
 func (o *ShardedOptions) withDefaults() ShardedOptions {
@@ -134,7 +136,10 @@ func NewSharded(urls []string, opts *ShardedOptions) (*Sharded, error) {
 // ("_http._tcp.rbd.default.svc.cluster.local"); each target and port
 // becomes http://target:port (https when opts.Client names a CAFile).
 func NewShardedSRV(ctx context.Context, name string, opts *ShardedOptions) (*Sharded, error) {
-	var r net.Resolver
+	r := net.DefaultResolver
+	if opts != nil && opts.Resolver != nil {
+		r = opts.Resolver
+	}
 	_, addrs, err := r.LookupSRV(ctx, "", "", name)
 	if err != nil {
 		return nil, fmt.Errorf("sharded client: look up SRV %q: %w", name, err)
