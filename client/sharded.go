@@ -74,6 +74,10 @@ type Sharded struct {
 	rng   *rand.Rand               // the split's randomness, guarded by mu
 	stats map[string]*shardedStats // per buffer, guarded by mu
 	homes map[streamKey]int        // the shard each stream last wrote to, guarded by mu
+	// visited holds the shards each stream has written to, guarded by mu:
+	// a stream that comes back to a shard it left closes its old
+	// trajectories there first.
+	visited map[streamKey]map[int]bool
 }
 
 type streamKey struct{ buffer, stream string }
@@ -115,7 +119,7 @@ func NewSharded(urls []string, opts *ShardedOptions) (*Sharded, error) {
 			return nil, fmt.Errorf("sharded client: shard %q is listed twice", sorted[i])
 		}
 	}
-	s := &Sharded{opts: o, stats: map[string]*shardedStats{}, homes: map[streamKey]int{}}
+	s := &Sharded{opts: o, stats: map[string]*shardedStats{}, homes: map[streamKey]int{}, visited: map[streamKey]map[int]bool{}}
 	seed := rand.Uint64()
 	if o.Seed != nil {
 		seed = *o.Seed
@@ -281,7 +285,9 @@ type ShardedExtendResult struct {
 // stream's rendezvous order. If that shard cannot be reached or answers a
 // server error, it is passed over for DownFor and the rows go to the next
 // one in the order; the stream's open trajectories on the failed shard
-// end there, cut, as a stream close would end them. Errors that are the
+// end there, cut, as a stream close would end them: when the stream comes
+// back to that shard, the client closes the stream there before it
+// writes, so no trajectory joins rows across the time it wrote elsewhere. Errors that are the
 // request's (4xx) and flow control (503 rate_limited, busy) come back at
 // once: another shard would answer the same.
 func (s *Sharded) Extend(ctx context.Context, name, stream string, tensors []codec.Tensor) (ShardedExtendResult, error) {
@@ -300,12 +306,31 @@ func (s *Sharded) Extend(ctx context.Context, name, stream string, tensors []cod
 	// them) when every shard failed once.
 	for _, i := range append(healthy, down...) {
 		sh := s.shards[i]
+		key := streamKey{name, stream}
+		s.mu.Lock()
+		home, moved := s.homes[key]
+		back := moved && home != i && s.visited[key][i]
+		s.mu.Unlock()
 		actx, cancel := context.WithTimeout(ctx, s.opts.ShardTimeout)
-		res, err := sh.c.Extend(actx, name, stream, tensors)
+		var err error
+		if back {
+			// The stream left this shard with trajectories open there;
+			// continuing them would join rows across the time it wrote
+			// elsewhere. End them first, as a stream close does.
+			_, err = sh.c.CloseStream(actx, name, stream)
+		}
+		var res ExtendResult
+		if err == nil {
+			res, err = sh.c.Extend(actx, name, stream, tensors)
+		}
 		cancel()
 		if err == nil {
 			s.mu.Lock()
-			s.homes[streamKey{name, stream}] = i
+			s.homes[key] = i
+			if s.visited[key] == nil {
+				s.visited[key] = map[int]bool{}
+			}
+			s.visited[key][i] = true
 			s.mu.Unlock()
 			return ShardedExtendResult{Shard: i, ExtendResult: res}, nil
 		}

@@ -12,6 +12,7 @@ package shards
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/http"
@@ -178,7 +179,8 @@ func spec() *client.Spec {
 	}
 }
 
-// rows is n steps of one episode that ends with the batch.
+// rows is n steps of an episode that goes on after the batch (none is
+// done: each stream's trajectory stays open, as a long episode's would).
 func rows(tok int64, n int) []codec.Tensor {
 	obs := make([]float32, 0, 4*n)
 	act := make([]int64, n)
@@ -189,7 +191,6 @@ func rows(tok int64, n int) []codec.Tensor {
 		obs = append(obs, f, f, f, f)
 		act[i] = tok + int64(i)
 	}
-	done[n-1] = true
 	return []codec.Tensor{
 		client.NewTensor("observation", []int{n, 4}, obs),
 		client.NewTensor("action", nil, act),
@@ -197,7 +198,7 @@ func rows(tok int64, n int) []codec.Tensor {
 		client.NewTensor("next.done", nil, done),
 		client.NewTensor("next.terminated", nil, done),
 		client.NewTensor("next.truncated", nil, make([]bool, n)),
-		client.NewTensor("next.observation", []int{1, 4}, []float32{-1, -1, -1, -1}),
+		client.NewTensor("next.observation", []int{0, 4}, []float32{}),
 	}
 }
 
@@ -334,10 +335,22 @@ func TestShardsAcrossHosts(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	// Each stream is back on its shard, and starts a new trajectory
+	// there: the one it left open when the shard went away must not go on
+	// across the rows it wrote elsewhere meanwhile.
 	for _, h := range []int{0, 1} {
 		for _, st := range streams[num(h)] {
-			if res := write(st); res.Shard != num(h) {
+			res := write(st)
+			if res.Shard != num(h) {
 				t.Fatalf("stream %s wrote to shard %d after its shard %d came back", st, res.Shard, num(h))
+			}
+			b, err := s.Shard(res.Shard).Rows(ctx, "b", res.FirstSeq, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			steps, _ := b.Tensor("step")
+			if step := int64(binary.LittleEndian.Uint64(steps.Data)); step != 0 {
+				t.Fatalf("stream %s back on shard %d continued its old trajectory at step %d, want a new one", st, res.Shard, step)
 			}
 		}
 	}
