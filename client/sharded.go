@@ -388,6 +388,25 @@ func (s *Sharded) CloseStream(ctx context.Context, name, stream string) (int, er
 	return int(total.Load()), errors.Join(errs...)
 }
 
+// DeleteBuffer deletes the buffer on every shard; a shard that does not
+// hold it is not an error. The errors of the others are joined.
+func (s *Sharded) DeleteBuffer(ctx context.Context, name string) error {
+	errs := s.each(ctx, func(ctx context.Context, _ int, c *Client) error {
+		if err := c.DeleteBuffer(ctx, name); err != nil && !IsNotFound(err) {
+			return err
+		}
+		return nil
+	})
+	s.mu.Lock()
+	for k := range s.stats {
+		if strings.HasPrefix(k, name+"\x00") {
+			delete(s.stats, k)
+		}
+	}
+	s.mu.Unlock()
+	return errors.Join(errs...)
+}
+
 // Infos returns every shard's info of the buffer; errs[i] is shard i's
 // failure.
 func (s *Sharded) Infos(ctx context.Context, name string) (infos []Info, errs []error) {

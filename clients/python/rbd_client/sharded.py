@@ -73,6 +73,36 @@ class ShardedClient:
     Safe to use from several threads.
     """
 
+    @classmethod
+    def from_srv(cls, name, **kwargs):
+        """A client of the shards named by the DNS SRV records of ``name``
+        (what a Kubernetes headless Service publishes, e.g.
+        ``"_http._tcp.rbd.default.svc.cluster.local"``): each target and
+        port becomes ``http://target:port`` (``https`` with ``ca``). Needs
+        dnspython (Debian: python3-dnspython); ``nameservers`` (a list of
+        "host" or "host:port") replaces the system's resolvers."""
+        try:
+            import dns.resolver
+        except ImportError as e:
+            raise ImportError("ShardedClient.from_srv needs dnspython (apt-get install python3-dnspython, "
+                              "or pip install dnspython); or pass the shards' URLs") from e
+        nameservers = kwargs.pop("nameservers", None)
+        r = dns.resolver.Resolver(configure=nameservers is None)
+        if nameservers is not None:
+            r.nameservers = [ns.rsplit(":", 1)[0] for ns in nameservers]
+            ports = {int(ns.rsplit(":", 1)[1]) for ns in nameservers if ":" in ns}
+            if ports:
+                r.port = ports.pop()
+        try:
+            answer = r.resolve(name, "SRV")
+        except Exception as e:  # noqa: BLE001 - dnspython's NXDOMAIN, NoAnswer, Timeout, ...
+            raise ValueError("sharded client: look up SRV %r: %s" % (name, e)) from e
+        scheme = "https" if kwargs.get("ca") else "http"
+        urls = ["%s://%s:%d" % (scheme, str(a.target).rstrip("."), a.port) for a in answer]
+        if not urls:
+            raise ValueError("sharded client: SRV %r names no shard" % name)
+        return cls(urls, **kwargs)
+
     def __init__(self, urls, stats_ttl=1.0, shard_timeout=5.0, down_for=10.0, seed=None, **client_args):
         urls = sorted(u.strip().rstrip("/") for u in (urls or []))
         if not urls:
@@ -92,6 +122,7 @@ class ShardedClient:
         self._rng = random.Random(seed)
         self._stats = {}
         self._homes = {}
+        self._visited = {}
         self._pool = ThreadPoolExecutor(max_workers=len(urls), thread_name_prefix="rbd-shard")
 
     def close(self):
@@ -186,8 +217,17 @@ class ShardedClient:
         healthy = [i for i in order if self._down[i] <= now]
         down = [i for i in order if self._down[i] > now]
         failures = []
+        key = (name, stream)
         for i in healthy + down:
+            with self._lock:
+                home = self._homes.get(key, -1)
+                back = home >= 0 and home != i and i in self._visited.get(key, ())
             try:
+                if back:
+                    # The stream left this shard with trajectories open
+                    # there: end them, or they would join rows across the
+                    # time it wrote elsewhere.
+                    self.shard(i).close_stream(name, stream)
                 res = self.shard(i).extend(name, rows, stream=stream, **options)
             except Exception as e:  # noqa: BLE001 - classified below
                 if not _shard_failed(e):
@@ -196,11 +236,41 @@ class ShardedClient:
                 failures.append("shard %d (%s): %s" % (i, self.urls[i], e))
                 continue
             with self._lock:
-                self._homes[(name, stream)] = i
+                self._homes[key] = i
+                self._visited.setdefault(key, set()).add(i)
             res = dict(res)
             res["shard"] = i
             return res
         raise NoShards("extend %s: no shard took the rows: %s" % (name, "; ".join(failures)))
+
+    def close_stream(self, name, stream):
+        """Close ``stream`` on the shard it last wrote to through this client
+        (on every shard when none); returns how many trajectories closed."""
+        i = self.stream_shard(name, stream)
+        if i >= 0:
+            return self.shard(i).close_stream(name, stream)
+        res, errs = self._each(lambda i, c: c.close_stream(name, stream))
+        for e in errs:
+            if e is not None:
+                raise e
+        return sum(res)
+
+    def delete_buffer(self, name):
+        """Delete the buffer on every shard (a shard without it is fine)."""
+
+        def delete(i, c):
+            try:
+                c.delete_buffer(name)
+            except NotFound:
+                pass
+
+        _, errs = self._each(delete)
+        with self._lock:
+            for k in [k for k in self._stats if k[0] == name]:
+                del self._stats[k]
+        for e in errs:
+            if e is not None:
+                raise e
 
     def stream_shard(self, name, stream):
         """The shard ``stream`` last wrote to through this client, or -1."""

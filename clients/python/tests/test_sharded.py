@@ -3,6 +3,9 @@ Go client's), specs checked before a create, merged samples equal to one
 buffer holding the same rows, a shard going down."""
 
 import math
+import socket
+import threading
+import time
 import unittest
 
 import numpy as np
@@ -11,6 +14,13 @@ import rbdserver  # first: puts the checkout's rbd_client on the path if needed
 from rbd_client import BadRequest, Client, ShardedClient
 
 from test_client import spec
+
+try:
+    import dns.message
+    import dns.rdatatype
+    import dns.rrset
+except ImportError:
+    dns = None
 
 
 def rows_of(tokens, done_every=7, open_last=True):
@@ -141,6 +151,28 @@ class ShardedTest(unittest.TestCase):
         chi2 = sum((counts.get(t, 0) - n * p) ** 2 / (n * p) for t, p in want.items())
         self.assertLess(chi2, chi2_bound(len(want) - 1))
 
+    def test_stream_back_on_a_shard_starts_a_new_trajectory(self):
+        self.s.create_buffer("b", spec(capacity=1000))
+        st = "actor-7"
+        first, second = self.s.hash_order(st)[:2]
+        res = self.s.extend("b", rows_of(np.arange(0, 5)), stream=st)  # open trajectory on `first`
+        self.assertEqual(res["shard"], first)
+        self.s._down[first] = time.monotonic() + 60  # as after a failed write
+        res = self.s.extend("b", rows_of(np.arange(5, 10)), stream=st)
+        self.assertEqual(res["shard"], second)
+        self.s._down[first] = 0.0  # DownFor has passed
+        res = self.s.extend("b", rows_of(np.arange(10, 15)), stream=st)
+        self.assertEqual(res["shard"], first)
+        back = self.s.shard(first).rows("b", res["first_seq"], 1)
+        self.assertEqual(int(back["step"][0]), 0, "the stream continued the trajectory it left open")
+
+    def test_delete_and_close(self):
+        self.s.create_buffer("b", spec(capacity=1000))
+        self.s.extend("b", rows_of(np.arange(0, 5)), stream="a")
+        self.assertEqual(self.s.close_stream("b", "a"), 1)
+        self.s.delete_buffer("b")
+        self.assertEqual([i for i in self.s.info("b") if i is not None], [])
+
     def test_shard_down(self):
         self.s.create_buffer("b", spec(capacity=1000))
         streams = {}
@@ -165,6 +197,58 @@ class ShardedTest(unittest.TestCase):
         self.assertEqual(res["shard"], self.s.hash_order(streams[dead])[1])
         with self.assertRaises(BadRequest):
             self.s.sample("b", 4, "prioritized_slice")
+
+
+class FakeDNS:
+    """SRV records for one name on a UDP port of loopback, as a headless
+    Service's DNS would serve them (targets: localhost)."""
+
+    def __init__(self, name, ports):
+        self.name, self.ports = name, ports
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            try:
+                data, addr = self.sock.recvfrom(1500)
+            except OSError:
+                return
+            q = dns.message.from_wire(data)
+            r = dns.message.make_response(q)
+            qn = q.question[0]
+            if str(qn.name) == self.name + "." and qn.rdtype == dns.rdatatype.SRV:
+                r.answer.append(dns.rrset.from_text(qn.name, 5, "IN", "SRV",
+                                                    *["0 10 %d localhost." % p for p in self.ports]))
+            else:
+                r.set_rcode(3)  # NXDOMAIN
+            self.sock.sendto(r.to_wire(), addr)
+
+    def close(self):
+        self.sock.close()
+
+
+@unittest.skipIf(dns is None, "needs dnspython (apt-get install python3-dnspython)")
+class SRVTest(unittest.TestCase):
+    def test_from_srv(self):
+        servers = [rbdserver.Server().start() for _ in range(2)]
+        ports = [int(srv.url.rsplit(":", 1)[1]) for srv in servers]
+        fake = FakeDNS("_http._tcp.rbd.test", ports)
+        try:
+            with ShardedClient.from_srv("_http._tcp.rbd.test", nameservers=["127.0.0.1:%d" % fake.port]) as s:
+                self.assertEqual(s.urls, sorted("http://localhost:%d" % p for p in ports))
+                s.create_buffer("b", spec(capacity=100))
+                s.extend("b", rows_of(np.arange(0, 20), open_last=False), stream="x")
+                self.assertEqual(len(s.sample("b", 8)["seq"]), 8)
+            with self.assertRaisesRegex(ValueError, "SRV"):
+                ShardedClient.from_srv("_http._tcp.nothing.test", nameservers=["127.0.0.1:%d" % fake.port])
+        finally:
+            fake.close()
+            for srv in servers:
+                srv.cleanup()
 
 
 if __name__ == "__main__":
