@@ -2,7 +2,6 @@ package client_test
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -28,43 +27,14 @@ func newSharded(t *testing.T, urls []string, opts *client.ShardedOptions) *clien
 	return s
 }
 
-func i64Of(t *testing.T, b *client.Batch, name string) []int64 {
+// col is a tensor's values, or the test fails.
+func col[T client.Elem](t *testing.T, b *client.Batch, name string) []T {
 	t.Helper()
-	ts, ok := b.Tensor(name)
-	if !ok {
-		t.Fatalf("no tensor %q", name)
+	v, err := client.Column[T](b, name)
+	if err != nil {
+		t.Fatal(err)
 	}
-	out := make([]int64, len(ts.Data)/8)
-	for i := range out {
-		out[i] = int64(binary.LittleEndian.Uint64(ts.Data[8*i:]))
-	}
-	return out
-}
-
-func f64Of(t *testing.T, b *client.Batch, name string) []float64 {
-	t.Helper()
-	ts, ok := b.Tensor(name)
-	if !ok {
-		t.Fatalf("no tensor %q", name)
-	}
-	out := make([]float64, len(ts.Data)/8)
-	for i := range out {
-		out[i] = math.Float64frombits(binary.LittleEndian.Uint64(ts.Data[8*i:]))
-	}
-	return out
-}
-
-func f32Of(t *testing.T, b *client.Batch, name string) []float32 {
-	t.Helper()
-	ts, ok := b.Tensor(name)
-	if !ok {
-		t.Fatalf("no tensor %q", name)
-	}
-	out := make([]float32, len(ts.Data)/4)
-	for i := range out {
-		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(ts.Data[4*i:]))
-	}
-	return out
+	return v
 }
 
 func TestShardedBadInput(t *testing.T) {
@@ -233,12 +203,12 @@ func TestShardedSampleMatchesOneBuffer(t *testing.T) {
 			}
 			wantProb := map[int64]float64{}
 			wantWeight := map[int64]float32{}
-			rprob := f64Of(t, rb, "prob")
+			rprob := col[float64](t, rb, "prob")
 			var rweight []float32
 			if kind == "prioritized" {
-				rweight = f32Of(t, rb, "weight")
+				rweight = col[float32](t, rb, "weight")
 			}
-			for i, tk := range i64Of(t, rb, "action") {
+			for i, tk := range col[int64](t, rb, "action") {
 				wantProb[tk] = rprob[i]
 				if rweight != nil {
 					wantWeight[tk] = rweight[i]
@@ -258,10 +228,10 @@ func TestShardedSampleMatchesOneBuffer(t *testing.T) {
 				if b.Rows() != batch || b.Metadata["shards_used"] != "0,1,2" || b.Metadata["shards_missing"] != "" {
 					t.Fatalf("batch of %d rows, metadata %v", b.Rows(), b.Metadata)
 				}
-				toks, probs, shards := i64Of(t, b, "action"), f64Of(t, b, "prob"), i64Of(t, b, "shard")
+				toks, probs, shards := col[int64](t, b, "action"), col[float64](t, b, "prob"), col[int64](t, b, "shard")
 				var weights []float32
 				if kind == "prioritized" {
-					weights = f32Of(t, b, "weight")
+					weights = col[float32](t, b, "weight")
 				}
 				for i, tk := range toks {
 					want, ok := wantProb[tk]
@@ -310,7 +280,7 @@ func TestShardedSlicesMatchOneBuffer(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := map[int64]float64{} // first row's token -> the slice's probability
-			rtok, rprob := i64Of(t, rb, "action"), f64Of(t, rb, "prob")
+			rtok, rprob := col[int64](t, rb, "action"), col[float64](t, rb, "prob")
 			for k := 0; k < len(rtok); k += L {
 				want[rtok[k]] = rprob[k]
 			}
@@ -334,7 +304,7 @@ func TestShardedSlicesMatchOneBuffer(t *testing.T) {
 				if sh, _ := b.Tensor("shard"); !slices.Equal(sh.Shape, []int{slicesPer, L}) {
 					t.Fatalf("shard shape %v, want [%d %d]", sh.Shape, slicesPer, L)
 				}
-				toks, probs := i64Of(t, b, "action"), f64Of(t, b, "prob")
+				toks, probs := col[int64](t, b, "action"), col[float64](t, b, "prob")
 				for j := 0; j < len(toks); j += L {
 					w, ok := want[toks[j]]
 					if !ok {
@@ -419,7 +389,7 @@ func TestShardedShardDown(t *testing.T) {
 	if b.Rows() != 64 || b.Metadata["shards_missing"] != strconv.Itoa(dead) || b.Metadata["shards_used"] != strings.Join(alive, ",") {
 		t.Fatalf("with shard %d down: %d rows, metadata %v", dead, b.Rows(), b.Metadata)
 	}
-	for _, sh := range i64Of(t, b, "shard") {
+	for _, sh := range col[int64](t, b, "shard") {
 		if sh == int64(dead) {
 			t.Fatal("a row came from the dead shard")
 		}

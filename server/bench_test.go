@@ -260,7 +260,13 @@ func BenchmarkHTTPSample(b *testing.B) {
 // workload w in db and fills it.
 func bnFill(b *testing.B, db *rbd.DB, w bnWorkload, capacity int) {
 	b.Helper()
-	spec, err := storage.ParseSpec([]byte(bnSpec(w, capacity, "memory")))
+	bnFillSpec(b, db, w, capacity, bnSpec(w, capacity, "memory"))
+}
+
+// bnFillSpec is bnFill with a spec of the caller's (for workload w's rows).
+func bnFillSpec(b *testing.B, db *rbd.DB, w bnWorkload, capacity int, specJSON string) {
+	b.Helper()
+	spec, err := storage.ParseSpec([]byte(specJSON))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -503,19 +509,7 @@ func BenchmarkDashboardPoll(b *testing.B) {
 	}
 	db, url := bnServe(b, b.TempDir())
 	prio := strings.Replace(bnSpec(w, capacity, "memory"), `"compact_obs"`, `"priority": {"alpha": 0.6, "eps": 1e-6}, "compact_obs"`, 1)
-	spec, err := storage.ParseSpec([]byte(prio))
-	if err != nil {
-		b.Fatal(err)
-	}
-	buf, _, err := db.CreateBuffer("bench", spec)
-	if err != nil {
-		b.Fatal(err)
-	}
-	for k := 0; k < capacity/bnBatch+1; k++ {
-		if _, err := buf.Extend("fill", benchdata.StorageBatch(bnBatchTensors(w, k), bnBatch)); err != nil {
-			b.Fatal(err)
-		}
-	}
+	bnFillSpec(b, db, w, capacity, prio)
 	small, err := storage.ParseSpec([]byte(bnSpec(w, 1000, "memory")))
 	if err != nil {
 		b.Fatal(err)
