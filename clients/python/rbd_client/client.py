@@ -544,7 +544,9 @@ class Client:
         ``"requests"`` (one request per batch from a background thread:
         :class:`Prefetcher`) or ``"auto"`` (the default: the fastest that
         works, a stream today). The iterator's ``transport`` attribute says
-        which one is used. Both retry "not_ready" for ``retry_not_ready``
+        which one is used; against a server older than sample streams,
+        ``"auto"`` falls back to ``"requests"`` at the first ``next()``.
+        Both retry "not_ready" for ``retry_not_ready``
         seconds and "rate_limited" for ``retry_rate_limited`` seconds (by
         default the client's), and give batch i the seed ``seed + i``."""
         if transport == "auto" and self._colocated():
@@ -552,7 +554,8 @@ class Client:
         if transport == "shm":
             return ShmStream(self, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options)
         if transport in ("auto", "stream"):
-            return SampleStream(self, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options)
+            return SampleStream(self, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options,
+                                auto=transport == "auto")
         if transport == "requests":
             return Prefetcher(self, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options)
         raise ValueError("transport %r: want \"auto\", \"shm\", \"stream\" or \"requests\"" % (transport,))
@@ -785,11 +788,16 @@ class SampleStream(_AheadIterator):
     transport = "stream"
     _stream = "1"  # the query's stream value
 
-    def __init__(self, client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options):
+    def __init__(self, client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options, auto=False):
         if not 1 <= depth <= 64:
             raise ValueError("depth must be in [1, 64]")
         if batches is not None and batches < 1:
             raise ValueError("batches must be at least 1 (None: until close)")
+        # What a fallback to plain requests would be made from ("auto"
+        # against a server older than streams).
+        self._auto = auto
+        self._fallback = None
+        self._args = (client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, dict(options))
         super().__init__(client, name, batch_size, sampler, batches, stop_at_epoch_end, options)
         self._depth = depth
         self._path = client._path("v1", "buffers", name, "sample", query={"stream": self._stream})
@@ -884,7 +892,19 @@ class SampleStream(_AheadIterator):
             self._conn.close()
         self._conn = self._resp = None
 
+    @staticmethod
+    def _older_server(e):
+        """Whether opening a stream failed because the server has no
+        sample streams: it refused the stream's keys, or answered a plain
+        batch."""
+        if isinstance(e, ConnectionFailed):
+            return "older than streams" in e.message
+        return e.status == 400 and "unknown key" in e.message and any(
+            e.message.startswith(k + ":") or '"%s"' % k in e.message for k in ("depth", "batches", "stop_at_epoch_end"))
+
     def __next__(self):
+        if self._fallback is not None:
+            return next(self._fallback)
         if self._done or (self._batches is not None and self._got >= self._batches):
             self.close()
             raise StopIteration
@@ -896,6 +916,13 @@ class SampleStream(_AheadIterator):
                 break
             except RbdError as e:
                 self._drop()
+                if self._auto and self._got == 0 and self._older_server(e):
+                    # A server older than streams: one request per batch
+                    # from a thread, as transport="requests".
+                    client, name, batch_size, sampler, depth, batches, stop, options = self._args
+                    self._fallback = Prefetcher(client, name, batch_size, sampler, depth, batches, stop, options)
+                    self.transport = "requests"
+                    return next(self._fallback)
                 wait = self._retry_wait(e)
                 if wait is None:
                     self._done = True
@@ -914,6 +941,8 @@ class SampleStream(_AheadIterator):
         """End the stream; the server stops drawing and frees what it held."""
         self._done = True
         self._drop()
+        if self._fallback is not None:
+            self._fallback.close()
 
     def __del__(self):
         self._drop()
@@ -950,8 +979,7 @@ class ShmStream(SampleStream):
     _stream = "shm"
 
     def __init__(self, client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options, auto=False):
-        self._auto = auto
-        super().__init__(client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options)
+        super().__init__(client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options, auto=auto)
 
     def _open(self):
         try:
