@@ -291,6 +291,16 @@ type ShardedExtendResult struct {
 // request's (4xx) and flow control (503 rate_limited, busy) come back at
 // once: another shard would answer the same.
 func (s *Sharded) Extend(ctx context.Context, name, stream string, tensors []codec.Tensor) (ShardedExtendResult, error) {
+	return s.ExtendWithOptions(ctx, name, stream, tensors, nil)
+}
+
+// ExtendWithOptions is Extend with ExtendOptions (the rate limiter's wait);
+// a shard's attempt may then take up to ShardTimeout plus that wait.
+func (s *Sharded) ExtendWithOptions(ctx context.Context, name, stream string, tensors []codec.Tensor, opts *ExtendOptions) (ShardedExtendResult, error) {
+	attempt := s.opts.ShardTimeout
+	if opts != nil && opts.TimeoutMS > 0 {
+		attempt += time.Duration(opts.TimeoutMS) * time.Millisecond
+	}
 	order := s.HashOrder(stream)
 	now := time.Now().UnixNano()
 	var healthy, down []int
@@ -311,7 +321,7 @@ func (s *Sharded) Extend(ctx context.Context, name, stream string, tensors []cod
 		home, moved := s.homes[key]
 		back := moved && home != i && s.visited[key][i]
 		s.mu.Unlock()
-		actx, cancel := context.WithTimeout(ctx, s.opts.ShardTimeout)
+		actx, cancel := context.WithTimeout(ctx, attempt)
 		var err error
 		if back {
 			// The stream left this shard with trajectories open there;
@@ -321,7 +331,7 @@ func (s *Sharded) Extend(ctx context.Context, name, stream string, tensors []cod
 		}
 		var res ExtendResult
 		if err == nil {
-			res, err = sh.c.Extend(actx, name, stream, tensors)
+			res, err = sh.c.ExtendWithOptions(actx, name, stream, tensors, opts)
 		}
 		cancel()
 		if err == nil {
@@ -786,6 +796,70 @@ func probFigures(b *Batch) (size int64, total, qmin float64, err error) {
 		return 0, 0, 0, fmt.Errorf("answer metadata priority_min %q: %w", md["priority_min"], err)
 	}
 	return size, total, qmin, nil
+}
+
+// Health asks every shard for /v1/health; errs[i] is shard i's failure
+// (nil when it answered).
+func (s *Sharded) Health(ctx context.Context) (errs []error) {
+	return s.each(ctx, func(ctx context.Context, _ int, c *Client) error { return c.Health(ctx) })
+}
+
+// SetRateLimit sets the same rate limit on every shard. Each shard's
+// limiter counts its own inserts and samples: with writes and samples
+// spread in proportion (as Sharded spreads them), every shard holds the
+// ratio, and with it the whole.
+func (s *Sharded) SetRateLimit(ctx context.Context, name string, limit *RateLimit) error {
+	return errors.Join(s.each(ctx, func(ctx context.Context, _ int, c *Client) error {
+		_, err := c.SetRateLimit(ctx, name, limit)
+		return err
+	})...)
+}
+
+// UpdateFields sets mutable fields of rows named by (shard, seq) (e.g.
+// recurrent states recomputed by a learner), each shard's rows sent to it
+// in parallel; fields are [N, ...] tensors in the order of seq.
+func (s *Sharded) UpdateFields(ctx context.Context, name string, shard, seq []int64, fields ...codec.Tensor) (updated, stale int, err error) {
+	if len(shard) != len(seq) {
+		return 0, 0, fmt.Errorf("update %s: %d shards, %d seqs: %w", name, len(shard), len(seq), ErrBadRequest)
+	}
+	rows := make([][]int, len(s.shards))
+	for k, sh := range shard {
+		if sh < 0 || int(sh) >= len(s.shards) {
+			return 0, 0, fmt.Errorf("update %s: shard %d of %d: %w", name, sh, len(s.shards), ErrBadRequest)
+		}
+		rows[sh] = append(rows[sh], k)
+	}
+	for _, f := range fields {
+		if len(f.Shape) == 0 || f.Shape[0] != len(seq) {
+			return 0, 0, fmt.Errorf("update %s: field %q has shape %v, want [%d, ...]: %w", name, f.Name, f.Shape, len(seq), ErrBadRequest)
+		}
+	}
+	var u, st atomic.Int64
+	errs := s.each(ctx, func(ctx context.Context, i int, c *Client) error {
+		if len(rows[i]) == 0 {
+			return nil
+		}
+		part := make([]int64, len(rows[i]))
+		parts := make([]codec.Tensor, len(fields))
+		for j, f := range fields {
+			per := len(f.Data) / len(seq)
+			data := make([]byte, 0, per*len(rows[i]))
+			for _, k := range rows[i] {
+				data = append(data, f.Data[k*per:(k+1)*per]...)
+			}
+			shape := slices.Clone(f.Shape)
+			shape[0] = len(rows[i])
+			parts[j] = codec.Tensor{Name: f.Name, DType: f.DType, Shape: shape, Data: data}
+		}
+		for j, k := range rows[i] {
+			part[j] = seq[k]
+		}
+		a, b, err := c.UpdateFields(ctx, name, part, parts...)
+		u.Add(int64(a))
+		st.Add(int64(b))
+		return err
+	})
+	return int(u.Load()), int(st.Load()), errors.Join(errs...)
 }
 
 // UpdatePriorities sets priorities of rows named by (shard, seq), each

@@ -412,3 +412,72 @@ func TestShardedShardDown(t *testing.T) {
 		t.Fatalf("a bad extend: %v, want ErrBadRequest from its shard", err)
 	}
 }
+
+// UpdateFields sends each row's new values to its shard; SetRateLimit and
+// Health reach every shard.
+func TestShardedUpdateFieldsLimitsHealth(t *testing.T) {
+	var servers []*httptest.Server
+	var urls []string
+	for range 3 {
+		ts, _ := newServer(t, nil)
+		servers = append(servers, ts)
+		urls = append(urls, ts.URL)
+	}
+	s := newSharded(t, urls, nil)
+	ctx := ctxT(t)
+	sp := cartpole(1000)
+	sp.Fields = append(sp.Fields, client.Field{Name: "h", DType: "float32", Shape: []int{2}, Mutable: true})
+	if _, err := s.CreateBuffer(ctx, "b", sp); err != nil {
+		t.Fatal(err)
+	}
+	for k := range 9 {
+		toks := seqToks(int64(20*k), 20)
+		done := make([]bool, 20)
+		done[19] = true
+		rows := append(steps(toks, done, nil), client.NewTensor("h", []int{20, 2}, make([]float32, 40)))
+		if _, err := s.Extend(ctx, "b", fmt.Sprintf("actor-%d", k), rows); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := s.Sample(ctx, "b", &client.SampleRequest{BatchSize: 64, Keys: []string{"action"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shards, seqs, toks := col[int64](t, b, "shard"), col[int64](t, b, "seq"), col[int64](t, b, "action")
+	h := make([]float32, 0, 2*len(toks))
+	for _, tk := range toks {
+		h = append(h, float32(tk), float32(-tk))
+	}
+	if _, stale, err := s.UpdateFields(ctx, "b", shards, seqs, client.NewTensor("h", []int{len(seqs), 2}, h)); err != nil || stale != 0 {
+		t.Fatalf("update: stale %d, %v", stale, err)
+	}
+	for i, sh := range shards {
+		r, err := s.Shard(int(sh)).Rows(ctx, "b", seqs[i], 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, act := col[float32](t, r, "h"), col[int64](t, r, "action")
+		if act[0] != toks[i] || got[0] != float32(toks[i]) || got[1] != float32(-toks[i]) {
+			t.Fatalf("shard %d seq %d: action %d h %v, want the update for token %d", sh, seqs[i], act[0], got, toks[i])
+		}
+	}
+	if _, _, err := s.UpdateFields(ctx, "b", shards[:1], seqs, client.NewTensor("h", []int{len(seqs), 2}, h)); !errors.Is(err, client.ErrBadRequest) {
+		t.Fatalf("shards and seqs of different lengths: %v, want ErrBadRequest", err)
+	}
+	if err := s.SetRateLimit(ctx, "b", &client.RateLimit{MinSize: 5}); err != nil {
+		t.Fatal(err)
+	}
+	infos, errs := s.Infos(ctx, "b")
+	for i := range infos {
+		if errs[i] != nil || infos[i].RateLimit == nil || infos[i].RateLimit.MinSize != 5 {
+			t.Fatalf("shard %d rate limit %+v %v", i, infos[i].RateLimit, errs[i])
+		}
+	}
+	dead := slices.Index(s.Shards(), servers[2].URL)
+	servers[2].Close()
+	for i, err := range s.Health(ctx) {
+		if (err != nil) != (i == dead) {
+			t.Fatalf("health of shard %d: %v (dead: %d)", i, err, dead)
+		}
+	}
+}

@@ -420,6 +420,45 @@ class ShardedClient:
                         "shards_missing": ",".join(str(i) for i in sorted(missing))}
         return out
 
+    def health(self):
+        """Every shard's health answer, or the exception it raised."""
+        res, errs = self._each(lambda i, c: c.health())
+        return [e if e is not None else r for r, e in zip(res, errs)]
+
+    def set_rate_limit(self, name, limit):
+        """Set the same rate limit on every shard: each shard's limiter
+        counts its own inserts and samples, so with writes and samples
+        spread in proportion every shard, and the whole, holds the ratio."""
+        res, errs = self._each(lambda i, c: c.set_rate_limit(name, limit))
+        for e in errs:
+            if e is not None:
+                raise e
+        return res
+
+    def update(self, name, shard, seq, fields, cast=True):
+        """Set mutable fields of rows named by (shard, seq) (e.g. recurrent
+        states a learner recomputed); each shard's rows go to it in
+        parallel. Returns ``{"updated": u, "stale": k}``."""
+        shard = np.asarray(shard, dtype=np.int64).reshape(-1)
+        seq = np.asarray(seq, dtype=np.int64).reshape(-1)
+        if shard.shape != seq.shape:
+            raise ValueError("%d shards, %d seqs" % (shard.size, seq.size))
+        if shard.size and (shard.min() < 0 or shard.max() >= len(self.urls)):
+            raise ValueError("shard numbers must be in 0..%d" % (len(self.urls) - 1))
+        arrays = {k: np.asarray(v) for k, v in fields.items()}
+
+        def part(i, c):
+            m = shard == i
+            if not m.any():
+                return {"updated": 0, "stale": 0}
+            return c.update(name, seq[m], {k: a[m] for k, a in arrays.items()}, cast=cast)
+
+        res, errs = self._each(part)
+        for e in errs:
+            if e is not None:
+                raise e
+        return {"updated": sum(r["updated"] for r in res), "stale": sum(r["stale"] for r in res)}
+
     def update_priorities(self, name, shard, seq, priority):
         """Set priorities of rows named by (shard, seq), each shard's part
         sent to it in parallel. Returns ``{"updated": u, "stale": k}``."""

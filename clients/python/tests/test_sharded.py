@@ -166,6 +166,27 @@ class ShardedTest(unittest.TestCase):
         back = self.s.shard(first).rows("b", res["first_seq"], 1)
         self.assertEqual(int(back["step"][0]), 0, "the stream continued the trajectory it left open")
 
+    def test_update_limits_health(self):
+        sp = spec(capacity=1000)
+        sp["fields"]["h"] = {"dtype": "float32", "shape": [2], "mutable": True}
+        self.s.create_buffer("b", sp)
+        for k in range(9):
+            rows = rows_of(np.arange(20 * k, 20 * k + 20), open_last=False)
+            rows["h"] = np.zeros((20, 2), np.float32)
+            self.s.extend("b", rows, stream="actor-%d" % k)
+        b = self.s.sample("b", 64, keys=["action"])
+        h = np.stack([b["action"], -b["action"]], axis=1).astype(np.float32)
+        res = self.s.update("b", b["shard"], b["seq"], {"h": h})
+        self.assertEqual(res["stale"], 0)
+        for sh, seq, tok in zip(b["shard"].tolist(), b["seq"].tolist(), b["action"].tolist()):
+            r = self.s.shard(sh).rows("b", seq, 1)
+            self.assertEqual(r["action"][0], tok)
+            self.assertEqual(r["h"][0].tolist(), [tok, -tok])
+        self.s.set_rate_limit("b", {"min_size": 5})
+        for info in self.s.info("b"):
+            self.assertEqual(info["rate_limit"]["min_size"], 5)
+        self.assertTrue(all(isinstance(h, dict) for h in self.s.health()))
+
     def test_delete_and_close(self):
         self.s.create_buffer("b", spec(capacity=1000))
         self.s.extend("b", rows_of(np.arange(0, 5)), stream="a")
