@@ -88,10 +88,16 @@ func newLab(t *testing.T, hosts int) *lab {
 			[]string{"ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"},
 		)
 	}
+	// A sandbox that lets a namespace be made may still refuse a veth, an
+	// address or netfilter inside it: that is this machine's limit, not a
+	// failure of rbd, so the test says so and skips.
 	for _, s := range steps {
 		if err := sh(s...); err != nil {
-			t.Fatal(err)
+			t.Skipf("cannot build the test network here: %v", err)
 		}
+	}
+	if err := sh("ip", "netns", "exec", l.ns(0), "iptables", "-L", "INPUT", "-n"); err != nil {
+		t.Skipf("iptables does not work in a network namespace here: %v", err)
 	}
 	return l
 }
