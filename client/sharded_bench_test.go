@@ -54,6 +54,17 @@ func BenchmarkShardedSample(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "batches/s")
 		})
+		b.Run(fmt.Sprintf("sampler=%s/side=one-server-return-prob", kind), func(b *testing.B) {
+			c := newClient(b, one.URL, nil)
+			r := *req
+			r.ReturnProb = true
+			for b.Loop() {
+				if _, err := c.Sample(context.Background(), "b", &r); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "batches/s")
+		})
 		for _, side := range []struct {
 			name string
 			ttl  float64
