@@ -475,7 +475,8 @@ func (s *Sharded) shardStats(ctx context.Context, name string, sliceLen int) *sh
 // probability under the merged draw, and "weight" (prioritized) is the
 // single-buffer importance weight (q / min q)^-beta with the minimum over
 // the shards that took part. Metadata "shards_used" and "shards_missing"
-// list shard numbers ("0,2").
+// list shard numbers ("0,2"). With a seed, the same request over the same
+// shard contents gives the same batch.
 func (s *Sharded) Sample(ctx context.Context, name string, req *SampleRequest) (*Batch, error) {
 	if req == nil {
 		req = &SampleRequest{}
@@ -510,9 +511,16 @@ func (s *Sharded) Sample(ctx context.Context, name string, req *SampleRequest) (
 			missing[i] = true
 		}
 	}
+	// A request with a seed splits with a generator of its own, seeded
+	// from it: the same seed over the same shard contents gives the same
+	// batch. Without one, the client's shared generator.
+	var splitRNG *rand.Rand
+	if req.Seed != nil {
+		splitRNG = rand.New(rand.NewPCG(*req.Seed, 0x5348415244))
+	}
 	need := units
 	for round := 0; need > 0; round++ {
-		counts := s.split(need, weights, missing)
+		counts := s.split(need, weights, missing, splitRNG)
 		if counts == nil {
 			if round == 0 {
 				return nil, fmt.Errorf("sample %s: %w: no shard holds a row that can be drawn", name, ErrNotReady)
@@ -578,7 +586,7 @@ func drawMass(info *Info, req *SampleRequest, kind string) float64 {
 // split draws how many of n rows each shard gives: a multinomial draw with
 // probabilities proportional to weights, over the shards not missing. Nil
 // when no such shard has any weight.
-func (s *Sharded) split(n int, weights []float64, missing map[int]bool) []int {
+func (s *Sharded) split(n int, weights []float64, missing map[int]bool, rng *rand.Rand) []int {
 	total := 0.0
 	for i, w := range weights {
 		if !missing[i] {
@@ -589,10 +597,13 @@ func (s *Sharded) split(n int, weights []float64, missing map[int]bool) []int {
 		return nil
 	}
 	counts := make([]int, len(weights))
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	if rng == nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		rng = s.rng
+	}
 	for range n {
-		x := s.rng.Float64() * total
+		x := rng.Float64() * total
 		last := -1
 		for i, w := range weights {
 			if missing[i] || w <= 0 {

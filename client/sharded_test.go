@@ -481,3 +481,32 @@ func TestShardedUpdateFieldsLimitsHealth(t *testing.T) {
 		}
 	}
 }
+
+// A seeded sharded sample is reproducible: the split and every shard's
+// draw derive from the seed.
+func TestShardedSeedReproducible(t *testing.T) {
+	s, _ := shardedFixture(t)
+	ctx := ctxT(t)
+	for _, kind := range []string{"uniform", "prioritized"} {
+		req := &client.SampleRequest{Sampler: kind, BatchSize: 128, Seed: client.Ptr[uint64](42)}
+		a, err := s.Sample(ctx, "b", req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := s.Sample(ctx, "b", req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(col[int64](t, a, "action"), col[int64](t, b, "action")) {
+			t.Fatalf("%s: the same seed gave different batches", kind)
+		}
+		req.Seed = client.Ptr[uint64](43)
+		c, err := s.Sample(ctx, "b", req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Equal(col[int64](t, a, "action"), col[int64](t, c, "action")) {
+			t.Fatalf("%s: seeds 42 and 43 gave the same batch", kind)
+		}
+	}
+}

@@ -7,6 +7,7 @@ as if one buffer held every row.
 """
 
 import json
+import queue
 import random
 import threading
 import time
@@ -302,15 +303,16 @@ class ShardedClient:
             return sm["next_known_priority_total"] if next_known else sm["priority_total"]
         return sm["next_known_rows"] if next_known else sm["rows"]
 
-    def _split(self, n, weights, missing):
+    def _split(self, n, weights, missing, rng=None):
         live = [(i, w) for i, w in enumerate(weights) if i not in missing and w > 0]
         total = sum(w for _, w in live)
         if not live or not total > 0:
             return None
         counts = [0] * len(weights)
         with self._lock:
+            rng = rng or self._rng
             for _ in range(n):
-                x = self._rng.random() * total
+                x = rng.random() * total
                 pick = live[-1][0]
                 for i, w in live:
                     if x < w:
@@ -352,9 +354,12 @@ class ShardedClient:
             raise NoShards("sample %s: no shard answered" % name)
         weights = [0.0 if info is None else float(self._mass(info, sampler, options)) for info in infos]
         parts = [[] for _ in infos]
+        # A seeded request splits with a generator of its own: the same seed
+        # over the same shard contents gives the same batch.
+        split_rng = random.Random(int(options["seed"])) if options.get("seed") is not None else None
         need, rounds = units, 0
         while need > 0:
-            counts = self._split(need, weights, missing)
+            counts = self._split(need, weights, missing, split_rng)
             if counts is None:
                 raise NoShards("sample %s: no shard that answered holds a row to draw" % name)
             futs = {}
@@ -459,6 +464,16 @@ class ShardedClient:
                 raise e
         return {"updated": sum(r["updated"] for r in res), "stale": sum(r["stale"] for r in res)}
 
+    def iter_samples(self, name, batch_size, sampler="uniform", depth=2, batches=None, **options):
+        """Iterate over sharded batches drawn ``depth`` ahead by a
+        background thread, so the learner does not wait for the shards'
+        round trips. Batch i of a request with ``seed`` is what
+        ``sample(..., seed=seed + i)`` returns for the same shard contents.
+        Stops after ``batches`` (None: until :meth:`close` of the
+        iterator); an error is raised by the ``next()`` that would have
+        returned its batch."""
+        return _ShardedPrefetcher(self, name, batch_size, sampler, depth, batches, options)
+
     def update_priorities(self, name, shard, seq, priority):
         """Set priorities of rows named by (shard, seq), each shard's part
         sent to it in parallel. Returns ``{"updated": u, "stale": k}``."""
@@ -481,4 +496,78 @@ class ShardedClient:
             if e is not None:
                 raise e
         return {"updated": sum(r["updated"] for r in res), "stale": sum(r["stale"] for r in res)}
+
+
+class _ShardedPrefetcher:
+    """ShardedClient.iter_samples: a thread calling sample() ahead."""
+
+    transport = "sharded-requests"
+
+    def __init__(self, client, name, batch_size, sampler, depth, batches, options):
+        if not 1 <= depth <= 64:
+            raise ValueError("depth must be in [1, 64]")
+        if batches is not None and batches < 1:
+            raise ValueError("batches must be at least 1 (None: until close)")
+        self._q = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._args = (client, name, batch_size, sampler, batches, options)
+        self._done = False
+        self._thread = threading.Thread(target=self._run, name="rbd-sharded-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        client, name, batch_size, sampler, batches, options = self._args
+        i = 0
+        while not self._stop.is_set() and (batches is None or i < batches):
+            opts = dict(options)
+            if opts.get("seed") is not None:
+                opts["seed"] = int(opts["seed"]) + i
+            try:
+                item = client.sample(name, batch_size, sampler, **opts)
+            except Exception as e:  # noqa: BLE001 - handed to next()
+                item = e
+            while not self._stop.is_set():
+                try:
+                    self._q.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if isinstance(item, Exception):
+                return
+            i += 1
+        self._put_end()
+
+    def _put_end(self):
+        while not self._stop.is_set():
+            try:
+                self._q.put(StopIteration, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        item = self._q.get()
+        if item is StopIteration:
+            self.close()
+            raise StopIteration
+        if isinstance(item, Exception):
+            self.close()
+            raise item
+        return item
+
+    def close(self):
+        self._done = True
+        self._stop.set()
+        self._thread.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 

@@ -187,6 +187,21 @@ class ShardedTest(unittest.TestCase):
             self.assertEqual(info["rate_limit"]["min_size"], 5)
         self.assertTrue(all(isinstance(h, dict) for h in self.s.health()))
 
+    def test_seeds_and_iter_samples(self):
+        self.fill()
+        for sampler in ("uniform", "prioritized"):
+            a = self.s.sample("b", 128, sampler, seed=42)
+            b = self.s.sample("b", 128, sampler, seed=42)
+            c = self.s.sample("b", 128, sampler, seed=43)
+            self.assertEqual(a["action"].tolist(), b["action"].tolist())
+            self.assertNotEqual(a["action"].tolist(), c["action"].tolist())
+            with self.s.iter_samples("b", 128, sampler, batches=3, seed=42) as it:
+                got = [x["action"].tolist() for x in it]
+            self.assertEqual(got, [self.s.sample("b", 128, sampler, seed=42 + i)["action"].tolist() for i in range(3)])
+        with self.s.iter_samples("nope", 8) as it:
+            with self.assertRaises(Exception):
+                next(it)
+
     def test_delete_and_close(self):
         self.s.create_buffer("b", spec(capacity=1000))
         self.s.extend("b", rows_of(np.arange(0, 5)), stream="a")
