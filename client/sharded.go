@@ -693,6 +693,11 @@ func mergeShards(parts []*Batch, missing map[int]bool, kind string, req *SampleR
 	qmin = math.Inf(1)
 	var used []string
 	var idx []int
+	type figures struct {
+		size  int64
+		total float64
+	}
+	fig := make([]figures, len(parts))
 	for i, p := range parts {
 		if p == nil || missing[i] {
 			continue
@@ -701,6 +706,7 @@ func mergeShards(parts []*Batch, missing map[int]bool, kind string, req *SampleR
 		if err != nil {
 			return nil, fmt.Errorf("shard %d: %w", i, err)
 		}
+		fig[i] = figures{size, total}
 		if kind == "prioritized" {
 			mass += total
 			if pmin > 0 {
@@ -747,7 +753,7 @@ func mergeShards(parts []*Batch, missing map[int]bool, kind string, req *SampleR
 	var shard, prob, weight []byte
 	for _, i := range idx {
 		p := parts[i]
-		size, total, _, _ := probFigures(p)
+		size, total := fig[i].size, fig[i].total
 		pt, ok := p.Tensor("prob")
 		if !ok {
 			return nil, fmt.Errorf("shard %d answered without prob (a server older than return_prob?)", i)

@@ -37,6 +37,20 @@ func col[T client.Elem](t *testing.T, b *client.Batch, name string) []T {
 	return v
 }
 
+// shardServers starts n servers for the test and returns them with their
+// URLs.
+func shardServers(t testing.TB, n int) ([]*httptest.Server, []string) {
+	t.Helper()
+	var servers []*httptest.Server
+	var urls []string
+	for range n {
+		ts, _ := newServer(t, nil)
+		servers = append(servers, ts)
+		urls = append(urls, ts.URL)
+	}
+	return servers, urls
+}
+
 func TestShardedBadInput(t *testing.T) {
 	ts, _ := newServer(t, nil)
 	for _, tc := range []struct {
@@ -71,11 +85,7 @@ func TestShardedBadInput(t *testing.T) {
 // Shards that hold a buffer with different specs are refused before
 // anything is created.
 func TestShardedSpecConflict(t *testing.T) {
-	var urls []string
-	for range 3 {
-		ts, _ := newServer(t, nil)
-		urls = append(urls, ts.URL)
-	}
+	_, urls := shardServers(t, 3)
 	s := newSharded(t, urls, nil)
 	ctx := ctxT(t)
 	if _, _, err := s.Shard(0).CreateBuffer(ctx, "b", cartpole(100)); err != nil {
@@ -134,11 +144,7 @@ func TestShardedHashOrder(t *testing.T) {
 // is its token, unique over all shards.
 func shardedFixture(t *testing.T) (*client.Sharded, *client.Client) {
 	t.Helper()
-	var urls []string
-	for range 3 {
-		ts, _ := newServer(t, nil)
-		urls = append(urls, ts.URL)
-	}
+	_, urls := shardServers(t, 3)
 	refTS, _ := newServer(t, nil)
 	ref := newClient(t, refTS.URL, nil)
 	s := newSharded(t, urls, &client.ShardedOptions{Seed: client.Ptr[uint64](1)})
@@ -334,13 +340,7 @@ func TestShardedSlicesMatchOneBuffer(t *testing.T) {
 // batch is full from the others) and writes fail over to the next shard in
 // the stream's order.
 func TestShardedShardDown(t *testing.T) {
-	var servers []*httptest.Server
-	var urls []string
-	for range 3 {
-		ts, _ := newServer(t, nil)
-		servers = append(servers, ts)
-		urls = append(urls, ts.URL)
-	}
+	servers, urls := shardServers(t, 3)
 	s := newSharded(t, urls, &client.ShardedOptions{ShardTimeout: 2 * time.Second, StatsTTL: time.Millisecond})
 	ctx := ctxT(t)
 	if _, err := s.CreateBuffer(ctx, "b", cartpole(1000)); err != nil {
@@ -416,13 +416,7 @@ func TestShardedShardDown(t *testing.T) {
 // UpdateFields sends each row's new values to its shard; SetRateLimit and
 // Health reach every shard.
 func TestShardedUpdateFieldsLimitsHealth(t *testing.T) {
-	var servers []*httptest.Server
-	var urls []string
-	for range 3 {
-		ts, _ := newServer(t, nil)
-		servers = append(servers, ts)
-		urls = append(urls, ts.URL)
-	}
+	servers, urls := shardServers(t, 3)
 	s := newSharded(t, urls, nil)
 	ctx := ctxT(t)
 	sp := cartpole(1000)

@@ -30,16 +30,22 @@ type Activity struct {
 	Size          []float64 `json:"size"`
 }
 
-// noteActivity records a new value of a counter or of the size. Counters
-// only grow: two writers may record out of order, and the later, smaller
-// value must not make a rate negative.
-func (b *Buffer) noteActivity(i int, v int64) {
+// noteWrite records an extend: the write count it reached and the live
+// rows after it, in one update (an extend's hot path pays one lock).
+// Counters only grow: two writers may record out of order, and the later,
+// smaller value must not make a rate negative.
+func (b *Buffer) noteWrite(writeCount, size int64) {
 	b.activity.Update(time.Now(), func(vals []float64) {
-		if i == actSize {
-			vals[i] = float64(v)
-		} else {
-			vals[i] = max(vals[i], float64(v))
-		}
+		vals[actWriteCount] = max(vals[actWriteCount], float64(writeCount))
+		vals[actSize] = float64(size)
+	})
+}
+
+// noteSamples records the rows served by samples so far (monotonic, as
+// noteWrite's counter).
+func (b *Buffer) noteSamples(served int64) {
+	b.activity.Update(time.Now(), func(vals []float64) {
+		vals[actSamples] = max(vals[actSamples], float64(served))
 	})
 }
 

@@ -3,7 +3,6 @@ package storage
 import (
 	"errors"
 	"fmt"
-	"github.com/rbdb/rbd/internal/series"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rbdb/rbd/internal/series"
 	"github.com/rbdb/rbd/ratelimit"
 	"github.com/rbdb/rbd/storage/internal/mmapfile"
 )

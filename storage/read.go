@@ -450,4 +450,4 @@ func (b *Buffer) Damage() []string {
 }
 
 // NoteSampled adds n to the count of rows served by samples.
-func (b *Buffer) NoteSampled(n int) { b.noteActivity(actSamples, b.sampled.Add(int64(n))) }
+func (b *Buffer) NoteSampled(n int) { b.noteSamples(b.sampled.Add(int64(n))) }

@@ -43,16 +43,8 @@ func New(window, width int) *Ring {
 	return r
 }
 
-// Set records value v for number i at time now; values not set keep their
-// last ones.
-func (r *Ring) Set(now time.Time, i int, v float64) {
-	r.mu.Lock()
-	r.cur[i] = v
-	r.stamp(now.Unix())
-	r.mu.Unlock()
-}
-
-// SetAll records every number at once (len(vals) == width).
+// SetAll records every number at once (len(vals) == width); Update
+// records some of them.
 func (r *Ring) SetAll(now time.Time, vals ...float64) {
 	r.mu.Lock()
 	copy(r.cur, vals)

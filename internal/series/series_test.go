@@ -51,7 +51,7 @@ func TestRing(t *testing.T) {
 				if o.i < 0 {
 					r.SetAll(at(o.sec), o.vals...)
 				} else {
-					r.Set(at(o.sec), o.i, o.vals[0])
+					r.Update(at(o.sec), func(v []float64) { v[o.i] = o.vals[0] })
 				}
 			}
 			if got := r.Since(tc.since); !reflect.DeepEqual(got, tc.want) {
@@ -83,9 +83,9 @@ func TestRingUpdate(t *testing.T) {
 // Points handed out are copies: later writes never change them.
 func TestRingSinceCopies(t *testing.T) {
 	r := New(2, 1)
-	r.Set(at(1), 0, 1)
+	r.SetAll(at(1), 1)
 	got := r.Since(0)
-	r.Set(at(1), 0, 2)
+	r.SetAll(at(1), 2)
 	if got[0].V[0] != 1 {
 		t.Fatalf("a point handed out changed to %v", got[0].V[0])
 	}
@@ -99,7 +99,7 @@ func TestRingConcurrent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range 1000 {
-				r.Set(at(int64(i/100)), 0, float64(g))
+				r.SetAll(at(int64(i/100)), float64(g))
 				_ = r.Since(0)
 			}
 		}()
