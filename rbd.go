@@ -27,6 +27,9 @@ type Buffer struct {
 	*storage.Buffer
 	state *sampler.State
 	pool  bytePool // result memory of released batches
+	// drawns recycles the per-sample row metadata (a 256-row batch's is
+	// 26 KB: most of what a small sample would otherwise allocate).
+	drawns sync.Pool
 	// onDataWait, when set (tests), runs each time a sample starts waiting
 	// for data, after it gave its rate-limit admission back.
 	onDataWait func()

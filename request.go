@@ -214,7 +214,16 @@ type plan struct {
 	// answerBytes bounds the memory of the answer's tensors as the
 	// buffer's pool hands it out (sizes rounded up to powers of two).
 	answerBytes int64
+	// gatherLocked copies the rows in the draw's critical section
+	// (storage.Index.CopyIndexed) instead of lock-free afterwards: for
+	// an answer of a few hundred kilobytes at most, writers wait less
+	// than the stamp checks of a lock-free copy would cost.
+	gatherLocked bool
 }
+
+// gatherLockedMaxBytes is the largest copy a sample makes while it holds the
+// index (writers wait for it): about 20 µs of scattered copying.
+const gatherLockedMaxBytes = 256 << 10
 
 // maxSampleRows bounds one answer; larger batches are a 400.
 const maxSampleRows = 1 << 22
@@ -378,6 +387,7 @@ func (b *Buffer) planSample(req *SampleRequest, maxBytes int64) (*plan, error) {
 	if maxBytes > 0 && (rowBytes > maxBytes/int64(p.rows) || rowBytes*int64(p.rows) > maxBytes) {
 		return nil, reqErr("batch_size", "the answer would hold %d rows of %d bytes, more than the %d bytes allowed (--max-response)", p.rows, rowBytes, maxBytes)
 	}
+	p.gatherLocked = spec.Storage != storage.KindCompressed && p.answerBytes <= gatherLockedMaxBytes
 	return p, nil
 }
 

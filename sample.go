@@ -107,6 +107,9 @@ type drawn struct {
 	// and each row's probability of being drawn.
 	elig *storage.Eligibility
 	prob []float64
+	// g is set when the rows were copied in the draw's critical section
+	// (plan.gatherLocked).
+	g *gathered
 }
 
 // Sample draws a batch. It validates the request against the buffer
@@ -141,6 +144,14 @@ func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOpt
 		timeout = min(timeout, o.MaxTimeout)
 	}
 	deadline := time.Now().Add(timeout)
+	if p.gatherLocked && o.Reserve != nil {
+		// The copy happens in the draw's critical section, where waiting
+		// for memory is not allowed: take it first.
+		if err := o.Reserve(p.answerBytes); err != nil {
+			return nil, err
+		}
+		o.Reserve = nil
+	}
 	var grant ratelimit.Grant
 	defer func() {
 		if retErr != nil {
@@ -162,7 +173,10 @@ func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOpt
 			}
 			o.Reserve = nil // once: retries reuse the same amount
 		}
-		g, ok, err := b.gather(p, d)
+		g, ok := d.g, d.g != nil
+		if !ok {
+			g, ok, err = b.gather(p, d, nil)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("sample %q: %w", b.Name(), err)
 		}
@@ -171,8 +185,11 @@ func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOpt
 				nstepReturns(p, d, g)
 			}
 			grant.Refund(int64(p.rows - len(d.sel.Seqs)))
-			return b.encode(p, d, g), nil
+			batch := b.encode(p, d, g)
+			b.recycle(d)
+			return batch, nil
 		}
+		b.recycle(d)
 		if attempt >= 4 {
 			return nil, fmt.Errorf("sample %q: %w", b.Name(), ErrContention)
 		}
@@ -207,9 +224,15 @@ func (b *Buffer) draw(ctx context.Context, p *plan, rng *rand.Rand, deadline tim
 			}
 			var sel *sampler.Selection
 			if sel, drawErr = b.state.Draw(ix, p.params, rng); drawErr == nil {
-				d = p.resolve(ix, sel)
+				d = p.resolve(ix, sel, b.newDrawn(len(sel.Seqs)))
 				if p.req.ReturnProb {
 					d.probabilities(ix, p)
+				}
+				if p.gatherLocked {
+					var ok bool
+					if d.g, ok, drawErr = b.gather(p, d, &ix); !ok {
+						d.g = nil // a row not indexed: copy again the lock-free way
+					}
 				}
 			}
 		})
@@ -243,16 +266,36 @@ func (b *Buffer) draw(ctx context.Context, p *plan, rng *rand.Rand, deadline tim
 	}
 }
 
-// resolve reads, under the index lock, everything the gather needs.
-func (p *plan) resolve(ix storage.Index, sel *sampler.Selection) *drawn {
+// newDrawn takes a drawn for n rows from the buffer's pool.
+func (b *Buffer) newDrawn(n int) *drawn {
+	d, _ := b.drawns.Get().(*drawn)
+	if d == nil || cap(d.metas) < n {
+		return &drawn{metas: make([]storage.RowMeta, n), next: make([]transforms.NextSource, n)}
+	}
+	d.metas, d.next = d.metas[:n], d.next[:n]
+	return d
+}
+
+// recycle hands d back to the pool once nothing reads it any more (the
+// batch encode made holds copies, never d's slices). d's gathered memory
+// is not touched: the batch owns it, or gather released it.
+func (b *Buffer) recycle(d *drawn) {
+	if d == nil {
+		return
+	}
+	*d = drawn{metas: d.metas[:0], next: d.next[:0]}
+	b.drawns.Put(d)
+}
+
+// resolve reads, under the index lock, everything the gather needs into d.
+func (p *plan) resolve(ix storage.Index, sel *sampler.Selection, d *drawn) *drawn {
 	n := len(sel.Seqs)
-	d := &drawn{sel: sel, metas: make([]storage.RowMeta, n), next: make([]transforms.NextSource, n), newest: ix.NewestPolicyVersion()}
+	d.sel, d.newest = sel, ix.NewestPolicyVersion()
 	if p.nstep != nil {
 		d.windows = make([][]storage.RowMeta, n)
 	}
-	for i, seq := range sel.Seqs {
-		m, _ := ix.Row(seq) // Seq -1 for padding
-		d.metas[i] = m
+	ix.Rows(sel.Seqs, d.metas) // Seq -1 for padding
+	for i, m := range d.metas {
 		if p.nstep != nil {
 			if w, ok := transforms.NStep(ix, m, p.nstep.N, p.compact); ok {
 				d.windows[i] = w.Rows
@@ -319,9 +362,17 @@ func (d *drawn) sliceProbabilities(ix storage.Index, p *plan) {
 }
 
 // gatherAt gathers columns at seqs (-1 = skip) and reports whether every
-// requested row was still there.
-func (b *Buffer) gatherAt(seqs []int64, cols []storage.Column, dst [][]byte) (bool, error) {
-	missing, err := b.Gather(seqs, cols, dst, nil)
+// requested row was still there: with ix, inside the draw's critical
+// section (storage.Index.CopyIndexed); without, lock-free with stamp
+// checks (storage.Buffer.Gather).
+func (b *Buffer) gatherAt(ix *storage.Index, seqs []int64, cols []storage.Column, dst [][]byte) (bool, error) {
+	var missing []int
+	var err error
+	if ix != nil {
+		missing, err = ix.CopyIndexed(seqs, cols, dst)
+	} else {
+		missing, err = b.Gather(seqs, cols, dst, nil)
+	}
 	if err != nil {
 		return false, err
 	}
@@ -381,7 +432,8 @@ func isNStepNext(name string) bool {
 // gather copies the drawn rows out: stored fields, reconstructed next
 // observations and n-step windows' rewards. ok is false when a row was
 // overwritten meanwhile (the caller draws again); nothing is kept then.
-func (b *Buffer) gather(p *plan, d *drawn) (_ *gathered, ok bool, _ error) {
+// ix is set when the caller holds the index (see gatherAt).
+func (b *Buffer) gather(p *plan, d *drawn, ix *storage.Index) (_ *gathered, ok bool, _ error) {
 	sel := d.sel
 	n := len(sel.Seqs)
 	g := &gathered{stored: map[string][]byte{}, recon: map[string][]byte{}, valid: make([]bool, n)}
@@ -421,7 +473,7 @@ func (b *Buffer) gather(p *plan, d *drawn) (_ *gathered, ok bool, _ error) {
 		for i, c := range group.cols {
 			dst[i] = g.alloc(b, n*c.RowBytes)
 		}
-		ok, err := b.gatherAt(group.seqs, group.cols, dst)
+		ok, err := b.gatherAt(ix, group.seqs, group.cols, dst)
 		if err != nil || !ok {
 			return nil, ok, err
 		}
@@ -430,12 +482,12 @@ func (b *Buffer) gather(p *plan, d *drawn) (_ *gathered, ok bool, _ error) {
 		}
 	}
 	if len(p.recon) > 0 {
-		if ok, err := b.gatherNext(p, d, g); err != nil || !ok {
+		if ok, err := b.gatherNext(p, d, g, ix); err != nil || !ok {
 			return nil, ok, err
 		}
 	}
 	if p.nstep != nil {
-		if ok, err := b.gatherWindows(d, g); err != nil || !ok {
+		if ok, err := b.gatherWindows(d, g, ix); err != nil || !ok {
 			return nil, ok, err
 		}
 	}
@@ -445,7 +497,7 @@ func (b *Buffer) gather(p *plan, d *drawn) (_ *gathered, ok bool, _ error) {
 // gatherNext rebuilds next observations: from the next row's observation,
 // or from the tail store for the (few) done rows, gathered compactly and
 // placed.
-func (b *Buffer) gatherNext(p *plan, d *drawn, g *gathered) (bool, error) {
+func (b *Buffer) gatherNext(p *plan, d *drawn, g *gathered, ix *storage.Index) (bool, error) {
 	n := len(d.next)
 	rowSeqs := make([]int64, n)
 	var tailSeqs []int64
@@ -463,14 +515,14 @@ func (b *Buffer) gatherNext(p *plan, d *drawn, g *gathered) (bool, error) {
 		tail, _ := b.Column("next." + k)
 		rb := obs.RowBytes
 		a := g.alloc(b, n*rb)
-		ok, err := b.gatherAt(rowSeqs, []storage.Column{obs}, [][]byte{a})
+		ok, err := b.gatherAt(ix, rowSeqs, []storage.Column{obs}, [][]byte{a})
 		if err != nil || !ok {
 			return ok, err
 		}
 		if len(tailSeqs) > 0 {
 			tp := b.pool.get(len(tailSeqs) * rb)
 			t := *tp
-			ok, err = b.gatherAt(tailSeqs, []storage.Column{tail}, [][]byte{t})
+			ok, err = b.gatherAt(ix, tailSeqs, []storage.Column{tail}, [][]byte{t})
 			for j, i := range tailPos {
 				copy(a[i*rb:(i+1)*rb], t[j*rb:(j+1)*rb])
 			}
@@ -493,7 +545,7 @@ func (b *Buffer) gatherNext(p *plan, d *drawn, g *gathered) (bool, error) {
 
 // gatherWindows copies the rewards of every n-step window and keeps the
 // 1-step rewards as next.original_reward.
-func (b *Buffer) gatherWindows(d *drawn, g *gathered) (bool, error) {
+func (b *Buffer) gatherWindows(d *drawn, g *gathered, ix *storage.Index) (bool, error) {
 	rc, _ := b.Column("next.reward")
 	var flat []int64
 	for _, w := range d.windows {
@@ -502,14 +554,14 @@ func (b *Buffer) gatherWindows(d *drawn, g *gathered) (bool, error) {
 		}
 	}
 	g.rewards = g.alloc(b, len(flat)*rc.RowBytes)
-	ok, err := b.gatherAt(flat, []storage.Column{rc}, [][]byte{g.rewards})
+	ok, err := b.gatherAt(ix, flat, []storage.Column{rc}, [][]byte{g.rewards})
 	if err != nil || !ok {
 		return ok, err
 	}
 	orig := g.stored["next.reward"]
 	if orig == nil {
 		orig = g.alloc(b, len(d.sel.Seqs)*rc.RowBytes)
-		if ok, err := b.gatherAt(d.sel.Seqs, []storage.Column{rc}, [][]byte{orig}); err != nil || !ok {
+		if ok, err := b.gatherAt(ix, d.sel.Seqs, []storage.Column{rc}, [][]byte{orig}); err != nil || !ok {
 			return ok, err
 		}
 	}

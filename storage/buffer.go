@@ -459,6 +459,7 @@ func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 	if err != nil {
 		return fmt.Errorf("buffer %q row group: %w", b.name, err)
 	}
+	_ = r.AdviseHugePages()
 	var errs []error
 	move := func(dst, src []byte, rb int64) {
 		for slot := range b.capacity {

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/bits"
 	"math/rand/v2"
+	"sync/atomic"
 )
 
 // Trajectory is the index entry of one live trajectory: the seqs of its live
@@ -470,4 +471,64 @@ func (s *slotBits) put(slot int64, on bool) {
 	} else {
 		s.words[w] &^= 1 << (slot & 63)
 	}
+}
+
+// Rows is Row for every seq of seqs, into metas (len(seqs) long).
+//
+// A sample's rows are scattered over the ring, so each record is a cache
+// miss. Row after Row, the CPU overlaps only the few misses its reorder
+// window reaches; a first pass that only loads a byte of every cache line
+// of every row lets it have dozens in flight, and the second pass then
+// reads from cache. In a memory buffer the record shares its row with the
+// small fields (the row group), so the gather that follows finds those in
+// cache too.
+func (v Index) Rows(seqs []int64, metas []RowMeta) {
+	b := v.b
+	span := int64(recordSize)
+	if b.group != nil {
+		span = b.recPitch
+	}
+	touchSink.Add(touchRows(b.recs, seqs, b.capacity, b.recPitch, span))
+	for i, seq := range seqs {
+		metas[i], _ = v.Row(seq)
+	}
+}
+
+// touchSink keeps the prefetch passes' loads from being optimised away.
+var touchSink atomic.Int64
+
+// touchRows loads one byte of every cache line of the first span bytes of
+// each row of seqs (seqs < 0 skipped) in data, whose rows are pitch apart,
+// and returns their sum. The loop is short so that the CPU keeps many of
+// its cache misses in flight at once (what a prefetch instruction would
+// do; Go has none).
+func touchRows(data []byte, seqs []int64, capacity, pitch, span int64) int64 {
+	var sum int64
+	for _, seq := range seqs {
+		if seq >= 0 {
+			off := (seq % capacity) * pitch
+			sum += touchLines(data[off : off+span])
+		}
+	}
+	return sum
+}
+
+// touchSlots is touchRows for slots (slots < 0 skipped).
+func touchSlots(data []byte, slots []int64, pitch, span int64) int64 {
+	var sum int64
+	for _, slot := range slots {
+		if slot >= 0 {
+			sum += touchLines(data[slot*pitch : slot*pitch+span])
+		}
+	}
+	return sum
+}
+
+// touchLines loads one byte of each 64-byte cache line b spans.
+func touchLines(b []byte) int64 {
+	sum := int64(b[len(b)-1])
+	for k := 0; k < len(b); k += 64 {
+		sum += int64(b[k])
+	}
+	return sum
 }

@@ -37,11 +37,15 @@ func Anonymous(size int64) (*Region, error) {
 	if size != int64(int(size)) {
 		return nil, fmt.Errorf("mmap anonymous: size %d too large for this platform", size)
 	}
-	m, err := mmap.MapRegion(nil, int(size), mmap.RDWR, mmap.ANON, 0)
+	// Private, not shared (mmap-go's ANON is MAP_SHARED): shared anonymous
+	// memory is shmem, which the kernel backs with huge pages only under
+	// shmem_enabled, usually never, while private memory follows
+	// MADV_HUGEPAGE (AdviseHugePages). Nothing else maps these pages.
+	m, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON)
 	if err != nil {
 		return nil, fmt.Errorf("mmap anonymous %d bytes: %w", size, err)
 	}
-	return &Region{m: m, path: "(anonymous)"}, nil
+	return &Region{m: mmap.MMap(m), path: "(anonymous)"}, nil
 }
 
 // Create makes a new file of exactly size bytes (sparse: holes cost no disk)
@@ -282,4 +286,16 @@ func (r *Region) Close() error {
 		r.f = nil
 	}
 	return errors.Join(errs...)
+}
+
+// AdviseHugePages asks the kernel to back the region with transparent huge
+// pages where it can (madvise MADV_HUGEPAGE). Only for regions that are
+// read at random and filled densely: a huge page is allocated whole on
+// first touch, so a sparse region would cost up to 2 MiB per touched row.
+// It is advice: an error only means the kernel keeps small pages.
+func (r *Region) AdviseHugePages() error {
+	if len(r.m) == 0 {
+		return nil
+	}
+	return unix.Madvise(r.m, unix.MADV_HUGEPAGE)
 }
