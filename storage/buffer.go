@@ -35,6 +35,9 @@ type column struct {
 	// share rows instead (see interleaveSmallFields), so stride is the
 	// group's row size and data starts at the column's offset in it.
 	stride int64
+	// groupOff is the column's offset in the row group's rows (when
+	// stride is not zero).
+	groupOff int64
 }
 
 func (c *column) row(slot int64) []byte {
@@ -478,7 +481,7 @@ func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 			move(data, c.data, int64(c.rowBytes))
 			errs = append(errs, c.region.Close())
 		}
-		c.region, c.data, c.stride = nil, data, pitch
+		c.region, c.data, c.stride, c.groupOff = nil, data, pitch, off
 		off += int64(c.rowBytes)
 	}
 	b.group = r

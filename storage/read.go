@@ -5,6 +5,7 @@ import (
 
 	"encoding/binary"
 	"fmt"
+	"math"
 	"os"
 	"syscall"
 )
@@ -228,7 +229,7 @@ func (v Index) CopyIndexed(seqs []int64, cols []Column, dst [][]byte) (missing [
 			}
 		}
 	}
-	touchColumns(cols, slots)
+	b.touchColumns(cols, slots)
 	for i, c := range cols {
 		if c.c.field.Mutable {
 			b.readMutable(func() { gatherColumn(dst[i], c, slots, recs) })
@@ -243,14 +244,23 @@ func (v Index) CopyIndexed(seqs []int64, cols []Column, dst [][]byte) (missing [
 }
 
 // touchColumns brings the rows at slots of the small columns among cols
-// into cache ahead of the copy (see touchRows); large rows are long copies
-// that the hardware prefetcher follows on its own.
-func touchColumns(cols []Column, slots []int64) {
+// into cache ahead of the copy (see touchRows): the columns in the row
+// group in one pass over the span they share, each other one in its own.
+// Large rows are long copies that the hardware prefetcher follows on its
+// own.
+func (b *Buffer) touchColumns(cols []Column, slots []int64) {
 	var sum int64
+	lo, hi := int64(math.MaxInt64), int64(0) // the row group's span
 	for _, c := range cols {
-		if c.c.cz < 0 && c.RowBytes <= rowGroupMaxField {
+		switch {
+		case c.c.stride != 0:
+			lo, hi = min(lo, c.c.groupOff), max(hi, c.c.groupOff+int64(c.RowBytes))
+		case c.c.cz < 0 && c.RowBytes <= rowGroupMaxField:
 			sum += touchSlots(c.c.data, slots, c.c.pitch(), int64(c.RowBytes))
 		}
+	}
+	if hi > 0 {
+		sum += touchSlots(b.recs[lo:], slots, b.recPitch, hi-lo)
 	}
 	touchSink.Add(sum)
 }
@@ -279,6 +289,40 @@ func readRecord(rb []byte, rec *record) {
 // costs more than the copy.
 func gatherColumn(dst []byte, c Column, slots []int64, recs []record) {
 	data, rb, pitch := c.c.data, c.RowBytes, c.c.pitch()
+	if !c.Tail {
+		// One loop per width, without the general loop's per-row tests:
+		// the common case of a sample's fields.
+		switch rb {
+		case 1:
+			for j, slot := range slots {
+				if slot >= 0 {
+					dst[j] = data[slot*pitch]
+				}
+			}
+			return
+		case 4:
+			for j, slot := range slots {
+				if slot >= 0 {
+					*(*[4]byte)(dst[4*j:]) = *(*[4]byte)(data[slot*pitch:])
+				}
+			}
+			return
+		case 8:
+			for j, slot := range slots {
+				if slot >= 0 {
+					*(*[8]byte)(dst[8*j:]) = *(*[8]byte)(data[slot*pitch:])
+				}
+			}
+			return
+		case 16:
+			for j, slot := range slots {
+				if slot >= 0 {
+					*(*[16]byte)(dst[16*j:]) = *(*[16]byte)(data[slot*pitch:])
+				}
+			}
+			return
+		}
+	}
 	le := binary.LittleEndian
 	for j, slot := range slots {
 		if slot < 0 {
