@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/bits"
@@ -316,18 +317,34 @@ func (b *Buffer) ReadIndex(fn func(Index)) (err error) {
 // ReadIndex such a row cannot be overwritten: writers evict rows from the
 // index, under the lock ReadIndex holds, before touching their slots.
 func (v Index) Row(seq int64) (RowMeta, bool) {
+	var m RowMeta
+	ok := v.rowInto(seq, v.b.writeCount.Load(), &m)
+	return m, ok
+}
+
+// rowInto is Row into *m, with the write count read once by the caller.
+func (v Index) rowInto(seq, wc int64, m *RowMeta) bool {
 	b := v.b
-	wc := b.writeCount.Load()
 	if seq < 0 || seq >= wc || seq < wc-b.capacity || b.stamps.Load(seq%b.capacity) != seq {
-		return RowMeta{Seq: -1, TrajID: -1, Step: -1, PrevSeq: -1, NextSeq: -1}, false
+		*m = RowMeta{Seq: -1, TrajID: -1, Step: -1, PrevSeq: -1, NextSeq: -1}
+		return false
 	}
 	// No checksum here: an indexed row's record was checked when it was
 	// written or recovered, and cannot change while the index is held.
-	r := record{Seq: seq}
-	readRecord(b.rec(seq%b.capacity), &r)
-	m := metaOf(&r)
-	m.NextSeq = v.ix.nextOf(seq, r.TrajID, r.Step, m.Done)
-	return m, true
+	rb := b.rec(seq % b.capacity)
+	le := binary.LittleEndian
+	flags := le.Uint32(rb[recFlags:])
+	*m = RowMeta{
+		Seq: seq, TrajID: int64(le.Uint64(rb[recTraj:])), Step: int64(le.Uint64(rb[recStep:])),
+		PrevSeq: int64(le.Uint64(rb[recPrev:])), Env: int64(le.Uint64(rb[recEnv:])),
+		Done:          flags&flagDone != 0,
+		Terminated:    flags&flagTerminated != 0,
+		Truncated:     flags&flagTruncated != 0,
+		HasTail:       flags&flagHasTail != 0,
+		PolicyVersion: int64(le.Uint64(rb[recVersion:])),
+	}
+	m.NextSeq = v.ix.nextOf(seq, m.TrajID, m.Step, m.Done)
+	return true
 }
 
 // Live reports whether seq is an indexed row: live and published. Unlike
@@ -489,8 +506,9 @@ func (v Index) Rows(seqs []int64, metas []RowMeta) {
 		span = b.recPitch
 	}
 	touchSink.Add(touchRows(b.recs, seqs, b.capacity, b.recPitch, span))
+	wc := b.writeCount.Load()
 	for i, seq := range seqs {
-		metas[i], _ = v.Row(seq)
+		v.rowInto(seq, wc, &metas[i])
 	}
 }
 
