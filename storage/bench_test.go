@@ -312,6 +312,14 @@ func BenchmarkGather(b *testing.B) {
 							benchGather(b, buf, cols, seqs, withMeta)
 						})
 					}
+					if kind == KindCompressed {
+						return // CopyIndexed refuses chunked columns
+					}
+					for _, withMeta := range []bool{false, true} {
+						b.Run(fmt.Sprintf("indexed/meta=%v", withMeta), func(b *testing.B) {
+							benchCopyIndexed(b, buf, cols, seqs, withMeta)
+						})
+					}
 				})
 			}
 			spec := shape.spec(KindMemory, "", capacity)
@@ -386,6 +394,41 @@ func benchGather(b *testing.B, buf *Buffer, cols []Column, seqs []int64, withMet
 		missing, err := buf.Gather(list, cols, dst, meta)
 		if err != nil || len(missing) > 0 {
 			b.Fatalf("gather: %d missing, err %v", len(missing), err)
+		}
+		if i++; i == benchSeqLists {
+			i = 0
+		}
+	}
+	benchReportGather(b, rowBytes)
+}
+
+// benchCopyIndexed is benchGather the way a sample of small rows copies:
+// inside ReadIndex, Index.Rows for the metadata (meta=true), then
+// Index.CopyIndexed.
+func benchCopyIndexed(b *testing.B, buf *Buffer, cols []Column, seqs []int64, withMeta bool) {
+	dst := benchDst(cols, benchBatchRows)
+	meta := make([]RowMeta, benchBatchRows)
+	rowBytes := 0
+	for _, c := range cols {
+		rowBytes += c.RowBytes
+	}
+	b.SetBytes(int64(benchBatchRows * rowBytes))
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		list := seqs[i*benchBatchRows : (i+1)*benchBatchRows]
+		var missing []int
+		var err error
+		if rerr := buf.ReadIndex(func(ix Index) {
+			if withMeta {
+				ix.Rows(list, meta)
+			}
+			missing, err = ix.CopyIndexed(list, cols, dst)
+		}); rerr != nil {
+			b.Fatal(rerr)
+		}
+		if err != nil || len(missing) > 0 {
+			b.Fatalf("copy: %d missing, err %v", len(missing), err)
 		}
 		if i++; i == benchSeqLists {
 			i = 0
