@@ -41,17 +41,21 @@ func checkStep(r rowView) error {
 // samplers over HTTP against one buffer whose ring wraps many times. Every
 // row's fields derive from one token, so a torn or misattributed row in an
 // answer is caught; afterwards the counters must match what was written.
-// It runs on a memmap buffer and on a compressed one whose observations
-// (and final observations) live in chunks.
+// It runs on a memmap buffer, a memory one (whose small rows live in its
+// row group; both copy samples under the index lock) and a compressed one
+// whose observations (and final observations) live in chunks (copied
+// lock-free, with stamp checks).
 func TestConcurrentWritersSamplers(t *testing.T) {
 	compressed := cartpole(256)
 	compressed.Storage = "compressed"
 	compressed.Fields[0].Compress = client.Ptr(true)
 	compressed.Compression = &client.Compression{ChunkLen: 4}
+	memory := cartpole(256)
+	memory.Storage = "memory"
 	for _, tc := range []struct {
 		name string
 		spec *client.Spec
-	}{{"memmap", cartpole(256)}, {"compressed", compressed}} {
+	}{{"memmap", cartpole(256)}, {"memory", memory}, {"compressed", compressed}} {
 		t.Run(tc.name, func(t *testing.T) { concurrentWritersSamplers(t, tc.spec) })
 	}
 }
