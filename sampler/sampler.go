@@ -216,13 +216,26 @@ func drawPrioritized(ix storage.Index, p Params, rng *rand.Rand) (*Selection, er
 	}
 	qmin := ix.PriorityMinQ()
 	sel := &Selection{Seqs: make([]int64, 0, p.BatchSize), Weights: make([]float32, 0, p.BatchSize)}
-	for tries := rejectionBudget(p.BatchSize); len(sel.Seqs) < p.BatchSize && tries > 0; tries-- {
-		seq := ix.PriorityFind(rng.Float64() * total)
-		if !admits(ix, p, seq) {
-			continue
+	// Candidates are found a round at a time (as many as rows are still
+	// missing) and taken in the order of their masses, so the rows, and
+	// what is left of the random stream, are those of one candidate at a
+	// time: a round only lets the tree descents overlap.
+	n := min(p.BatchSize, 1024)
+	masses, leaves, found := make([]float64, n), make([]int, n), make([]int64, n)
+	for tries := rejectionBudget(p.BatchSize); len(sel.Seqs) < p.BatchSize && tries > 0; {
+		k := min(p.BatchSize-len(sel.Seqs), tries, n)
+		for j := range k {
+			masses[j] = rng.Float64() * total
 		}
-		sel.Seqs = append(sel.Seqs, seq)
-		sel.Weights = append(sel.Weights, weight(ix.PriorityQ(seq), qmin, p.Beta))
+		ix.PriorityFindBatch(masses[:k], leaves[:k], found[:k])
+		tries -= k
+		for _, seq := range found[:k] {
+			if !admits(ix, p, seq) {
+				continue
+			}
+			sel.Seqs = append(sel.Seqs, seq)
+			sel.Weights = append(sel.Weights, weight(ix.PriorityQ(seq), qmin, p.Beta))
+		}
 	}
 	if len(sel.Seqs) == p.BatchSize {
 		return sel, nil

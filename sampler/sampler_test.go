@@ -475,3 +475,74 @@ func TestNextKnownFallbackDistribution(t *testing.T) {
 		chi2(t, fmt.Sprintf("%s, NextKnown fallback, filter %v", tc.kind, tc.eligible != nil), counts, exp)
 	}
 }
+
+// TestPrioritizedRoundsMatchOneAtATime checks that drawing prioritised
+// candidates a round at a time (their tree descents side by side) picks the
+// rows, weights and leaves the random stream where taking one candidate at
+// a time does, the rule a seed promises: with every row admitted, with most
+// rejected (many rounds), and with so few admitted that the rejection
+// budget runs out and the exact fallback takes over.
+func TestPrioritizedRoundsMatchOneAtATime(t *testing.T) {
+	b := newTestBuffer(t, 3000, true)
+	writeEpisodes(t, b, []int{900, 1100, 1000}, nil)
+	rng := rand.New(rand.NewPCG(8, 9))
+	var seqs []int64
+	var prios []float64
+	for s := int64(0); s < 3000; s++ {
+		seqs, prios = append(seqs, s), append(prios, 0.01+rng.ExpFloat64())
+	}
+	if _, _, err := b.UpdatePriorities(seqs, prios); err != nil {
+		t.Fatal(err)
+	}
+	// oneAtATime is the draw before rounds: a candidate, its test, the next.
+	oneAtATime := func(ix storage.Index, p Params, rng *rand.Rand) (out []int64, ws []float32) {
+		total, qmin := ix.PriorityTotal(), ix.PriorityMinQ()
+		for tries := rejectionBudget(p.BatchSize); len(out) < p.BatchSize && tries > 0; tries-- {
+			seq := ix.PriorityFind(rng.Float64() * total)
+			if admits(ix, p, seq) {
+				out, ws = append(out, seq), append(ws, weight(ix.PriorityQ(seq), qmin, p.Beta))
+			}
+		}
+		return out, ws
+	}
+	for _, tc := range []struct {
+		name     string
+		eligible func(storage.Index, storage.RowMeta) bool
+		batch    int
+	}{
+		{"all admitted", nil, 256},
+		{"a third admitted", func(_ storage.Index, m storage.RowMeta) bool { return m.Seq%3 == 0 }, 256},
+		{"one in 500 admitted", func(_ storage.Index, m storage.RowMeta) bool { return m.Seq%500 == 7 }, 64},
+		{"batch above a round", func(_ storage.Index, m storage.RowMeta) bool { return m.Seq%2 == 0 }, 3000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := Params{Kind: Prioritized, BatchSize: tc.batch, Beta: 0.4, Eligible: tc.eligible}
+			for seed := range uint64(5) {
+				r1, r2 := rand.New(rand.NewPCG(seed, 1)), rand.New(rand.NewPCG(seed, 1))
+				var sel *Selection
+				var want []int64
+				var wantW []float32
+				if err := b.ReadIndex(func(ix storage.Index) {
+					var err error
+					if sel, err = drawPrioritized(ix, p, r1); err != nil {
+						t.Fatal(err)
+					}
+					want, wantW = oneAtATime(ix, p, r2)
+				}); err != nil {
+					t.Fatal(err)
+				}
+				if len(want) == tc.batch {
+					if !slices.Equal(sel.Seqs, want) || !slices.Equal(sel.Weights, wantW) {
+						t.Fatalf("seed %d: rounds drew %v, one at a time %v", seed, sel.Seqs[:min(8, len(sel.Seqs))], want[:min(8, len(want))])
+					}
+				} else if !slices.Equal(sel.Seqs[:len(want)], want) {
+					// The budget ran out: the rows before the fallback agree.
+					t.Fatalf("seed %d: rounds drew %v before the fallback, one at a time %v", seed, sel.Seqs[:len(want)], want)
+				}
+				if r1.Uint64() != r2.Uint64() && len(want) == tc.batch {
+					t.Fatalf("seed %d: the random streams part after the draw", seed)
+				}
+			}
+		})
+	}
+}

@@ -150,6 +150,26 @@ func (v Index) PriorityFind(mass float64) int64 {
 	return v.b.stamps.Load(int64(slot))
 }
 
+// PriorityFindBatch sets seqs[j] = PriorityFind(masses[j]) for every j,
+// overwriting masses: the tree descents of a batch run side by side, which
+// keeps many of their cache misses in flight at once (segtree.FindBatch).
+// leaves is scratch, as long as masses.
+func (v Index) PriorityFindBatch(masses []float64, leaves []int, seqs []int64) {
+	if v.b.prio == nil {
+		for j := range seqs {
+			seqs[j] = -1
+		}
+		return
+	}
+	v.b.prio.sum.FindBatch(masses, leaves)
+	for j, slot := range leaves {
+		seqs[j] = -1
+		if slot >= 0 {
+			seqs[j] = v.b.stamps.Load(int64(slot))
+		}
+	}
+}
+
 // PriorityQ returns q = (p + eps)^alpha of a live row.
 func (v Index) PriorityQ(seq int64) float64 {
 	return v.b.prio.sum.Get(int(seq % v.b.capacity))

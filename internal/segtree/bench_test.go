@@ -56,3 +56,36 @@ func BenchmarkMinTreeSet(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSumTreeFindBatch finds 256 leaves at once (FindBatch) next to
+// 256 calls of Find, on the same tree and masses: what a prioritised draw
+// of a 256-row batch costs in the tree.
+func BenchmarkSumTreeFindBatch(b *testing.B) {
+	for _, n := range benchSizes {
+		tr := NewSumTree(n)
+		rng := rand.New(rand.NewPCG(2, uint64(n)))
+		for i := range n {
+			tr.Set(i, rng.Float64())
+		}
+		total := tr.Total()
+		masses, scratch, out := make([]float64, 256), make([]float64, 256), make([]int, 256)
+		for _, batch := range []bool{false, true} {
+			b.Run(fmt.Sprintf("n=%d/batch=%v", n, batch), func(b *testing.B) {
+				for b.Loop() {
+					for j := range masses {
+						masses[j] = rng.Float64() * total
+					}
+					if batch {
+						copy(scratch, masses)
+						tr.FindBatch(scratch, out)
+					} else {
+						for j, m := range masses {
+							out[j] = tr.Find(m)
+						}
+					}
+				}
+				b.ReportMetric(256*float64(b.N)/b.Elapsed().Seconds(), "finds/s")
+			})
+		}
+	}
+}

@@ -96,6 +96,46 @@ func (t *SumTree) Find(mass float64) int {
 	return k - t.size
 }
 
+// FindBatch sets out[j] = Find(masses[j]) for every j, overwriting masses
+// (out must be as long as masses). The descents run level by level, all of
+// them one step at a time: a descent's lower levels are cache misses that
+// depend on each other, but the same level of independent descents is not,
+// so the CPU has a whole batch of misses in flight at once instead of one.
+// Each descent does the arithmetic of Find, step for step, so the leaves
+// are exactly Find's.
+func (t *SumTree) FindBatch(masses []float64, out []int) {
+	if len(out) != len(masses) {
+		panic(fmt.Sprintf("tree: FindBatch with %d masses and %d outputs", len(masses), len(out)))
+	}
+	nodes := t.nodes
+	if !(nodes[1] > 0) {
+		for j := range out {
+			out[j] = -1
+		}
+		return
+	}
+	for j, m := range masses {
+		if m < 0 {
+			masses[j] = 0
+		}
+		out[j] = 1
+	}
+	for level := 1; level < t.size; level <<= 1 {
+		for j, k := range out {
+			k <<= 1
+			left, right := nodes[k], nodes[k+1]
+			if !(masses[j] < left || right == 0) {
+				masses[j] -= left
+				k++
+			}
+			out[j] = k
+		}
+	}
+	for j := range out {
+		out[j] -= t.size
+	}
+}
+
 // Grow extends the tree to n leaves (n >= Len()); the new leaves are zero.
 // It rebuilds the tree in O(n), so a caller that grows by doubling pays O(1)
 // per leaf over the tree's life. It lets per-row trees follow the rows a

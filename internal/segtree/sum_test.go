@@ -3,6 +3,7 @@ package segtree
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"gonum.org/v1/gonum/stat"
@@ -239,5 +240,49 @@ func TestSumTreeFindAllocs(t *testing.T) {
 	tr := newSum(1, 2, 3, 4, 5)
 	if a := testing.AllocsPerRun(100, func() { tr.Find(7.5); tr.Set(2, 1) }); a != 0 {
 		t.Fatalf("Find/Set allocate: %v allocs", a)
+	}
+}
+
+// TestSumTreeFindBatchMatchesFind checks FindBatch leaf for leaf against
+// Find on trees of several shapes (sizes around powers of two, zero runs,
+// one positive leaf, all zero) and on masses at and past the edges:
+// negative, zero, the total and beyond, NaN, and uniform ones.
+func TestSumTreeFindBatchMatchesFind(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, tc := range []struct {
+		name  string
+		n     int
+		value func(i int) float64
+	}{
+		{"one leaf", 1, func(int) float64 { return 2 }},
+		{"all zero", 9, func(int) float64 { return 0 }},
+		{"one positive", 33, func(i int) float64 { return float64(i / 32) }},
+		{"zero runs", 100, func(i int) float64 { return float64((i / 7) % 2) }},
+		{"power of two", 64, func(int) float64 { return rng.Float64() }},
+		{"odd", 1001, func(int) float64 { return rng.ExpFloat64() }},
+		{"large", 100_000, func(int) float64 { return rng.Float64() * rng.Float64() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := NewSumTree(tc.n)
+			for i := range tc.n {
+				tr.Set(i, tc.value(i))
+			}
+			total := tr.Total()
+			masses := []float64{-1, 0, total, total * 2, math.NaN(), math.Inf(1), math.Inf(-1), math.Nextafter(total, 0)}
+			for range 500 {
+				masses = append(masses, rng.Float64()*total)
+			}
+			want := make([]int, len(masses))
+			for j, m := range masses {
+				want[j] = tr.Find(m)
+			}
+			got := make([]int, len(masses))
+			tr.FindBatch(slices.Clone(masses), got)
+			for j := range masses {
+				if got[j] != want[j] {
+					t.Fatalf("mass %v: FindBatch gives leaf %d, Find %d", masses[j], got[j], want[j])
+				}
+			}
+		})
 	}
 }
