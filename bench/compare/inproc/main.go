@@ -5,6 +5,7 @@
 // batches/s and the bytes held per transition.
 //
 //	go run ./bench/compare/inproc --workload cartpole --capacity 100000
+//	go run ./bench/compare/inproc --capacity 1000000 --seconds 0 --settle   # what tests/resident checks
 package main
 
 import (
@@ -17,6 +18,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -142,14 +144,15 @@ func main() {
 	capacity := flag.Int64("capacity", 100_000, "buffer capacity (rows); the buffer is filled once")
 	batchSize := flag.Int("batch", 256, "rows per extend and per sample")
 	seconds := flag.Float64("seconds", 2, "how long to sample")
+	settle := flag.Bool("settle", false, "collect garbage and return freed memory to the OS before each resident-set reading, so bytes_per_transition_rss counts what the buffer holds, not garbage the fill left (tests/resident)")
 	flag.Parse()
-	if err := run(*name, *capacity, *batchSize, time.Duration(*seconds*float64(time.Second))); err != nil {
+	if err := run(*name, *capacity, *batchSize, time.Duration(*seconds*float64(time.Second)), *settle); err != nil {
 		fmt.Fprintln(os.Stderr, "inproc:", err)
 		os.Exit(1)
 	}
 }
 
-func run(name string, capacity int64, batchSize int, sampleFor time.Duration) error {
+func run(name string, capacity int64, batchSize int, sampleFor time.Duration, settle bool) error {
 	w, err := newWorkload(name)
 	if err != nil {
 		return err
@@ -164,6 +167,9 @@ func run(name string, capacity int64, batchSize int, sampleFor time.Duration) er
 		return err
 	}
 	defer db.Close()
+	if settle {
+		debug.FreeOSMemory() // a GC, then freed pages back to the OS
+	}
 	rss0 := rss()
 	buf, _, err := db.CreateBuffer("bench", w.spec(capacity))
 	if err != nil {
@@ -193,6 +199,9 @@ func run(name string, capacity int64, batchSize int, sampleFor time.Duration) er
 	info, err := buf.Info()
 	if err != nil {
 		return err
+	}
+	if settle {
+		debug.FreeOSMemory()
 	}
 	held := rss() - rss0
 	layout := int64(0)

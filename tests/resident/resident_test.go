@@ -1,0 +1,61 @@
+// Package resident checks how much memory a full buffer holds per row, in
+// a process of its own built without the race detector (whose shadow
+// memory would be counted too).
+package resident
+
+import (
+	"encoding/json"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/rbdb/rbd/internal/testbin"
+)
+
+// TestResidentBytesPerCartPoleRow fills a compact CartPole memory buffer of
+// 10^6 rows (twice over, so the ring has wrapped) with bench/compare's
+// in-process program and checks the growth of its resident set, garbage
+// collected and returned to the OS before both readings, against a bound
+// in bytes per row.
+//
+// The bound is today's figure with room for noise, not the issue's target:
+// issue 11 asks for at most 47 B per row (floor 70 B); rbd holds 143 B
+// (2026-11-26): the 64-byte row record and 31 bytes of fields in the row
+// group (95 B), the final-observation column (16 B a row: done rows every
+// 200 touch nearly every page of it), seq stamps (8 B), next distances
+// (4 B) and the trajectories' seq lists. The v2 format (issue 11 item 1)
+// is what moves it; tighten the bound with it.
+func TestResidentBytesPerCartPoleRow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: fills 10^6 rows in a child process")
+	}
+	const maxBytesPerRow = 155
+	bin := filepath.Join(t.TempDir(), "inproc")
+	build := exec.Command("go", "build", "-o", bin, "./bench/compare/inproc")
+	build.Dir = testbin.Root()
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./bench/compare/inproc: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "--workload", "cartpole", "--capacity", "1000000", "--seconds", "0", "--settle").Output()
+	if err != nil {
+		t.Fatalf("inproc: %v", err)
+	}
+	var got struct {
+		Rows   int64   `json:"rows"`
+		RSS    float64 `json:"bytes_per_transition_rss"`
+		Layout float64 `json:"bytes_per_transition_layout"`
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("inproc printed %q: %v", out, err)
+	}
+	if got.Rows != 1_000_000 {
+		t.Fatalf("the buffer holds %d rows, want 10^6", got.Rows)
+	}
+	t.Logf("resident %.1f B per row (fields and row record: %.1f B)", got.RSS, got.Layout)
+	if got.RSS < got.Layout {
+		t.Errorf("resident %.1f B per row is less than the row group alone (%.1f B): the reading is wrong", got.RSS, got.Layout)
+	}
+	if got.RSS > maxBytesPerRow {
+		t.Errorf("a full 10^6-row compact CartPole buffer holds %.1f B per row, more than %d", got.RSS, maxBytesPerRow)
+	}
+}
