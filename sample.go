@@ -116,14 +116,17 @@ type drawn struct {
 // (ErrBadRequest, naming the field), waits up to the request's timeout for
 // the buffer's rate limiter to admit it (ratelimit.ErrRateLimited after
 // that) and for data that can satisfy it (ErrNotReady), gathers the rows
-// without holding locks and derives next observations and n-step returns.
-// A sample that fails counts nothing against the rate limit.
+// and derives next observations and n-step returns. A sample that fails
+// counts nothing against the rate limit.
 //
 // The path reads in order: plan (planSample: the request against the
 // spec), draw (the sampler picks rows under the index lock, waiting for the
-// limiter and for data), gather (copy the rows out, no lock held), transform
-// (n-step returns) and encode (the answer's tensors). A gather that finds a
-// drawn row overwritten meanwhile draws again, at most 5 times.
+// limiter and for data), gather (copy the rows out: still under the index
+// lock for answers of at most gatherLockedMaxBytes, where no row can be
+// overwritten; lock-free with stamp checks for larger ones), transform
+// (n-step returns) and encode (the answer's tensors). A lock-free gather
+// that finds a drawn row overwritten meanwhile draws again, at most 5
+// times.
 func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOptions) (_ *Batch, retErr error) {
 	var o SampleOptions
 	if opts != nil {
