@@ -377,6 +377,30 @@ func benchTouched(n int) []byte {
 }
 
 func benchGather(b *testing.B, buf *Buffer, cols []Column, seqs []int64, withMeta bool) {
+	benchRead(b, buf, cols, seqs, withMeta, func(list []int64, dst [][]byte, meta []RowMeta) ([]int, error) {
+		return buf.Gather(list, cols, dst, meta)
+	})
+}
+
+// benchCopyIndexed is benchGather the way a sample of small rows copies:
+// inside ReadIndex, Index.Rows for the metadata (meta=true), then
+// Index.CopyIndexed.
+func benchCopyIndexed(b *testing.B, buf *Buffer, cols []Column, seqs []int64, withMeta bool) {
+	benchRead(b, buf, cols, seqs, withMeta, func(list []int64, dst [][]byte, meta []RowMeta) (missing []int, err error) {
+		if rerr := buf.ReadIndex(func(ix Index) {
+			if meta != nil {
+				ix.Rows(list, meta)
+			}
+			missing, err = ix.CopyIndexed(list, cols, dst)
+		}); rerr != nil {
+			return nil, rerr
+		}
+		return missing, err
+	})
+}
+
+// benchRead times read over the benchmark's seq lists, 256 rows at a time.
+func benchRead(b *testing.B, buf *Buffer, cols []Column, seqs []int64, withMeta bool, read func(list []int64, dst [][]byte, meta []RowMeta) ([]int, error)) {
 	dst := benchDst(cols, benchBatchRows)
 	var meta []RowMeta
 	if withMeta {
@@ -391,44 +415,9 @@ func benchGather(b *testing.B, buf *Buffer, cols []Column, seqs []int64, withMet
 	i := 0
 	for b.Loop() {
 		list := seqs[i*benchBatchRows : (i+1)*benchBatchRows]
-		missing, err := buf.Gather(list, cols, dst, meta)
+		missing, err := read(list, dst, meta)
 		if err != nil || len(missing) > 0 {
-			b.Fatalf("gather: %d missing, err %v", len(missing), err)
-		}
-		if i++; i == benchSeqLists {
-			i = 0
-		}
-	}
-	benchReportGather(b, rowBytes)
-}
-
-// benchCopyIndexed is benchGather the way a sample of small rows copies:
-// inside ReadIndex, Index.Rows for the metadata (meta=true), then
-// Index.CopyIndexed.
-func benchCopyIndexed(b *testing.B, buf *Buffer, cols []Column, seqs []int64, withMeta bool) {
-	dst := benchDst(cols, benchBatchRows)
-	meta := make([]RowMeta, benchBatchRows)
-	rowBytes := 0
-	for _, c := range cols {
-		rowBytes += c.RowBytes
-	}
-	b.SetBytes(int64(benchBatchRows * rowBytes))
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		list := seqs[i*benchBatchRows : (i+1)*benchBatchRows]
-		var missing []int
-		var err error
-		if rerr := buf.ReadIndex(func(ix Index) {
-			if withMeta {
-				ix.Rows(list, meta)
-			}
-			missing, err = ix.CopyIndexed(list, cols, dst)
-		}); rerr != nil {
-			b.Fatal(rerr)
-		}
-		if err != nil || len(missing) > 0 {
-			b.Fatalf("copy: %d missing, err %v", len(missing), err)
+			b.Fatalf("read: %d missing, err %v", len(missing), err)
 		}
 		if i++; i == benchSeqLists {
 			i = 0
