@@ -6,7 +6,7 @@ import (
 	"math"
 	"math/bits"
 	"math/rand/v2"
-	"sync/atomic"
+	"runtime"
 )
 
 // Trajectory is the index entry of one live trajectory: the seqs of its live
@@ -505,15 +505,21 @@ func (v Index) Rows(seqs []int64, metas []RowMeta) {
 	if b.group != nil {
 		span = b.recPitch
 	}
-	touchSink.Add(touchRows(b.recs, seqs, b.capacity, b.recPitch, span))
+	keepLoads(touchRows(b.recs, seqs, b.capacity, b.recPitch, span))
 	wc := b.writeCount.Load()
 	for i, seq := range seqs {
 		v.rowInto(seq, wc, &metas[i])
 	}
 }
 
-// touchSink keeps the prefetch passes' loads from being optimised away.
-var touchSink atomic.Int64
+// keepLoads uses the sum of a prefetch pass's loads, so that the compiler
+// keeps them (unused loads are dead code to it), without a shared write
+// that concurrent samplers would contend for: the branch is never taken.
+func keepLoads(sum int64) {
+	if sum == math.MinInt64 {
+		runtime.KeepAlive(sum)
+	}
+}
 
 // touchRows loads one byte of every cache line of the first span bytes of
 // each row of seqs (seqs < 0 skipped) in data, whose rows are pitch apart,

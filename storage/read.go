@@ -262,7 +262,7 @@ func (b *Buffer) touchColumns(cols []Column, slots []int64) {
 	if hi > 0 {
 		sum += touchSlots(b.recs[lo:], slots, b.recPitch, hi-lo)
 	}
-	touchSink.Add(sum)
+	keepLoads(sum)
 }
 
 func hasTail(cols []Column) bool {
