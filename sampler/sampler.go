@@ -303,17 +303,21 @@ func (s *State) drawWithoutReplacement(ix storage.Index, p Params, rng *rand.Ran
 		return nil, fmt.Errorf("%w: batch size %d is larger than the %d live rows (drop_last)", ErrNotReady, p.BatchSize, e.size)
 	}
 	sel := &Selection{Seqs: make([]int64, 0, p.BatchSize), HasEpoch: true, Epoch: e.number}
+	// The permutation is computed a block at a time (as many entries as
+	// rows are still missing: every one of them is visited, exactly as
+	// one at a time would), which lets its evaluations overlap.
+	slots := make([]uint64, min(p.BatchSize, 1024))
 	for len(sel.Seqs) < p.BatchSize && e.cursor < e.perm.N() {
-		// Slots, not seqs: a full ring keeps its epoch while rows are
-		// overwritten in place, and each slot is visited once.
-		slot := e.perm.At(e.cursor)
-		e.cursor++
-		seq := ix.SlotSeq(int64(slot))
-		if seq < 0 {
-			continue
-		}
-		if admits(ix, p, seq) {
-			sel.Seqs = append(sel.Seqs, seq)
+		block := slots[:min(uint64(p.BatchSize-len(sel.Seqs)), uint64(len(slots)), e.perm.N()-e.cursor)]
+		e.perm.AtBatch(e.cursor, block)
+		e.cursor += uint64(len(block))
+		for _, slot := range block {
+			// Slots, not seqs: a full ring keeps its epoch while rows are
+			// overwritten in place, and each slot is visited once.
+			seq := ix.SlotSeq(int64(slot))
+			if seq >= 0 && admits(ix, p, seq) {
+				sel.Seqs = append(sel.Seqs, seq)
+			}
 		}
 	}
 	// Skip what cannot be returned ahead, so the batch that takes the

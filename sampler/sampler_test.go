@@ -20,6 +20,7 @@ import (
 	"gonum.org/v1/gonum/stat"
 	"gonum.org/v1/gonum/stat/distuv"
 
+	"github.com/rbdb/rbd/sampler/internal/perm"
 	"github.com/rbdb/rbd/storage"
 )
 
@@ -544,5 +545,50 @@ func TestPrioritizedRoundsMatchOneAtATime(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWithoutReplacementBlocksMatchOneAtATime checks that computing an
+// epoch's permutation a block at a time visits the slots, and returns the
+// rows, of one entry at a time, batch after batch through a whole epoch,
+// with some rows rejected.
+func TestWithoutReplacementBlocksMatchOneAtATime(t *testing.T) {
+	b := newTestBuffer(t, 3000, false)
+	writeEpisodes(t, b, []int{900, 1100, 1000}, nil)
+	only := func(_ storage.Index, m storage.RowMeta) bool { return m.Seq%5 != 0 }
+	for _, batch := range []int{1, 7, 256, 1500} {
+		st, rng := NewState(), rand.New(rand.NewPCG(3, uint64(batch)))
+		refRng := rand.New(rand.NewPCG(3, uint64(batch)))
+		p := Params{Kind: WithoutReplacement, BatchSize: batch, Eligible: only}
+		var ref perm.Perm
+		var cursor uint64
+		for round := 0; ; round++ {
+			sel, err := draw(t, b, st, p, rng)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want []int64
+			if err := b.ReadIndex(func(ix storage.Index) {
+				if round == 0 {
+					lo, hi := ix.Window()
+					ref = perm.New(uint64(hi-lo), refRng.Uint64())
+				}
+				for len(want) < batch && cursor < ref.N() {
+					seq := ix.SlotSeq(int64(ref.At(cursor)))
+					cursor++
+					if seq >= 0 && admits(ix, p, seq) {
+						want = append(want, seq)
+					}
+				}
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(sel.Seqs, want) {
+				t.Fatalf("batch %d, round %d: blocks drew %v, one at a time %v", batch, round, sel.Seqs[:min(6, len(sel.Seqs))], want[:min(6, len(want))])
+			}
+			if sel.EpochEnd {
+				break
+			}
+		}
 	}
 }

@@ -99,6 +99,66 @@ func (p Perm) At(i uint64) uint64 {
 	}
 }
 
+// AtBatch sets dst[j] = At(start+j) for every j (start+len(dst) must be at
+// most N). A Feistel evaluation is a chain of dependent multiplies, so one
+// At at a time leaves the CPU waiting on each; AtBatch walks four indices
+// through the rounds side by side, whose chains are independent and
+// overlap. The values are At's, bit for bit.
+func (p Perm) AtBatch(start uint64, dst []uint64) {
+	if uint64(len(dst)) > p.n || start > p.n-uint64(len(dst)) {
+		panic(fmt.Sprintf("perm: indices [%d,%d) out of range [0,%d)", start, start+uint64(len(dst)), p.n))
+	}
+	if p.n <= smallN {
+		for j := range dst {
+			dst[j] = uint64(p.small[start+uint64(j)])
+		}
+		return
+	}
+	// Four lanes, each walking one index to its value; a lane that is
+	// done (its walk left the domain no more) writes it and takes the
+	// next index, so no lane idles while another walks on.
+	var x [4]uint64 // the lanes' values, mid-walk
+	var at [4]int   // the lanes' positions in dst, -1 when idle
+	next := 0
+	for l := range at {
+		at[l] = -1
+		if next < len(dst) {
+			at[l], x[l] = next, start+uint64(next)
+			next++
+		}
+	}
+	for at[0] >= 0 || at[1] >= 0 || at[2] >= 0 || at[3] >= 0 {
+		x[0], x[1], x[2], x[3] = p.feistel4(x[0], x[1], x[2], x[3])
+		for l := range at {
+			if at[l] < 0 || x[l] >= p.n {
+				continue // idle, or walking on
+			}
+			dst[at[l]] = x[l]
+			at[l] = -1
+			if next < len(dst) {
+				at[l], x[l] = next, start+uint64(next)
+				next++
+			}
+		}
+	}
+}
+
+// feistel4 is feistel of four values, round by round together.
+func (p Perm) feistel4(x0, x1, x2, x3 uint64) (uint64, uint64, uint64, uint64) {
+	h, m := p.half, p.mask
+	l0, r0 := x0>>h, x0&m
+	l1, r1 := x1>>h, x1&m
+	l2, r2 := x2>>h, x2&m
+	l3, r3 := x3>>h, x3&m
+	for _, k := range p.keys {
+		l0, r0 = r0, (l0^mix(r0^k))&m
+		l1, r1 = r1, (l1^mix(r1^k))&m
+		l2, r2 = r2, (l2^mix(r2^k))&m
+		l3, r3 = r3, (l3^mix(r3^k))&m
+	}
+	return l0<<h | r0, l1<<h | r1, l2<<h | r2, l3<<h | r3
+}
+
 // feistel applies the balanced network to x in [0, 4^half). Each round maps
 // (L, R) to (R, L xor F_k(R)), which is invertible whatever F is, so the
 // network is a bijection by construction and F only has to scramble well.

@@ -255,3 +255,53 @@ func BenchmarkAt(b *testing.B) {
 		})
 	}
 }
+
+// TestAtBatchMatchesAt checks AtBatch against At for every index of small
+// and medium domains (the table, the Feistel network with short and long
+// cycle walks, lengths that are and are not multiples of four) and for
+// windows of a large one, from every start.
+func TestAtBatchMatchesAt(t *testing.T) {
+	for _, n := range []uint64{1, 5, 16, 17, 100, 257, 1000, 4097, 100_003} {
+		for _, seed := range testSeeds {
+			p := New(n, seed)
+			for _, start := range []uint64{0, 1, n / 3, n - min(n, 7)} {
+				length := min(n-start, 1030)
+				got := make([]uint64, length)
+				p.AtBatch(start, got)
+				for j, v := range got {
+					if want := p.At(start + uint64(j)); v != want {
+						t.Fatalf("n=%d seed=%d: AtBatch(%d)[%d] = %d, At(%d) = %d", n, seed, start, j, v, start+uint64(j), want)
+					}
+				}
+			}
+		}
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("AtBatch past the end did not panic")
+		}
+	}()
+	New(10, 1).AtBatch(8, make([]uint64, 3))
+}
+
+func BenchmarkAtBatch(b *testing.B) {
+	p := New(100_000, 7)
+	dst := make([]uint64, 256)
+	for _, batch := range []bool{false, true} {
+		b.Run(fmt.Sprintf("batch=%v", batch), func(b *testing.B) {
+			start := uint64(0)
+			for b.Loop() {
+				if batch {
+					p.AtBatch(start, dst)
+				} else {
+					for j := range dst {
+						dst[j] = p.At(start + uint64(j))
+					}
+				}
+				if start += 256; start+256 > p.N() {
+					start = 0
+				}
+			}
+		})
+	}
+}
