@@ -129,23 +129,6 @@ func (s *Server) writeTensors(w http.ResponseWriter, r *http.Request, tensors []
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.FormatInt(total, 10))
-	if total <= coalesceMaxBytes {
-		// One write, not one per tensor: each goes down to its own
-		// send(2) once it is larger than net/http's small buffers, and
-		// for a 19 KB CartPole answer those calls cost more than the copy.
-		bp, _ := s.answers.Get().(*[]byte)
-		if bp == nil {
-			bp = new([]byte)
-		}
-		buf := append((*bp)[:0], hdr...)
-		for _, t := range tensors {
-			buf = append(buf, t.Data...)
-		}
-		_, err := w.Write(buf)
-		*bp = buf
-		s.answers.Put(bp)
-		return ignoreWriteErr(err)
-	}
 	if _, err := w.Write(hdr); err != nil {
 		return ignoreWriteErr(err)
 	}
@@ -156,11 +139,6 @@ func (s *Server) writeTensors(w http.ResponseWriter, r *http.Request, tensors []
 	}
 	return nil
 }
-
-// coalesceMaxBytes is the largest safetensors answer copied into one buffer
-// to be written at once; larger ones are written tensor by tensor, where a
-// call per tensor is nothing next to the bytes.
-const coalesceMaxBytes = 1 << 20
 
 // jsonAnswerBuf is the buffer a JSON answer is written through.
 const jsonAnswerBuf = 64 << 10

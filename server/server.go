@@ -146,9 +146,6 @@ type Server struct {
 	// bodies holds extend bodies (*[]byte) for reuse: a storage extend
 	// copies every byte it keeps, so a body is free once Extend returns.
 	bodies sync.Pool
-	// answers holds the buffers small safetensors answers are written
-	// from (*[]byte): see writeTensors.
-	answers sync.Pool
 }
 
 // New returns a server for db.
