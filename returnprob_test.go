@@ -2,7 +2,6 @@ package rbd
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"math"
 	"strconv"
@@ -12,19 +11,6 @@ import (
 
 	"github.com/rbdb/rbd/storage"
 )
-
-func f64s(t *testing.T, b *Batch, name string) []float64 {
-	t.Helper()
-	ts, ok := b.Tensor(name)
-	if !ok {
-		t.Fatalf("no tensor %q", name)
-	}
-	out := make([]float64, len(ts.Data)/8)
-	for i := range out {
-		out[i] = math.Float64frombits(binary.LittleEndian.Uint64(ts.Data[8*i:]))
-	}
-	return out
-}
 
 // returnProbBuffer is a compact prioritised buffer with ended trajectories,
 // open ones (whose newest rows are not eligible: their next observation is

@@ -532,3 +532,27 @@ func BenchmarkGatherWithNextState(b *testing.B) {
 		b.ReportMetric(float64(b.N)*batchBytes/sec/1e9, "GB/s")
 	})
 }
+
+// BenchmarkSampleBatchSizes draws uniform CartPole batches of 256, 2048 and
+// 4096 rows from 10^5 rows: 2048 is the largest batch whose copy is made
+// while the sample holds the index (gatherLockedMaxBytes), so its time
+// bounds how long a writer can wait for one sample; 4096 copies lock-free.
+//
+// go test . -run '^$' -bench BenchmarkSampleBatchSizes -benchtime 2s
+func BenchmarkSampleBatchSizes(b *testing.B) {
+	dir := b.TempDir() // removed after the cache's buffers are closed
+	cache := newSbenchCache(b)
+	for _, n := range []int{256, 2048, 4096} {
+		buf := cache.get(b, dir, sbenchConfig{rows: 1e5, kind: storage.KindMemory})
+		req := &SampleRequest{BatchSize: n}
+		p, err := buf.planSample(req, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		copyKind := "lock-free"
+		if p.gatherLocked {
+			copyKind = "under-index"
+		}
+		b.Run(fmt.Sprintf("batch=%d/copy=%s", n, copyKind), func(b *testing.B) { sbenchRun(b, buf, req) })
+	}
+}

@@ -80,43 +80,38 @@ func u8(b bool) byte {
 	return 0
 }
 
-func f32s(t *testing.T, b *Batch, name string) []float32 {
+// tensorValues decodes the named tensor of b, size bytes an element.
+func tensorValues[T any](t *testing.T, b *Batch, name string, size int, decode func([]byte) T) []T {
 	t.Helper()
 	ts, ok := b.Tensor(name)
 	if !ok {
 		t.Fatalf("no tensor %q", name)
 	}
-	out := make([]float32, len(ts.Data)/4)
+	out := make([]T, len(ts.Data)/size)
 	for i := range out {
-		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(ts.Data[4*i:]))
+		out[i] = decode(ts.Data[size*i:])
 	}
 	return out
+}
+
+func f32s(t *testing.T, b *Batch, name string) []float32 {
+	t.Helper()
+	return tensorValues(t, b, name, 4, func(p []byte) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(p)) })
+}
+
+func f64s(t *testing.T, b *Batch, name string) []float64 {
+	t.Helper()
+	return tensorValues(t, b, name, 8, func(p []byte) float64 { return math.Float64frombits(binary.LittleEndian.Uint64(p)) })
 }
 
 func i64s(t *testing.T, b *Batch, name string) []int64 {
 	t.Helper()
-	ts, ok := b.Tensor(name)
-	if !ok {
-		t.Fatalf("no tensor %q", name)
-	}
-	out := make([]int64, len(ts.Data)/8)
-	for i := range out {
-		out[i] = int64(binary.LittleEndian.Uint64(ts.Data[8*i:]))
-	}
-	return out
+	return tensorValues(t, b, name, 8, func(p []byte) int64 { return int64(binary.LittleEndian.Uint64(p)) })
 }
 
 func bools(t *testing.T, b *Batch, name string) []bool {
 	t.Helper()
-	ts, ok := b.Tensor(name)
-	if !ok {
-		t.Fatalf("no tensor %q", name)
-	}
-	out := make([]bool, len(ts.Data))
-	for i, v := range ts.Data {
-		out[i] = v != 0
-	}
-	return out
+	return tensorValues(t, b, name, 1, func(p []byte) bool { return p[0] != 0 })
 }
 
 func openDB(t *testing.T) *DB {

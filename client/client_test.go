@@ -16,6 +16,7 @@ import (
 	"github.com/rbdb/rbd"
 	"github.com/rbdb/rbd/client"
 	"github.com/rbdb/rbd/codec"
+	"github.com/rbdb/rbd/internal/benchdata"
 	"github.com/rbdb/rbd/server"
 	"github.com/rbdb/rbd/storage"
 )
@@ -55,24 +56,8 @@ func ctxT(t testing.TB) context.Context {
 	return ctx
 }
 
-// cartpole is a compact CartPole-like spec with priorities.
-func cartpole(capacity int64) *client.Spec {
-	return &client.Spec{
-		Capacity: capacity,
-		Storage:  "memmap",
-		Fields: []client.Field{
-			{Name: "observation", DType: "float32", Shape: []int{4}},
-			{Name: "action", DType: "int64"},
-			{Name: "next.reward", DType: "float32"},
-			{Name: "next.done", DType: "bool"},
-			{Name: "next.terminated", DType: "bool"},
-			{Name: "next.truncated", DType: "bool"},
-		},
-		CompactObs: true,
-		ObsKeys:    []string{"observation"},
-		Priority:   client.DefaultPriority(),
-	}
-}
+// cartpole is benchdata.CartPoleSpec.
+func cartpole(capacity int64) *client.Spec { return benchdata.CartPoleSpec(capacity) }
 
 // pattern is the observation of the row with token tok; every field of a
 // test row is derived from its token, so a torn row is visible.

@@ -26,6 +26,7 @@ import (
 
 	"github.com/rbdb/rbd/client"
 	"github.com/rbdb/rbd/codec"
+	"github.com/rbdb/rbd/internal/benchdata"
 	"github.com/rbdb/rbd/internal/testbin"
 )
 
@@ -167,23 +168,7 @@ func (l *lab) restore(h int) error {
 	return sh("ip", "netns", "exec", l.ns(h), "iptables", "-D", "INPUT", "-p", "tcp", "--dport", "7450", "-j", "DROP")
 }
 
-func spec() *client.Spec {
-	return &client.Spec{
-		Capacity: 100_000,
-		Storage:  "memmap",
-		Fields: []client.Field{
-			{Name: "observation", DType: "float32", Shape: []int{4}},
-			{Name: "action", DType: "int64"},
-			{Name: "next.reward", DType: "float32"},
-			{Name: "next.done", DType: "bool"},
-			{Name: "next.terminated", DType: "bool"},
-			{Name: "next.truncated", DType: "bool"},
-		},
-		CompactObs: true,
-		ObsKeys:    []string{"observation"},
-		Priority:   client.DefaultPriority(),
-	}
-}
+func spec() *client.Spec { return benchdata.CartPoleSpec(100_000) }
 
 // rows is n steps of an episode that goes on after the batch (none is
 // done: each stream's trajectory stays open, as a long episode's would).
