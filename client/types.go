@@ -35,6 +35,10 @@ type Info struct {
 	DamagedRows int   `json:"damaged_rows"`
 	// DiskBytes is the space the buffer's files take (0 for memory buffers).
 	DiskBytes int64 `json:"disk_bytes"`
+	// RowMetaBytes is what one slot's row metadata takes: 64 for the
+	// file record of memmap and compressed buffers, the 32-byte record
+	// plus row-group padding for memory buffers.
+	RowMetaBytes int64 `json:"row_meta_bytes"`
 	// ChunkCache counts decoded-chunk cache lookups of compressed buffers.
 	ChunkCache *CacheStats `json:"chunk_cache,omitempty"`
 	// RateLimit is the rate limiter's live state (nil without one).

@@ -79,9 +79,12 @@ type Buffer struct {
 	hdr        []byte           // meta header (nil for memory buffers)
 	recs       []byte           // capacity records, recPitch bytes apart
 	recPitch   int64            // recordSize, or the row group's row size
-	doneCol    int              // index of next.done in cols
-	termCol    int              // index of next.terminated, -1 if absent
-	truncCol   int              // index of next.truncated, -1 if absent
+	// wide holds the values of the memory records that do not fit their
+	// 32-bit slots (see memRecordSize); empty in real workloads.
+	wide     wideRecords
+	doneCol  int // index of next.done in cols
+	termCol  int // index of next.terminated, -1 if absent
+	truncCol int // index of next.truncated, -1 if absent
 
 	// stamps holds the seq of the complete row in each slot (see
 	// stampTable): readers use it as a seqlock, so they never return a torn
@@ -445,19 +448,21 @@ func (b *Buffer) smallFields() []*column {
 }
 
 // interleaveSmallFields gives a memory buffer one anonymous region for its
-// row records and small fields, row after row: the 64-byte record, then
-// each small field at its offset. A sample reads a row's record (trajectory,
-// step, flags) and then its fields; row-major, those are adjacent cache
-// lines instead of one line in each of seven regions for a CartPole row.
-// With copyOld, the records and fields move there from the mappings they
-// are in (the files of a checkpoint being restored), which are then
-// closed.
+// row records and small fields, row after row: the 32-byte memory record
+// (memRecordSize), then each small field at its offset, padded to
+// rowGroupPitch. A sample reads a row's record (trajectory, step, flags)
+// and then its fields; row-major, those share a cache line (a CartPole
+// row is exactly one) instead of one line in each of seven regions. With
+// copyOld, the records and fields move there from the mappings they are in
+// (the files of a checkpoint being restored, already recovered), which are
+// then closed: the file records of live rows become memory records.
 func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 	group := b.smallFields()
-	pitch := int64(recordSize)
+	var fieldBytes int64
 	for _, c := range group {
-		pitch += int64(c.rowBytes)
+		fieldBytes += int64(c.rowBytes)
 	}
+	pitch := rowGroupPitch(fieldBytes)
 	r, err := mmapfile.Anonymous(b.capacity * pitch)
 	if err != nil {
 		return fmt.Errorf("buffer %q row group: %w", b.name, err)
@@ -469,12 +474,23 @@ func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 			copy(dst[slot*pitch:slot*pitch+rb], src[slot*rb:(slot+1)*rb])
 		}
 	}
-	if copyOld {
-		move(r.Bytes(), b.recs, recordSize)
-		errs = append(errs, b.meta.Close())
-	}
+	fileRecs, meta := b.recs, b.meta
 	b.meta, b.recs, b.recPitch = nil, r.Bytes(), pitch
-	off := int64(recordSize)
+	if copyOld {
+		b.wide = wideRecords{}
+		for slot := range b.capacity {
+			seq := b.stamps.Load(slot)
+			if seq < 0 {
+				continue // no live row: nothing reads this record
+			}
+			var rec record
+			readRecord(fileRecs[slot*recordSize:(slot+1)*recordSize], &rec)
+			rec.Seq = seq
+			b.putMemRecord(slot, &rec)
+		}
+		errs = append(errs, meta.Close())
+	}
+	off := int64(memRecordSize)
 	for _, c := range group {
 		data := r.Bytes()[off:]
 		if copyOld {
@@ -499,6 +515,7 @@ func (b *Buffer) unmap() error {
 	if b.group != nil {
 		errs = append(errs, b.group.Close())
 		b.group, b.recs, b.recPitch = nil, nil, recordSize
+		b.wide = wideRecords{}
 		for _, c := range b.cols {
 			if c.stride != 0 {
 				c.data, c.stride = nil, 0
@@ -515,6 +532,9 @@ func (b *Buffer) unmap() error {
 	return errors.Join(errs...)
 }
 
+// rec returns the file record of slot (persistent buffers, and a memory
+// buffer's restored checkpoint before interleaveSmallFields; a memory
+// buffer's own records are memory records: loadRecord).
 func (b *Buffer) rec(slot int64) []byte {
 	off := slot * b.recPitch
 	return b.recs[off : off+recordSize]

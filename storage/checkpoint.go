@@ -309,8 +309,20 @@ func (cp *rowCopier) copyBlock(lo, hi int64) (kept, overwritten int64, err error
 		}
 	}
 	recs := make([]byte, 0, n*recordSize)
-	for slot := s0; slot < s0+n; slot++ {
-		recs = append(recs, b.rec(slot)...) // a memory buffer's are in its row group
+	if b.compactRecords() {
+		// A memory buffer's records are memory records: write them as
+		// file records (the stamp check below drops any caught
+		// mid-write; sealRecord adds the data checksum).
+		recs = recs[:n*recordSize]
+		for i := range n {
+			r := record{Seq: lo + i}
+			b.memRecord(lo+i, &r)
+			encodeRecord(recs[i*recordSize:(i+1)*recordSize], &r)
+		}
+	} else {
+		for slot := s0; slot < s0+n; slot++ {
+			recs = append(recs, b.rec(slot)...)
+		}
 	}
 	bufs[len(cp.cols)] = recs
 	// Newest first: writers overwrite the block from its oldest row up, so

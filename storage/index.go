@@ -331,6 +331,20 @@ func (v Index) rowInto(seq, wc int64, m *RowMeta) bool {
 	}
 	// No checksum here: an indexed row's record was checked when it was
 	// written or recovered, and cannot change while the index is held.
+	if b.compactRecords() {
+		var r record
+		b.memRecord(seq, &r)
+		*m = RowMeta{
+			Seq: seq, TrajID: r.TrajID, Step: r.Step, PrevSeq: r.PrevSeq, Env: r.Env,
+			Done:          r.Flags&flagDone != 0,
+			Terminated:    r.Flags&flagTerminated != 0,
+			Truncated:     r.Flags&flagTruncated != 0,
+			HasTail:       r.Flags&flagHasTail != 0,
+			PolicyVersion: r.PolicyVersion,
+		}
+		m.NextSeq = v.ix.nextOf(seq, m.TrajID, m.Step, m.Done)
+		return true
+	}
 	rb := b.rec(seq % b.capacity)
 	le := binary.LittleEndian
 	flags := le.Uint32(rb[recFlags:])

@@ -24,10 +24,15 @@ func fullMemoryBytes(spec Spec) int64 {
 	c := spec.Capacity
 	perRow := int64(stampBytesPerRow + indexBytesPerRow)
 	if spec.Storage == KindMemory {
-		perRow += recordSize
+		var group int64 // the row group's fields (interleaveSmallFields)
 		for _, f := range spec.Fields {
-			perRow = satAdd(perRow, int64(f.RowBytes()))
+			if rb := int64(f.RowBytes()); rb <= rowGroupMaxField {
+				group += rb
+			} else {
+				perRow = satAdd(perRow, rb)
+			}
 		}
+		perRow = satAdd(perRow, rowGroupPitch(group))
 		if spec.CompactObs {
 			for _, k := range spec.ObsKeys {
 				if f, ok := spec.Field(k); ok {

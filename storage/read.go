@@ -113,7 +113,7 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 		recs = make([]record, len(seqs))
 		for j, slot := range slots {
 			if slot >= 0 {
-				readRecord(b.rec(slot), &recs[j])
+				b.loadRecord(seqs[j], &recs[j])
 			}
 		}
 	}
@@ -225,7 +225,7 @@ func (v Index) CopyIndexed(seqs []int64, cols []Column, dst [][]byte) (missing [
 		recs = make([]record, len(seqs))
 		for j, slot := range slots {
 			if slot >= 0 {
-				readRecord(b.rec(slot), &recs[j])
+				b.loadRecord(seqs[j], &recs[j])
 			}
 		}
 	}
@@ -403,6 +403,11 @@ type Info struct {
 	// DiskBytes is the space the buffer's files take on disk (0 for memory
 	// buffers).
 	DiskBytes int64 `json:"disk_bytes"`
+	// RowMetaBytes is what one slot's row metadata takes: the 64-byte
+	// record of a file, or a memory buffer's 32-byte record plus the
+	// padding of its row group (the stamp and index structures on the
+	// heap are not counted).
+	RowMetaBytes int64 `json:"row_meta_bytes"`
 	// Cache counts lookups in the decoded-chunk cache of compressed
 	// buffers (nil for other kinds).
 	Cache *CacheStats `json:"chunk_cache,omitempty"`
@@ -528,6 +533,15 @@ func (b *Buffer) Info() (Info, error) {
 			info.DiskBytes += fb.Stored
 		}
 		info.Bytes[c.name] = fb
+	}
+	info.RowMetaBytes = recordSize
+	if b.compactRecords() {
+		info.RowMetaBytes = b.recPitch
+		for _, c := range b.cols {
+			if c.stride != 0 {
+				info.RowMetaBytes -= int64(c.rowBytes)
+			}
+		}
 	}
 	if b.persistent {
 		info.DiskBytes += fileBytes(b.meta.Path())

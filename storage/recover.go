@@ -338,6 +338,9 @@ func (b *Buffer) overwrittenMeanwhile(seq int64) bool {
 	// One read of the seq field: a writer stores the marker there first
 	// and the new seq last, so reading it twice (once to decode, once for
 	// the marker) could see a marker and then a finished seq and miss both.
+	if b.compactRecords() {
+		return b.stamps.Load(seq%b.capacity) > seq
+	}
 	raw := int64(binary.LittleEndian.Uint64(b.rec(seq % b.capacity)[recSeq:]))
 	return raw > seq || markedSeq(raw) > seq
 }

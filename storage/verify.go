@@ -119,8 +119,8 @@ func (b *Buffer) checkIndex() (probs []string) {
 				probs = append(probs, fmt.Sprintf("trajectory %d: row %d is indexed but not stored", t.id, seq))
 				continue
 			}
-			r, ok := decodeRecord(b.rec(slot))
-			if (!ok || r.Seq != seq) && live && b.overwrittenMeanwhile(seq) {
+			r, ok := b.checkedRecord(seq)
+			if !ok && live && b.overwrittenMeanwhile(seq) {
 				// The running writer moved past it since the scan. The
 				// checksum matters: a read racing the overwrite can see
 				// the old seq next to the new row's fields.
@@ -128,7 +128,7 @@ func (b *Buffer) checkIndex() (probs []string) {
 				continue
 			}
 			if !ok {
-				probs = append(probs, fmt.Sprintf("trajectory %d: row %d's record fails its checksum", t.id, seq))
+				probs = append(probs, fmt.Sprintf("trajectory %d: row %d's record fails its checksum or names another row", t.id, seq))
 				prev = seq
 				continue
 			}

@@ -112,7 +112,7 @@ func (b *Buffer) countVersions() {
 		for i := range t.Len() {
 			seq := t.Seq(i)
 			var r record
-			readRecord(b.rec(seq%b.capacity), &r)
+			b.loadRecord(seq, &r)
 			b.ix.versions.add(r.PolicyVersion, 1)
 		}
 	}

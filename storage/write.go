@@ -406,7 +406,7 @@ func (b *Buffer) evictForWrite(first, end int64) {
 		// No checksum: an indexed row's record was checked when it was
 		// written or recovered, and only writers (we hold wmu) change it.
 		var r record
-		readRecord(b.rec(slot), &r)
+		b.loadRecord(s, &r)
 		if err := b.ix.evict(r.TrajID, s, r.Flags&flagHasTail != 0); err != nil {
 			panic(fmt.Sprintf("rbd: buffer %q index out of step with rows: %v", b.name, err))
 		}
@@ -484,17 +484,26 @@ func (p *plan) envAt(r int) int64 {
 
 // writeRow copies row r of the plan into slot. The on-disk record is
 // invalidated first and completed last, so a crash at any point leaves the
-// slot either marked as being written or with the new row whole.
+// slot either marked as being written or with the new row whole. (A
+// memory buffer's record has no marker and no checksums: nothing recovers
+// it after a crash, and readers judge a row by its stamp.)
 func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
-	rb := b.rec(slot)
+	compact := b.compactRecords()
+	var rb []byte
+	if !compact {
+		rb = b.rec(slot)
+	}
 	le := binary.LittleEndian
 	// Swap, not Store: a full barrier, so on weakly ordered CPUs the row's
 	// plain stores below cannot become visible before the stamp is void.
 	b.stamps.Swap(slot, -1)
-	// Mark the slot as being written with this seq: after a crash here,
-	// recovery knows the ring had moved this far, so the row this slot
-	// held is gone (overwritten), not lost from the middle of the window.
-	le.PutUint64(rb[recSeq:], uint64(writingMarker(rec.Seq)))
+	if !compact {
+		// Mark the slot as being written with this seq: after a crash
+		// here, recovery knows the ring had moved this far, so the row
+		// this slot held is gone (overwritten), not lost from the middle
+		// of the window.
+		le.PutUint64(rb[recSeq:], uint64(writingMarker(rec.Seq)))
+	}
 	var crc uint32
 	for i, c := range b.cols {
 		if c.cz >= 0 {
@@ -521,6 +530,12 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 		}
 	}
 	b.store.crash.at("after-data")
+	if compact {
+		b.putMemRecord(slot, rec)
+		b.stamps.Store(slot, rec.Seq)
+		b.store.crash.at("after-meta")
+		return
+	}
 	rec.DataCRC = crc
 	// Build the record aside (b.recScratch, guarded by wmu), then publish
 	// it with seq stored last, so the marker stays until the row is whole.

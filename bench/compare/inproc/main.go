@@ -232,6 +232,6 @@ func run(name string, capacity int64, batchSize int, sampleFor time.Duration, se
 		"sample_batches_per_s":        float64(batches) / elapsed,
 		"sample_gb_per_s":             float64(sampledBytes) / elapsed / 1e9,
 		"bytes_per_transition_rss":    float64(held) / float64(info.Size),
-		"bytes_per_transition_layout": float64(layout)/float64(info.Size) + 64, // + the 64-byte row record
+		"bytes_per_transition_layout": float64(layout)/float64(info.Size) + float64(info.RowMetaBytes),
 	})
 }
