@@ -490,6 +490,7 @@ func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 		}
 		errs = append(errs, meta.Close())
 	}
+	b.stamps.inRows(r.Bytes(), pitch)
 	off := int64(memRecordSize)
 	for _, c := range group {
 		data := r.Bytes()[off:]
@@ -516,6 +517,7 @@ func (b *Buffer) unmap() error {
 		errs = append(errs, b.group.Close())
 		b.group, b.recs, b.recPitch = nil, nil, recordSize
 		b.wide = wideRecords{}
+		b.stamps = newStampTable(b.capacity) // its stamps were in the group
 		for _, c := range b.cols {
 			if c.stride != 0 {
 				c.data, c.stride = nil, 0

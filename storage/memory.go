@@ -22,8 +22,10 @@ const (
 // pressure), so they are not counted. Sums saturate at MaxInt64.
 func fullMemoryBytes(spec Spec) int64 {
 	c := spec.Capacity
-	perRow := int64(stampBytesPerRow + indexBytesPerRow)
-	if spec.Storage == KindMemory {
+	perRow := int64(indexBytesPerRow)
+	if spec.Storage != KindMemory {
+		perRow += stampBytesPerRow // a memory buffer's are in its row group
+	} else {
 		var group int64 // the row group's fields (interleaveSmallFields)
 		for _, f := range spec.Fields {
 			if rb := int64(f.RowBytes()); rb <= rowGroupMaxField {

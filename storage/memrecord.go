@@ -8,35 +8,41 @@ import (
 
 // A memory buffer's row record lives in its row group (anonymous memory,
 // never written to disk as such) and takes 32 bytes instead of the file
-// record's 64. A file record carries what crash recovery needs: its own
-// seq (the writing marker), a data checksum and a record checksum. A memory
-// buffer has no crash to recover from, and its stamp table already holds
-// each slot's seq. What is left is narrowed to what real rows use: prev_seq
-// as a distance back from the row's seq, env and policy_version as 32-bit
-// values. A row whose values do not fit (a previous row 2^32 seqs back, an
-// env or version outside [0, 2^32)) keeps them in the buffer's wideRecords,
-// and its record says so with flagWide.
+// record's 64, its stamp included. A file record carries what crash
+// recovery needs: its own seq (the writing marker), a data checksum and a
+// record checksum. A memory buffer has no crash to recover from; its stamp
+// (the seqlock word, see stampTable) is the first 8 bytes of the record,
+// so a sample's stamp check reads the cache line the record and the small
+// fields are in. The rest is narrowed to what real rows use: step, the
+// distance back to prev_seq and policy_version in 32 bits, env in 24 and
+// the flags in 8. A row whose values do not fit (a previous row 2^32 seqs
+// back, a step or version outside [0, 2^32), an env outside [0, 2^24))
+// keeps them in the buffer's wideRecords, and its record says so with
+// flagWide.
 //
 // Checkpoints turn these records back into file records (checkpoint.go);
 // restoring one turns the file records into these (interleaveSmallFields).
 const (
 	memRecordSize = 32
 
-	mrecTraj    = 0  // i64 traj_id
-	mrecStep    = 8  // i64 step
-	mrecPrev    = 16 // u32 seq - prev_seq; 0 for prev_seq -1
-	mrecEnv     = 20 // u32 env
-	mrecVersion = 24 // u32 policy_version
-	mrecFlags   = 28 // u32 flags, as in the file record, plus flagWide
+	mrecStamp    = 0  // i64 stamp (seq+1, 0: none), owned by stampTable
+	mrecTraj     = 8  // i64 traj_id
+	mrecStep     = 16 // u32 step
+	mrecPrev     = 20 // u32 seq - prev_seq; 0 for prev_seq -1
+	mrecVersion  = 24 // u32 policy_version
+	mrecEnvFlags = 28 // u32: env in the low 24 bits, flags in the high 8
 
-	// flagWide marks a memory record whose prev_seq, env and
-	// policy_version are in the buffer's wideRecords. File records never
-	// carry it (recovery rejects unknown flags).
-	flagWide = 1 << 31
+	memEnvBits = 24
+
+	// flagWide marks a memory record whose step, prev_seq, env and
+	// policy_version are in the buffer's wideRecords. It is bit 7 of the
+	// record's flag byte (file records never carry it: their flag bits
+	// 4-31 must be 0).
+	flagWide = 1 << 7
 )
 
-// wideMeta is what a memory record holds in 32-bit slots when it fits.
-type wideMeta struct{ PrevSeq, Env, PolicyVersion int64 }
+// wideMeta is what a memory record holds in narrow slots when it fits.
+type wideMeta struct{ Step, PrevSeq, Env, PolicyVersion int64 }
 
 // wideRecords holds the wideMeta of the memory rows flagged flagWide, by
 // slot. Writers (holding the buffer's wmu) change it; readers look up a
@@ -80,60 +86,61 @@ func (w *wideRecords) get(slot int64) wideMeta {
 	return v
 }
 
-// narrowFits reports whether r's prev_seq, env and policy_version fit a
-// memory record's 32-bit slots.
+// narrowFits reports whether r's step, prev_seq, env and policy_version
+// fit a memory record's narrow slots.
 func narrowFits(r *record) bool {
 	const most = math.MaxUint32
 	d := r.Seq - r.PrevSeq
 	prev := r.PrevSeq == -1 || (r.PrevSeq >= 0 && d >= 1 && d <= most)
-	return prev && r.Env >= 0 && r.Env <= most && r.PolicyVersion >= 0 && r.PolicyVersion <= most
+	return prev && r.Step >= 0 && r.Step <= most && r.Env >= 0 && r.Env < 1<<memEnvBits &&
+		r.PolicyVersion >= 0 && r.PolicyVersion <= most
 }
 
-// putMemRecord writes r (with r.Seq set) as slot's memory record. Called
-// by writers only.
+// putMemRecord writes r (with r.Seq set) as slot's memory record, all but
+// the stamp. Called by writers only.
 func (b *Buffer) putMemRecord(slot int64, r *record) {
 	rb := b.recs[slot*b.recPitch : slot*b.recPitch+memRecordSize]
 	le := binary.LittleEndian
 	le.PutUint64(rb[mrecTraj:], uint64(r.TrajID))
-	le.PutUint64(rb[mrecStep:], uint64(r.Step))
 	if narrowFits(r) {
 		dist := uint32(0)
 		if r.PrevSeq >= 0 {
 			dist = uint32(r.Seq - r.PrevSeq)
 		}
+		le.PutUint32(rb[mrecStep:], uint32(r.Step))
 		le.PutUint32(rb[mrecPrev:], dist)
-		le.PutUint32(rb[mrecEnv:], uint32(r.Env))
 		le.PutUint32(rb[mrecVersion:], uint32(r.PolicyVersion))
-		le.PutUint32(rb[mrecFlags:], r.Flags)
+		le.PutUint32(rb[mrecEnvFlags:], uint32(r.Env)|r.Flags<<memEnvBits)
 		b.wide.drop(slot)
 		return
 	}
-	b.wide.set(slot, wideMeta{PrevSeq: r.PrevSeq, Env: r.Env, PolicyVersion: r.PolicyVersion})
-	clear(rb[mrecPrev:mrecFlags])
-	le.PutUint32(rb[mrecFlags:], r.Flags|flagWide)
+	b.wide.set(slot, wideMeta{Step: r.Step, PrevSeq: r.PrevSeq, Env: r.Env, PolicyVersion: r.PolicyVersion})
+	clear(rb[mrecStep:mrecEnvFlags])
+	le.PutUint32(rb[mrecEnvFlags:], (r.Flags|flagWide)<<memEnvBits)
 }
 
 // memRecord decodes the memory record of seq's slot into r (r.Seq and
-// r.DataCRC are left alone: the stamp table holds the one, memory rows
-// have no other).
+// r.DataCRC are left alone: the stamp is the one, memory rows have no
+// other).
 func (b *Buffer) memRecord(seq int64, r *record) {
 	slot := seq % b.capacity
 	rb := b.recs[slot*b.recPitch : slot*b.recPitch+memRecordSize]
 	le := binary.LittleEndian
 	r.TrajID = int64(le.Uint64(rb[mrecTraj:]))
-	r.Step = int64(le.Uint64(rb[mrecStep:]))
-	flags := le.Uint32(rb[mrecFlags:])
+	ef := le.Uint32(rb[mrecEnvFlags:])
+	flags := ef >> memEnvBits
 	r.Flags = flags &^ flagWide
 	if flags&flagWide != 0 {
 		w := b.wide.get(slot)
-		r.PrevSeq, r.Env, r.PolicyVersion = w.PrevSeq, w.Env, w.PolicyVersion
+		r.Step, r.PrevSeq, r.Env, r.PolicyVersion = w.Step, w.PrevSeq, w.Env, w.PolicyVersion
 		return
 	}
+	r.Step = int64(le.Uint32(rb[mrecStep:]))
 	r.PrevSeq = -1
 	if d := le.Uint32(rb[mrecPrev:]); d != 0 {
 		r.PrevSeq = seq - int64(d)
 	}
-	r.Env = int64(le.Uint32(rb[mrecEnv:]))
+	r.Env = int64(ef & (1<<memEnvBits - 1))
 	r.PolicyVersion = int64(le.Uint32(rb[mrecVersion:]))
 }
 

@@ -16,7 +16,7 @@ import (
 // records) and is opened again (file records back in as memory records).
 func TestMemoryRecordsMatchFileRecords(t *testing.T) {
 	const capacity = 24
-	envs := []int64{0, -5, 1 << 40, 7, math.MaxUint32, math.MaxUint32 + 1, math.MinInt64, 3}
+	envs := []int64{0, -5, 1 << 40, 7, 1<<memEnvBits - 1, 1 << memEnvBits, math.MinInt64, 3}
 	versions := []int64{0, 1 << 33, 3, math.MaxUint32, math.MaxUint32 + 1, 9, math.MaxInt64, 1}
 	// Two stores: trajectory ids are counted per store.
 	s, fs := openStore(t, t.TempDir()), openStore(t, t.TempDir())
@@ -106,11 +106,12 @@ func TestMemoryRecordsMatchFileRecords(t *testing.T) {
 	}
 }
 
-// TestMemoryRecordFarPrev covers the one wide value no test can write
+// TestMemoryRecordFarPrev covers the wide values no test can write
 // through Extend in reasonable time: a previous row more than 2^32 seqs
 // back (a trajectory of an env that was quiet while 4 billion rows went
-// by). It also checks that a narrow row written over a wide one drops the
-// wide entry.
+// by) and a step of 2^34, next to every narrow slot at its largest value.
+// It also checks that a narrow row written over a wide one drops the wide
+// entry.
 func TestMemoryRecordFarPrev(t *testing.T) {
 	s := openStore(t, t.TempDir())
 	defer s.Close()
@@ -118,7 +119,8 @@ func TestMemoryRecordFarPrev(t *testing.T) {
 	cases := []record{
 		{Seq: 1 << 33, TrajID: 12, Step: 1 << 34, PrevSeq: 5, Env: 2, Flags: flagDone | flagTerminated | flagHasTail, PolicyVersion: 4},
 		{Seq: 1<<33 + 1, TrajID: 13, Step: 0, PrevSeq: -1, Env: 2, PolicyVersion: 4},
-		{Seq: 1<<33 + 2, TrajID: 13, Step: 1, PrevSeq: 1<<33 + 2 - math.MaxUint32, Env: math.MaxUint32, PolicyVersion: math.MaxUint32},
+		// Every narrow slot at its largest value.
+		{Seq: 1<<33 + 2, TrajID: 13, Step: math.MaxUint32, PrevSeq: 1<<33 + 2 - math.MaxUint32, Env: 1<<memEnvBits - 1, PolicyVersion: math.MaxUint32, Flags: flagDone | flagTruncated | flagHasTail},
 		{Seq: 1<<33 + 3, TrajID: 13, Step: 2, PrevSeq: 1<<33 + 2 - math.MaxUint32 - 1, Env: 1, Flags: flagTruncated},
 	}
 	b.wmu.Lock()

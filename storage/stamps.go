@@ -1,6 +1,9 @@
 package storage
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"unsafe"
+)
 
 // stampTable holds, per ring slot, the seq of the complete row in it or -1
 // (empty, a hole, or being written). Readers check it before and after
@@ -12,9 +15,20 @@ import "sync/atomic"
 // missing page reads as -1. Slots fill in order as the ring first goes
 // round, so a buffer of a billion rows that holds a thousand costs one
 // page, not 8 GB.
+//
+// A memory buffer keeps its stamps in its row group instead (inRows), the
+// first 8 bytes of each row's memory record: a sample reads a row's stamp
+// and its record from one cache line, where the heap table costs a miss of
+// its own. There a stamp is stored as seq+1, so that the zeros of memory
+// never written read as -1.
 type stampTable struct {
 	pages []atomic.Pointer[[]atomic.Int64]
 	n     int64 // slots (the capacity)
+	// rows and pitch are set in row-group mode: slot's stamp is the int64
+	// at rows[slot*pitch] (8-byte aligned: the region is page aligned and
+	// pitch a multiple of 8).
+	rows  unsafe.Pointer
+	pitch int64
 }
 
 const (
@@ -27,8 +41,33 @@ func newStampTable(capacity int64) stampTable {
 	return stampTable{pages: make([]atomic.Pointer[[]atomic.Int64], (capacity+stampPageSize-1)/stampPageSize), n: capacity}
 }
 
+// inRows moves the table into a row group: rows holds capacity rows pitch
+// bytes apart, each starting with 8 bytes reserved for the stamp. The
+// stamps held so far are copied there. Nothing may use the table
+// meanwhile (buffers call it while they are created or restored).
+func (t *stampTable) inRows(rows []byte, pitch int64) {
+	if int64(len(rows)) < t.n*pitch || pitch%8 != 0 || uintptr(unsafe.Pointer(unsafe.SliceData(rows)))%8 != 0 {
+		panic("rbd: stamp rows too short or misaligned")
+	}
+	old := *t
+	t.pages, t.rows, t.pitch = nil, unsafe.Pointer(unsafe.SliceData(rows)), pitch
+	for slot := range t.n {
+		if seq := old.Load(slot); seq >= 0 {
+			t.Store(slot, seq)
+		}
+	}
+}
+
+// inRow returns slot's stamp word in row-group mode.
+func (t *stampTable) inRow(slot int64) *atomic.Int64 {
+	return (*atomic.Int64)(unsafe.Add(t.rows, slot*t.pitch))
+}
+
 // Load returns the stamp of slot (-1 when its page was never written).
 func (t *stampTable) Load(slot int64) int64 {
+	if t.rows != nil {
+		return t.inRow(slot).Load() - 1
+	}
 	p := t.pages[slot>>stampPageBits].Load()
 	if p == nil {
 		return -1
@@ -55,16 +94,30 @@ func (t *stampTable) page(slot int64) []atomic.Int64 {
 }
 
 // Store sets the stamp of slot.
-func (t *stampTable) Store(slot, seq int64) { t.page(slot)[slot&stampPageMask].Store(seq) }
+func (t *stampTable) Store(slot, seq int64) {
+	if t.rows != nil {
+		t.inRow(slot).Store(seq + 1)
+		return
+	}
+	t.page(slot)[slot&stampPageMask].Store(seq)
+}
 
 // Swap sets the stamp of slot and returns the old one; it is a full memory
 // barrier (writers rely on that, see writeRow).
-func (t *stampTable) Swap(slot, seq int64) int64 { return t.page(slot)[slot&stampPageMask].Swap(seq) }
+func (t *stampTable) Swap(slot, seq int64) int64 {
+	if t.rows != nil {
+		return t.inRow(slot).Swap(seq+1) - 1
+	}
+	return t.page(slot)[slot&stampPageMask].Swap(seq)
+}
 
 // CompareAndSwap is atomic.Int64.CompareAndSwap on the slot's stamp. On a
 // page never written the stamp is -1, and nothing is allocated for a swap
 // that cannot succeed.
 func (t *stampTable) CompareAndSwap(slot, old, seq int64) bool {
+	if t.rows != nil {
+		return t.inRow(slot).CompareAndSwap(old+1, seq+1)
+	}
 	p := t.pages[slot>>stampPageBits].Load()
 	if p == nil {
 		if old != -1 {
@@ -75,7 +128,7 @@ func (t *stampTable) CompareAndSwap(slot, old, seq int64) bool {
 	return (*p)[slot&stampPageMask].CompareAndSwap(old, seq)
 }
 
-// heapBytes is what the allocated pages take.
+// heapBytes is what the allocated pages take (none in row-group mode).
 func (t *stampTable) heapBytes() int64 {
 	var n int64
 	for i := range t.pages {
