@@ -14,12 +14,20 @@ import (
 // ring's overwrites, so its live rows are always a contiguous run of steps,
 // starting at FirstStep.
 //
+// The seqs are kept as runs of evenly spaced seqs (seqRun), not one by
+// one: the rows of one env come at a fixed distance from each other while
+// the batches around them keep their shape (1 for a lone env, N for N
+// envs written step by step), so a trajectory usually costs one run, not
+// 8 bytes a row. Irregular arrivals cost a run per 2 rows at worst.
+//
 // A *Trajectory is only valid inside the ReadIndex callback that produced it.
 type Trajectory struct {
 	id        int64
-	seqs      []int64 // seqs[head:] are live
-	head      int
-	firstStep int64 // step of seqs[head]
+	runs      []seqRun // runs[hr:] hold the live rows
+	hr        int
+	base      int64 // position of the oldest live row: rows before it were evicted
+	n         int64 // rows ever appended
+	firstStep int64 // step of the oldest live row
 	open      bool  // a (stream, env) may still append to it
 	ended     bool  // its last row carries done
 	pos       int   // position in index.list
@@ -31,11 +39,76 @@ type Trajectory struct {
 // ID returns the trajectory id.
 func (t *Trajectory) ID() int64 { return t.id }
 
+// seqRun holds rows pos, pos+1, ... of a trajectory (positions count every
+// row ever appended), whose seqs are first, first+stride, ...; it ends
+// where the next run starts.
+type seqRun struct {
+	pos, first, stride int64
+}
+
 // Len returns the number of live rows.
-func (t *Trajectory) Len() int { return len(t.seqs) - t.head }
+func (t *Trajectory) Len() int { return int(t.n - t.base) }
 
 // Seq returns the seq of the i-th live row (0 = oldest live).
-func (t *Trajectory) Seq(i int) int64 { return t.seqs[t.head+i] }
+func (t *Trajectory) Seq(i int) int64 {
+	p := t.base + int64(i)
+	if i < 0 || p >= t.n {
+		panic(fmt.Sprintf("rbd: trajectory %d has %d live rows, no row %d", t.id, t.Len(), i))
+	}
+	runs := t.runs[t.hr:]
+	// The last run whose pos <= p (runs[0].pos <= base <= p).
+	lo, hi := 0, len(runs)
+	for hi-lo > 1 {
+		mid := int(uint(lo+hi) >> 1)
+		if runs[mid].pos <= p {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	r := &runs[lo]
+	return r.first + (p-r.pos)*r.stride
+}
+
+// lastSeq returns the seq of the newest row (the trajectory has one).
+func (t *Trajectory) lastSeq() int64 {
+	r := &t.runs[len(t.runs)-1]
+	return r.first + (t.n-1-r.pos)*r.stride
+}
+
+// push appends the row seq, which is above every seq of the trajectory.
+func (t *Trajectory) push(seq int64) {
+	if k := len(t.runs); k > t.hr {
+		r := &t.runs[k-1]
+		switch count := t.n - r.pos; {
+		case count == 1:
+			r.stride = seq - r.first
+			t.n++
+			return
+		case seq == r.first+count*r.stride:
+			t.n++
+			return
+		}
+	}
+	t.runs = append(t.runs, seqRun{pos: t.n, first: seq})
+	t.n++
+}
+
+// popOldest drops the oldest live row.
+func (t *Trajectory) popOldest() {
+	t.base++
+	for t.hr+1 < len(t.runs) && t.runs[t.hr+1].pos <= t.base {
+		t.hr++
+	}
+	// Reclaim the dropped runs once they dominate, so memory stays
+	// proportional to live runs while each run is moved O(1) times.
+	if t.hr >= 16 && t.hr*2 >= len(t.runs) {
+		n := copy(t.runs, t.runs[t.hr:])
+		clear(t.runs[n:])
+		t.runs = t.runs[:n]
+		t.hr = 0
+	}
+}
 
 // FirstStep returns the step of the oldest live row; it is above 0 when the
 // trajectory's first rows were overwritten.
@@ -126,12 +199,12 @@ func (ix *index) add(id, step, seq int64, done, hasTail bool) error {
 	} else if want := t.firstStep + int64(t.Len()); step != want || !t.open {
 		return fmt.Errorf("trajectory %d: row seq %d has step %d, want %d (open=%v)", id, seq, step, want, t.open)
 	} else if t.Len() > 0 {
-		prev := t.seqs[len(t.seqs)-1]
+		prev := t.lastSeq()
 		ix.known.set(prev % ix.capacity) // its successor arrived
 		ix.setNextDelta(prev%ix.capacity, seq-prev)
 	}
 	ix.known.put(seq%ix.capacity, done && hasTail)
-	t.seqs = append(t.seqs, seq)
+	t.push(seq)
 	ix.lengthChanged(t)
 	ix.rows++
 	if hasTail {
@@ -201,11 +274,11 @@ func (ix *index) setClosed(t *Trajectory) {
 // evict removes the oldest live row of trajectory id, which must be seq.
 func (ix *index) evict(id, seq int64, hasTail bool) error {
 	t := ix.writerLookup(id)
-	if t == nil || t.Len() == 0 || t.seqs[t.head] != seq {
+	if t == nil || t.Len() == 0 || t.Seq(0) != seq {
 		return fmt.Errorf("evict seq %d: not the oldest live row of trajectory %d", seq, id)
 	}
 	ix.known.put(seq%ix.capacity, false)
-	t.head++
+	t.popOldest()
 	t.firstStep++
 	ix.lengthChanged(t)
 	ix.rows--
@@ -214,14 +287,6 @@ func (ix *index) evict(id, seq int64, hasTail bool) error {
 	}
 	if t.Len() == 0 {
 		ix.remove(t)
-		return nil
-	}
-	// Reclaim the evicted prefix once it dominates, so memory stays
-	// proportional to live rows while each row is moved O(1) times.
-	if t.head >= 64 && t.head*2 >= len(t.seqs) {
-		n := copy(t.seqs, t.seqs[t.head:])
-		t.seqs = t.seqs[:n]
-		t.head = 0
 	}
 	return nil
 }

@@ -87,11 +87,89 @@ func checkIndex(t *testing.T, b *Buffer, when string) {
 	}
 }
 
+// refTrajectories is the reference the index's trajectories are checked
+// against: a plain list of seqs per trajectory, built from what the test
+// wrote (which stream and env each row came from, and what ended each
+// trajectory), not from anything the buffer says.
+type refTrajectories struct {
+	open map[string]map[int64]*[]int64 // stream -> env -> the seqs of its open trajectory
+	all  []*[]int64
+}
+
+func (r *refTrajectories) extend(stream string, first int64, rows []row) {
+	if r.open == nil {
+		r.open = map[string]map[int64]*[]int64{}
+	}
+	if r.open[stream] == nil {
+		r.open[stream] = map[int64]*[]int64{}
+	}
+	for i, rw := range rows {
+		tr := r.open[stream][rw.env]
+		if tr == nil {
+			tr = new([]int64)
+			r.all = append(r.all, tr)
+			r.open[stream][rw.env] = tr
+		}
+		*tr = append(*tr, first+int64(i))
+		if rw.terminated || rw.truncated {
+			delete(r.open[stream], rw.env)
+		}
+	}
+	if stream == "" {
+		delete(r.open, stream) // an anonymous stream ends with its request
+	}
+}
+
+func (r *refTrajectories) closeStream(stream string) { delete(r.open, stream) }
+
+// check compares every trajectory with live rows (seqs in the window)
+// with the index: same number of trajectories, and each one's live seqs,
+// in order, through Len and Seq.
+func (r *refTrajectories) check(t *testing.T, b *Buffer, when string) {
+	t.Helper()
+	lo := max(0, b.writeCount.Load()-b.capacity)
+	type liveTraj struct {
+		id   int64
+		seqs []int64
+	}
+	var want []liveTraj
+	for _, tr := range r.all {
+		i, _ := slices.BinarySearch(*tr, lo)
+		if live := (*tr)[i:]; len(live) > 0 {
+			want = append(want, liveTraj{metas(t, b, live[0])[0].TrajID, live})
+		}
+	}
+	err := b.ReadIndex(func(v Index) {
+		if v.NumTrajectories() != len(want) {
+			t.Fatalf("%s: the index has %d trajectories, the reference %d", when, v.NumTrajectories(), len(want))
+		}
+		for _, w := range want {
+			tr := v.ByID(w.id)
+			if tr == nil {
+				t.Fatalf("%s: trajectory %d (seqs %v) is not in the index", when, w.id, w.seqs)
+			}
+			got := make([]int64, tr.Len())
+			for i := range got {
+				got[i] = tr.Seq(i)
+			}
+			if !slices.Equal(got, w.seqs) {
+				t.Fatalf("%s: trajectory %d has seqs %v, the reference %v", when, w.id, got, w.seqs)
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestIndexMatchesRows drives random interleaved writes (several
-// streams and envs, done rows with and without final observations, stream
-// closes, anonymous extends, ring overwrites, a reopen) and checks after
-// every step that the index's next-known bits say what the rows say and
-// that its length buckets hold every trajectory under its live length.
+// streams and envs, rows in random env order or env after env as a
+// vector env writes them, done rows with and without final observations,
+// stream closes, anonymous extends, ring overwrites, a reopen) and checks
+// after every step that the index's next-known bits say what the rows
+// say, that its length buckets hold every trajectory under its live
+// length, and that its trajectories hold exactly the live seqs of a
+// reference built from what was written (refTrajectories).
 func TestIndexMatchesRows(t *testing.T) {
 	cases := []struct {
 		kind     Kind
@@ -112,6 +190,7 @@ func TestIndexMatchesRows(t *testing.T) {
 			b := mustCreate(t, s, "b", spec)
 			rng := rand.New(rand.NewPCG(7, uint64(tc.capacity)))
 			streams := []string{"a", "b", "c", ""}
+			var ref refTrajectories
 			val := float32(0)
 			for op := range 400 {
 				if op == 200 && tc.kind != KindMemory {
@@ -124,19 +203,27 @@ func TestIndexMatchesRows(t *testing.T) {
 						t.Fatal(err)
 					}
 					checkIndex(t, b, "after reopen")
+					ref.check(t, b, "after reopen")
 				}
 				stream := streams[rng.IntN(len(streams))]
 				if stream != "" && rng.IntN(10) == 0 {
 					if _, err := b.CloseStream(stream); err != nil {
 						t.Fatal(err)
 					}
+					ref.closeStream(stream)
 					checkIndex(t, b, fmt.Sprintf("op %d: close %q", op, stream))
+					ref.check(t, b, fmt.Sprintf("op %d: close %q", op, stream))
 					continue
 				}
 				rows := make([]row, 1+rng.IntN(12))
+				lockstep := rng.IntN(2) == 0 // env 0, 1, 2, 0, 1, 2, ...: evenly spaced seqs
 				for i := range rows {
 					val++
-					rows[i] = row{env: int64(rng.IntN(3)), val: val, final: -val}
+					env := int64(rng.IntN(3))
+					if lockstep {
+						env = int64(i % 3)
+					}
+					rows[i] = row{env: env, val: val, final: -val}
 					switch rng.IntN(8) {
 					case 0:
 						rows[i].terminated = true
@@ -144,8 +231,11 @@ func TestIndexMatchesRows(t *testing.T) {
 						rows[i].truncated = true
 					}
 				}
-				mustExtend(t, b, stream, makeBatch(spec, rows, rng.IntN(3) != 0))
-				checkIndex(t, b, fmt.Sprintf("op %d: extend %q with %d rows", op, stream, len(rows)))
+				res := mustExtend(t, b, stream, makeBatch(spec, rows, rng.IntN(3) != 0))
+				ref.extend(stream, res.FirstSeq, rows)
+				when := fmt.Sprintf("op %d: extend %q with %d rows", op, stream, len(rows))
+				checkIndex(t, b, when)
+				ref.check(t, b, when)
 			}
 			if tc.kind == KindMemory {
 				// Deltas too far for 32 bits are stored as 0: the

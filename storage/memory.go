@@ -10,8 +10,11 @@ import (
 // Per-row heap costs counted by fullMemoryBytes (bytes per slot); the
 // priority trees are counted by prioTreeBytes.
 const (
-	stampBytesPerRow = 8 // stampTable
-	indexBytesPerRow = 8 // a seq in its trajectory's run
+	stampBytesPerRow = 8 // stampTable (files; a memory buffer's are in its row group)
+	// indexBytesPerRow is the index at worst: a trajectory's seq runs
+	// (24 bytes a run, a run per two rows when rows arrive irregularly;
+	// usually a run per trajectory) and the next distance (4 bytes).
+	indexBytesPerRow = 12 + 4
 )
 
 // fullMemoryBytes estimates what a buffer of spec holds in memory once
