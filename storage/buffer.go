@@ -79,6 +79,10 @@ type Buffer struct {
 	hdr        []byte           // meta header (nil for memory buffers)
 	recs       []byte           // capacity records, recPitch bytes apart
 	recPitch   int64            // recordSize, or the row group's row size
+	// tailIx places a compact memory buffer's final observations densely
+	// in its tail columns (nil for other buffers: their tails are at the
+	// slot).
+	tailIx *tailIndex
 	// wide holds the values of the memory records that do not fit their
 	// 32-bit slots (see memRecordSize); empty in real workloads.
 	wide     wideRecords
@@ -298,11 +302,18 @@ func (b *Buffer) mapMemory() (retErr error) {
 	if err := b.interleaveSmallFields(false); err != nil {
 		return err
 	}
+	if len(b.tails) > 0 {
+		b.tailIx = newTailIndex(b.capacity, b.tails)
+	}
 	for _, c := range b.allColumns() {
 		if c.stride != 0 {
 			continue // in the row group
 		}
-		r, err := mmapfile.Anonymous(b.capacity * int64(c.rowBytes))
+		rows := b.capacity
+		if c.role == roleTail {
+			rows = b.tailIx.rows
+		}
+		r, err := mmapfile.Anonymous(rows * int64(c.rowBytes))
 		if err != nil {
 			return fmt.Errorf("buffer %q field %q: %w", b.name, c.name, err)
 		}
@@ -518,6 +529,7 @@ func (b *Buffer) unmap() error {
 		b.group, b.recs, b.recPitch = nil, nil, recordSize
 		b.wide = wideRecords{}
 		b.stamps = newStampTable(b.capacity) // its stamps were in the group
+		b.tailIx = nil
 		for _, c := range b.cols {
 			if c.stride != 0 {
 				c.data, c.stride = nil, 0

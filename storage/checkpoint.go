@@ -292,6 +292,20 @@ func (cp *rowCopier) copyBlock(lo, hi int64) (kept, overwritten int64, err error
 	for i, c := range cp.cols {
 		rb := int64(c.rowBytes)
 		copyCol := func() {
+			if c.role == roleTail && b.tailIx != nil {
+				// Dense tails (tailIndex): checkpoint files keep them
+				// at the slot, as memmap buffers do.
+				bufs[i] = append(bufs[i][:0], make([]byte, n*rb)...)
+				for k := range n {
+					var r record
+					b.memRecord(lo+k, &r)
+					if r.Flags&flagHasTail != 0 {
+						at := b.tailIx.pos(lo+k) * rb
+						copy(bufs[i][k*rb:(k+1)*rb], c.data[at:at+rb])
+					}
+				}
+				return
+			}
 			if pitch := c.pitch(); pitch != rb {
 				// A row-group field: checkpoint files hold columns.
 				bufs[i] = bufs[i][:0]
@@ -506,14 +520,20 @@ func (s *Store) restoreMemory(b *Buffer, e catalogEntry) (*Buffer, int64, error)
 
 // moveToMemory replaces every file mapping of the buffer by anonymous
 // memory holding the same bytes: the records and small fields go straight
-// into the row group, every other column into a region of its own.
+// into the row group, the final observations into dense tail columns
+// (moveTailsToMemory), every other column into a region of its own.
 func (b *Buffer) moveToMemory() error {
 	if err := b.interleaveSmallFields(true); err != nil {
 		return err
 	}
+	if len(b.tails) > 0 {
+		if err := b.moveTailsToMemory(); err != nil {
+			return err
+		}
+	}
 	for _, c := range b.allColumns() {
-		if c.stride != 0 {
-			continue // in the row group
+		if c.stride != 0 || c.role == roleTail {
+			continue // in the row group, or moved already
 		}
 		anon, err := mmapfile.Anonymous(int64(len(c.data)))
 		if err != nil {
@@ -526,6 +546,49 @@ func (b *Buffer) moveToMemory() error {
 		c.region, c.data = anon, anon.Bytes()
 	}
 	return nil
+}
+
+// moveTailsToMemory gives a restored memory buffer its dense tail columns
+// (tailIndex): the final observations of its live rows, in seq order,
+// from the checkpoint's tail files, which keep them at the slot. Called
+// once the records are memory records.
+func (b *Buffer) moveTailsToMemory() error {
+	ti := newTailIndex(b.capacity, b.tails)
+	anons := make([]*mmapfile.Region, 0, len(b.tails))
+	for _, c := range b.tails {
+		r, err := mmapfile.Anonymous(ti.rows * int64(c.rowBytes))
+		if err != nil {
+			for _, a := range anons {
+				err = errors.Join(err, a.Close())
+			}
+			return fmt.Errorf("buffer %q tail column %q: %w", b.name, c.name, err)
+		}
+		anons = append(anons, r)
+	}
+	wc := b.writeCount.Load()
+	for seq := max(0, wc-b.capacity); seq < wc; seq++ {
+		ti.begin(seq)
+		if b.stamps.Load(seq%b.capacity) != seq {
+			continue // a hole, or a row recovery dropped
+		}
+		var r record
+		b.memRecord(seq, &r)
+		if r.Flags&flagHasTail == 0 {
+			continue
+		}
+		at := ti.add(seq)
+		for i, c := range b.tails {
+			rb := int64(c.rowBytes)
+			copy(anons[i].Bytes()[at*rb:(at+1)*rb], c.row(seq%b.capacity))
+		}
+	}
+	var errs []error
+	for i, c := range b.tails {
+		errs = append(errs, c.region.Close())
+		c.region, c.data = anons[i], anons[i].Bytes()
+	}
+	b.tailIx = ti
+	return errors.Join(errs...)
 }
 
 // dropRestoredFiles deletes the checkpoint files of memory buffers loaded

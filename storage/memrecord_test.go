@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"bytes"
 	"context"
 	"math"
 	"path/filepath"
@@ -37,6 +38,19 @@ func TestMemoryRecordsMatchFileRecords(t *testing.T) {
 				t.Fatalf("seq %d: memory record reads %+v, file record %+v", seqs[i], g[i], w[i])
 			}
 		}
+		// The final observations: dense in memory (tailIndex), at the
+		// slot in files.
+		var tails [2][]byte
+		for k, b := range []*Buffer{got, want} {
+			col, _ := b.Column("next.observation")
+			tails[k] = make([]byte, len(seqs)*col.RowBytes)
+			if missing, err := b.Gather(seqs, []Column{col}, [][]byte{tails[k]}, nil); err != nil || len(missing) > 0 {
+				t.Fatalf("gather final observations: %v, %d missing", err, len(missing))
+			}
+		}
+		if !bytes.Equal(tails[0], tails[1]) {
+			t.Fatalf("final observations differ:\nmemory %x\nfile   %x", tails[0], tails[1])
+		}
 	}
 	wideLive := func(b *Buffer) (n int) {
 		for _, seq := range b.LiveSeqs(0, capacity) {
@@ -53,7 +67,7 @@ func TestMemoryRecordsMatchFileRecords(t *testing.T) {
 		batchVersions := make([]int64, 8)
 		for i := range rows {
 			k := (round + i) % len(envs)
-			rows[i] = row{env: envs[k], val: float32(round*8 + i), terminated: (round+i)%5 == 4, final: -1}
+			rows[i] = row{env: envs[k], val: float32(round*8 + i), terminated: (round+i)%5 == 4, final: -float32(round*8 + i)}
 			batchVersions[i] = versions[(round*3+i)%len(versions)]
 		}
 		for _, b := range []*Buffer{mem, file} {
@@ -93,8 +107,8 @@ func TestMemoryRecordsMatchFileRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !restored.compactRecords() {
-		t.Error("a restored memory buffer should hold memory records")
+	if !restored.compactRecords() || restored.tailIx == nil {
+		t.Error("a restored memory buffer should hold memory records and dense tails")
 	}
 	compare(t, restored, file)
 	if err := cs.Close(); err != nil {

@@ -134,6 +134,10 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 			b.readMutable(func() { gatherColumn(dst[i], c, slots, recs) })
 			continue
 		}
+		if c.Tail {
+			gatherColumn(dst[i], c, b.tailSlots(seqs, slots, recs, nil), recs)
+			continue
+		}
 		gatherColumn(dst[i], c, slots, recs)
 	}
 	var damaged []error
@@ -230,10 +234,14 @@ func (v Index) CopyIndexed(seqs []int64, cols []Column, dst [][]byte) (missing [
 		}
 	}
 	b.touchColumns(cols, slots)
+	var tsmall [256]int64
 	for i, c := range cols {
-		if c.c.field.Mutable {
+		switch {
+		case c.c.field.Mutable:
 			b.readMutable(func() { gatherColumn(dst[i], c, slots, recs) })
-		} else {
+		case c.Tail:
+			gatherColumn(dst[i], c, b.tailSlots(seqs, slots, recs, tsmall[:0]), recs)
+		default:
 			gatherColumn(dst[i], c, slots, recs)
 		}
 		for _, j := range missing {
@@ -255,6 +263,8 @@ func (b *Buffer) touchColumns(cols []Column, slots []int64) {
 		switch {
 		case c.c.stride != 0:
 			lo, hi = min(lo, c.c.groupOff), max(hi, c.c.groupOff+int64(c.RowBytes))
+		case c.Tail && b.tailIx != nil:
+			// Tails are not at the slots (tailIndex), and few rows have one.
 		case c.c.cz < 0 && c.RowBytes <= rowGroupMaxField:
 			sum += touchSlots(c.c.data, slots, c.c.pitch(), int64(c.RowBytes))
 		}
@@ -263,6 +273,23 @@ func (b *Buffer) touchColumns(cols []Column, slots []int64) {
 		sum += touchSlots(b.recs[lo:], slots, b.recPitch, hi-lo)
 	}
 	keepLoads(sum)
+}
+
+// tailSlots returns where the tail columns hold the tails of the rows at
+// slots (the rows of seqs, recs their records), appended to dst: a memory
+// buffer's tailIndex places them densely, other buffers at the slot. A
+// row without a tail keeps its slot, which gatherColumn does not read.
+func (b *Buffer) tailSlots(seqs, slots []int64, recs []record, dst []int64) []int64 {
+	if b.tailIx == nil {
+		return slots
+	}
+	for j, slot := range slots {
+		if slot >= 0 && recs[j].Flags&flagHasTail != 0 {
+			slot = b.tailIx.pos(seqs[j])
+		}
+		dst = append(dst, slot)
+	}
+	return dst
 }
 
 func hasTail(cols []Column) bool {

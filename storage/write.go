@@ -365,6 +365,9 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	}
 
 	envs = b.publish(recs, first, written, end, stream, envs)
+	if b.tailIx != nil {
+		b.tailIx.release(max(0, end-capacity))
+	}
 	size := b.liveRows()
 	b.limiter.SetSize(size)
 	b.noteWrite(end, size)
@@ -517,13 +520,20 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 			crc = crc32.Update(crc, castagnoli, src)
 		}
 	}
+	if b.tailIx != nil {
+		b.tailIx.begin(rec.Seq)
+	}
 	if t := p.tailRowOf(r); t >= 0 {
+		at := slot // where the tail columns keep this row's tail
+		if b.tailIx != nil {
+			at = b.tailIx.add(rec.Seq)
+		}
 		for i, c := range b.tails {
 			if c.cz >= 0 {
 				continue
 			}
 			src := p.tailSrc[i][t*c.rowBytes : (t+1)*c.rowBytes]
-			copy(c.row(slot), src)
+			copy(c.row(at), src)
 			if b.persistent {
 				crc = crc32.Update(crc, castagnoli, src)
 			}
