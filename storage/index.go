@@ -218,9 +218,16 @@ func (ix *index) add(id, step, seq int64, done, hasTail bool) error {
 }
 
 func (ix *index) setNextDelta(slot, delta int64) {
-	if int64(len(ix.nextDelta)) <= slot {
-		// Slots fill in order while the ring first goes round.
-		ix.nextDelta = append(ix.nextDelta, make([]uint32, slot+1-int64(len(ix.nextDelta)))...)
+	if n := int64(len(ix.nextDelta)); n <= slot {
+		// Slots fill in order while the ring first goes round. Grown by
+		// doubling but never past the capacity (append would round the
+		// last growth up by as much as a quarter).
+		if int64(cap(ix.nextDelta)) <= slot {
+			grown := make([]uint32, n, min(ix.capacity, max(slot+1, 2*n)))
+			copy(grown, ix.nextDelta)
+			ix.nextDelta = grown
+		}
+		ix.nextDelta = ix.nextDelta[:slot+1]
 	}
 	if delta > math.MaxUint32 {
 		delta = 0

@@ -19,7 +19,7 @@ import (
 // in bytes per row.
 //
 // The bound is today's figure with room for noise, not the issue's target:
-// issue 11 asks for at most 47 B per row (floor 70 B); rbd holds 72 B
+// issue 11 asks for at most 47 B per row (floor 70 B); rbd holds 71-72 B
 // (2026-11-26; 143 B with 64-byte records, heap stamps, per-row seq lists
 // and final observations at the slot): the row group's 64 B (a 32-byte
 // memory record, seq stamp included, and 31 bytes of fields: one cache
