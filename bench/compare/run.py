@@ -22,8 +22,9 @@ action, next_obs, done, reward; rbd returns every field plus the rebuilt
 next observation and seq/traj_id/step. "held/row" is the growth of the
 resident set of the process that holds the data (the server for (b)) while
 the ring fills, divided by the rows; "layout/row" is what the arrays or
-columns take by construction (rbd: fields + final observations + the 64-byte
-row record).
+columns take by construction (rbd: fields + final observations + the row
+metadata, the info's row_meta_bytes: 64 for a file record, a memory buffer's
+32-byte record plus its row group's padding).
 """
 
 import argparse
@@ -151,7 +152,7 @@ def child_client(a):
     fill, steady = _timed_passes(a.capacity, w.rbd_rows, lambda rows: c.extend("bench", rows, stream="bench"))
     info = c.info("bench")
     held = rss(a.server_pid) - rss0
-    layout = sum(v["stored"] for v in info["bytes"].values()) / info["size"] + 64
+    layout = sum(v["stored"] for v in info["bytes"].values()) / info["size"] + info.get("row_meta_bytes", 64)
     bps, gbps = sample_for(a.seconds, lambda: c.sample("bench", BATCH).values())
     it = c.iter_samples("bench", BATCH, depth=2, transport="requests")
     pbps, pgbps = sample_for(a.seconds, lambda: next(it).values())
