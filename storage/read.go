@@ -97,6 +97,7 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 	// by column (one tight loop per field width), then re-check every
 	// stamp. A row whose stamp changed in between was overwritten while we
 	// copied it and is reported missing.
+	b.touchStamps(seqs)
 	wc := b.writeCount.Load()
 	lo := wc - b.capacity
 	slots := make([]int64, len(seqs))
@@ -210,6 +211,7 @@ func (v Index) CopyIndexed(seqs []int64, cols []Column, dst [][]byte) (missing [
 	if len(seqs) > len(small) {
 		slots = make([]int64, 0, len(seqs))
 	}
+	b.touchStamps(seqs)
 	wc := b.writeCount.Load()
 	lo := wc - b.capacity
 	for j, seq := range seqs {
@@ -249,6 +251,16 @@ func (v Index) CopyIndexed(seqs []int64, cols []Column, dst [][]byte) (missing [
 		}
 	}
 	return missing, nil
+}
+
+// touchStamps brings the stamps of seqs into cache ahead of the loop that
+// checks them, when they are in a memory buffer's row group: there each
+// is a cache miss of its own (in the row's line, which the copy needs
+// next anyway), and a short loop overlaps them (see touchRows).
+func (b *Buffer) touchStamps(seqs []int64) {
+	if b.stamps.rows != nil {
+		keepLoads(touchRows(b.recs, seqs, b.capacity, b.recPitch, 8))
+	}
 }
 
 // touchColumns brings the rows at slots of the small columns among cols
