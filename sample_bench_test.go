@@ -449,6 +449,27 @@ func BenchmarkSample(b *testing.B) {
 	}
 }
 
+// BenchmarkSampleWithoutNextState draws uniform batches of 256 with
+// next-state reconstruction off: the draw then tests each candidate's stamp
+// (Index.Live), which in a memory buffer is in the row's line, where the
+// next-known test reads a bit of the index.
+//
+// go test . -run '^$' -bench BenchmarkSampleWithoutNextState -benchtime 2s -count 3 -cpu 2
+func BenchmarkSampleWithoutNextState(b *testing.B) {
+	dir := b.TempDir() // removed after the cache's buffers are closed
+	cache := newSbenchCache(b)
+	off := false
+	for _, rows := range []int64{1e5, 1e6} {
+		b.Run("rows="+sbenchRowsLabel(rows), func(b *testing.B) {
+			if testing.Short() && rows > 1e5 {
+				b.Skip("-short: 10^6 rows")
+			}
+			buf := cache.get(b, dir, sbenchConfig{rows: rows, kind: storage.KindMemory})
+			sbenchRun(b, buf, &SampleRequest{BatchSize: sbenchBatch, NextState: &off})
+		})
+	}
+}
+
 // BenchmarkSliceR2D2 draws R2D2-shaped batches, 64 slices of 80 steps
 // (strict: only the trajectories with 80 rows or more qualify, about 18%),
 // with next-state reconstruction, without and with 5-step returns.

@@ -161,10 +161,25 @@ func rejectionBudget(n int) int { return 64*n + 256 }
 func drawUniform(ix storage.Index, p Params, rng *rand.Rand) (*Selection, error) {
 	lo, hi := ix.Window()
 	sel := &Selection{Seqs: make([]int64, 0, p.BatchSize)}
-	for tries := rejectionBudget(p.BatchSize); len(sel.Seqs) < p.BatchSize && tries > 0; tries-- {
-		seq := lo + rng.Int64N(hi-lo)
-		if admits(ix, p, seq) {
-			sel.Seqs = append(sel.Seqs, seq)
+	// Candidates are drawn a block at a time, as many as are still
+	// needed, so the rng gives exactly what one at a time would; a test
+	// that reads a row (Live: the stamp, in a memory buffer's row line)
+	// then finds the block's lines loaded by one short pass.
+	var small [256]int64
+	prefetch := !p.NextKnown || p.Eligible != nil
+	for tries := rejectionBudget(p.BatchSize); len(sel.Seqs) < p.BatchSize && tries > 0; {
+		cand := small[:0]
+		for range min(p.BatchSize-len(sel.Seqs), tries, len(small)) {
+			cand = append(cand, lo+rng.Int64N(hi-lo))
+		}
+		if prefetch {
+			ix.Prefetch(cand)
+		}
+		tries -= len(cand)
+		for _, seq := range cand {
+			if admits(ix, p, seq) {
+				sel.Seqs = append(sel.Seqs, seq)
+			}
 		}
 	}
 	if len(sel.Seqs) == p.BatchSize {

@@ -592,3 +592,45 @@ func TestWithoutReplacementBlocksMatchOneAtATime(t *testing.T) {
 		}
 	}
 }
+
+// TestUniformBlocksMatchOneAtATime checks that drawing uniform candidates a
+// block at a time (so a pass can load their rows first) gives exactly the
+// rows, and leaves the rng exactly where, drawing and testing one
+// candidate at a time does: with every row eligible, with one in five
+// rejected, with next-known rows only, and with a batch larger than the
+// block.
+func TestUniformBlocksMatchOneAtATime(t *testing.T) {
+	b := newTestBuffer(t, 3000, false)
+	writeEpisodes(t, b, []int{900, 1100, 1000}, nil)
+	notFifth := func(_ storage.Index, m storage.RowMeta) bool { return m.Seq%5 != 0 }
+	cases := []Params{
+		{Kind: Uniform, BatchSize: 7},
+		{Kind: Uniform, BatchSize: 256, Eligible: notFifth},
+		{Kind: Uniform, BatchSize: 256, NextKnown: true},
+		{Kind: Uniform, BatchSize: 700, Eligible: notFifth},
+	}
+	for i, p := range cases {
+		rng, refRng := rand.New(rand.NewPCG(5, uint64(i))), rand.New(rand.NewPCG(5, uint64(i)))
+		sel, err := draw(t, b, NewState(), p, rng)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want []int64
+		if err := b.ReadIndex(func(ix storage.Index) {
+			lo, hi := ix.Window()
+			for tries := rejectionBudget(p.BatchSize); len(want) < p.BatchSize && tries > 0; tries-- {
+				if seq := lo + refRng.Int64N(hi-lo); admits(ix, p, seq) {
+					want = append(want, seq)
+				}
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(sel.Seqs, want) {
+			t.Errorf("case %d: blocks drew %v..., one at a time %v...", i, sel.Seqs[:min(6, len(sel.Seqs))], want[:min(6, len(want))])
+		}
+		if got, want := rng.Uint64(), refRng.Uint64(); got != want {
+			t.Errorf("case %d: the rng moved on differently (next value %d, want %d)", i, got, want)
+		}
+	}
+}
