@@ -243,6 +243,9 @@ func drawPrioritized(ix storage.Index, p Params, rng *rand.Rand) (*Selection, er
 			masses[j] = rng.Float64() * total
 		}
 		ix.PriorityFindBatch(masses[:k], leaves[:k], found[:k])
+		if !p.NextKnown || p.Eligible != nil {
+			ix.Prefetch(found[:k]) // admits reads the rows (see drawUniform)
+		}
 		tries -= k
 		for _, seq := range found[:k] {
 			if !admits(ix, p, seq) {
@@ -326,6 +329,7 @@ func (s *State) drawWithoutReplacement(ix storage.Index, p Params, rng *rand.Ran
 		block := slots[:min(uint64(p.BatchSize-len(sel.Seqs)), uint64(len(slots)), e.perm.N()-e.cursor)]
 		e.perm.AtBatch(e.cursor, block)
 		e.cursor += uint64(len(block))
+		ix.PrefetchSlots(block) // SlotSeq reads each slot's stamp
 		for _, slot := range block {
 			// Slots, not seqs: a full ring keeps its epoch while rows are
 			// overwritten in place, and each slot is visited once.

@@ -439,6 +439,19 @@ func (v Index) rowInto(seq, wc int64, m *RowMeta) bool {
 // stamps are in the rows (memory buffers); elsewhere it does nothing.
 func (v Index) Prefetch(seqs []int64) { v.b.touchStamps(seqs) }
 
+// PrefetchSlots is Prefetch for the slots SlotSeq will be asked about.
+func (v Index) PrefetchSlots(slots []uint64) {
+	b := v.b
+	if b.stamps.rows == nil {
+		return
+	}
+	var sum int64
+	for _, slot := range slots {
+		sum += int64(b.recs[int64(slot)*b.recPitch])
+	}
+	keepLoads(sum)
+}
+
 // Live reports whether seq is an indexed row: live and published. Unlike
 // Row it reads no record.
 func (v Index) Live(seq int64) bool { return v.b.Live(seq) }
