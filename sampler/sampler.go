@@ -366,12 +366,11 @@ func (s *State) drawWithoutReplacement(ix storage.Index, p Params, rng *rand.Ran
 // appendSlice adds one slice of trajectory t starting at position start,
 // with length l <= L, padded to L.
 func appendSlice(sel *Selection, t *storage.Trajectory, start, l, L int, w float32, padded bool) {
+	sel.Seqs = t.AppendSeqs(sel.Seqs, start, l)
+	for range L - l {
+		sel.Seqs = append(sel.Seqs, -1)
+	}
 	for i := 0; i < L; i++ {
-		if i < l {
-			sel.Seqs = append(sel.Seqs, t.Seq(start+i))
-		} else {
-			sel.Seqs = append(sel.Seqs, -1)
-		}
 		sel.SliceEnd = append(sel.SliceEnd, i == l-1)
 		if padded {
 			sel.Mask = append(sel.Mask, i < l)

@@ -51,23 +51,57 @@ func (t *Trajectory) Len() int { return int(t.n - t.base) }
 
 // Seq returns the seq of the i-th live row (0 = oldest live).
 func (t *Trajectory) Seq(i int) int64 {
+	k := t.hr // one live run, the usual case: no search
+	if k != len(t.runs)-1 || uint64(i) >= uint64(t.n-t.base) {
+		k = t.runIndex(i)
+	}
+	r := &t.runs[k]
+	return r.first + (t.base+int64(i)-r.pos)*r.stride
+}
+
+// runIndex returns the index in t.runs of the run holding the i-th live
+// row (a binary search over the live runs).
+func (t *Trajectory) runIndex(i int) int {
 	p := t.base + int64(i)
 	if i < 0 || p >= t.n {
 		panic(fmt.Sprintf("rbd: trajectory %d has %d live rows, no row %d", t.id, t.Len(), i))
 	}
-	runs := t.runs[t.hr:]
-	// The last run whose pos <= p (runs[0].pos <= base <= p).
-	lo, hi := 0, len(runs)
+	// The last run whose pos <= p (runs[hr].pos <= base <= p).
+	lo, hi := t.hr, len(t.runs)
 	for hi-lo > 1 {
 		mid := int(uint(lo+hi) >> 1)
-		if runs[mid].pos <= p {
+		if t.runs[mid].pos <= p {
 			lo = mid
 		} else {
 			hi = mid
 		}
 	}
-	r := &runs[lo]
-	return r.first + (p-r.pos)*r.stride
+	return lo
+}
+
+// AppendSeqs appends the seqs of live rows i, i+1, ..., i+n-1 to dst: one
+// search for the first, then a walk along the runs (a slice sampler's
+// stretch of a trajectory costs O(log runs + n), not a search per row).
+func (t *Trajectory) AppendSeqs(dst []int64, i, n int) []int64 {
+	if n <= 0 {
+		return dst
+	}
+	if i+n > t.Len() {
+		panic(fmt.Sprintf("rbd: trajectory %d has %d live rows, no rows %d to %d", t.id, t.Len(), i, i+n-1))
+	}
+	k := t.runIndex(i)
+	for p, end := t.base+int64(i), t.base+int64(i+n); p < end; k++ {
+		r := &t.runs[k]
+		stop := end
+		if k+1 < len(t.runs) {
+			stop = min(end, t.runs[k+1].pos)
+		}
+		for seq := r.first + (p-r.pos)*r.stride; p < stop; p++ {
+			dst = append(dst, seq)
+			seq += r.stride
+		}
+	}
+	return dst
 }
 
 // lastSeq returns the seq of the newest row (the trajectory has one).

@@ -155,6 +155,14 @@ func (r *refTrajectories) check(t *testing.T, b *Buffer, when string) {
 			if !slices.Equal(got, w.seqs) {
 				t.Fatalf("%s: trajectory %d has seqs %v, the reference %v", when, w.id, got, w.seqs)
 			}
+			// Every stretch, through AppendSeqs's walk along the runs.
+			for i := range w.seqs {
+				for n := 0; i+n <= len(w.seqs); n += 1 + n/2 {
+					if got := tr.AppendSeqs([]int64{-9}, i, n); !slices.Equal(got[1:], w.seqs[i:i+n]) || got[0] != -9 {
+						t.Fatalf("%s: trajectory %d rows %d..%d: AppendSeqs gives %v, the reference %v", when, w.id, i, i+n-1, got, w.seqs[i:i+n])
+					}
+				}
+			}
 		}
 	})
 	if err != nil {
