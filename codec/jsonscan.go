@@ -459,44 +459,20 @@ func ScanJSONObject(data []byte, fn func(key string, value []byte) error) error 
 		}
 		return fmt.Errorf("want a JSON object, got %s", what)
 	}
-	s.i++
 	seen := map[string]bool{}
-	if s.peek() == '}' {
-		s.i++
-	} else {
-		for {
-			if s.peek() != '"' {
-				return s.syntax("want a string key")
-			}
-			key, err := s.str()
-			if err != nil {
-				return err
-			}
-			if seen[key] {
-				return fmt.Errorf("key %q is given twice", key)
-			}
-			seen[key] = true
-			if s.peek() != ':' {
-				return s.syntax("want : after a key")
-			}
-			s.i++
-			s.ws()
-			start := s.i
-			if _, err := s.skip(1); err != nil {
-				return err
-			}
-			if err := fn(key, data[start:s.i]); err != nil {
-				return err
-			}
-			if c := s.peek(); c == ',' {
-				s.i++
-				continue
-			} else if c == '}' {
-				s.i++
-				break
-			}
-			return s.syntax("want , or } in an object")
+	err := scanObject(s, func(key string) error {
+		if seen[key] {
+			return fmt.Errorf("key %q is given twice", key)
 		}
+		seen[key] = true
+		start := s.i
+		if _, err := s.skip(1); err != nil {
+			return err
+		}
+		return fn(key, data[start:s.i])
+	})
+	if err != nil {
+		return err
 	}
 	if !s.atEnd() {
 		return s.syntax("data after the object")

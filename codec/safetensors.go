@@ -170,6 +170,12 @@ func EncodeSafetensors(tensors []Tensor, meta map[string]string) ([]byte, error)
 // and that offsets are non-overlapping, contiguous from 0, match each
 // tensor's shape and cover the data exactly.
 func DecodeSafetensors(b []byte) ([]Tensor, map[string]string, error) {
+	return decodeSafetensorsWith(b, decodeHeader)
+}
+
+// decodeSafetensorsWith is DecodeSafetensors with the header reader given
+// (tests hold the scanner to the encoding/json reader it replaced).
+func decodeSafetensorsWith(b []byte, readHeader func([]byte) ([]headerEntry, map[string]string, error)) ([]Tensor, map[string]string, error) {
 	if len(b) < 8 {
 		return nil, nil, stErr("%d bytes is shorter than the 8-byte header length", len(b))
 	}
@@ -184,34 +190,18 @@ func DecodeSafetensors(b []byte) ([]Tensor, map[string]string, error) {
 	if len(hdr) == 0 || hdr[0] != '{' {
 		return nil, nil, stErr("header is not a JSON object")
 	}
-	var raw map[string]json.RawMessage
-	dec := json.NewDecoder(bytes.NewReader(hdr))
-	if err := dec.Decode(&raw); err != nil {
-		return nil, nil, stErr("header: %v", err)
-	}
-	if dec.InputOffset() != int64(len(hdr)) {
-		return nil, nil, stErr("header: data after the JSON object")
+	entries, meta, err := readHeader(hdr)
+	if err != nil {
+		return nil, nil, err
 	}
 	data := b[8+n:]
-	var meta map[string]string
 	type located struct {
 		t  Tensor
 		lo int64
 	}
-	var ts []located
-	for name, v := range raw {
-		if name == "__metadata__" {
-			m, err := decodeMetadata(v)
-			if err != nil {
-				return nil, nil, err
-			}
-			meta = m
-			continue
-		}
-		e, err := decodeEntry(name, v)
-		if err != nil {
-			return nil, nil, err
-		}
+	ts := make([]located, 0, len(entries))
+	for _, he := range entries {
+		name, e := he.name, he.e
 		dt, ok := stToDType[e.DType]
 		if !ok {
 			return nil, nil, stErr("tensor %q: unknown dtype %q", name, e.DType)
@@ -251,48 +241,4 @@ func DecodeSafetensors(b []byte) ([]Tensor, map[string]string, error) {
 		return nil, nil, stErr("tensors cover %d of the %d data bytes", pos, len(data))
 	}
 	return out, meta, nil
-}
-
-// decodeEntry parses one tensor entry with exact keys (encoding/json alone
-// would match keys case-insensitively and accept missing or short
-// offsets).
-func decodeEntry(name string, v json.RawMessage) (stEntry, error) {
-	var e stEntry
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(v, &fields); err != nil || fields == nil {
-		return e, stErr("tensor %q: entry must be an object", name)
-	}
-	for k := range fields {
-		if k != "dtype" && k != "shape" && k != "data_offsets" {
-			return e, stErr("tensor %q: unknown key %q", name, k)
-		}
-	}
-	if err := json.Unmarshal(fields["dtype"], &e.DType); err != nil || fields["dtype"] == nil {
-		return e, stErr("tensor %q: dtype must be a string", name)
-	}
-	if err := json.Unmarshal(fields["shape"], &e.Shape); err != nil || fields["shape"] == nil || e.Shape == nil {
-		return e, stErr("tensor %q: missing shape (a list of integers)", name)
-	}
-	var offs []int64
-	if err := json.Unmarshal(fields["data_offsets"], &offs); err != nil || len(offs) != 2 {
-		return e, stErr("tensor %q: data_offsets must be [begin, end]", name)
-	}
-	e.DataOffsets = [2]int64{offs[0], offs[1]}
-	return e, nil
-}
-
-func decodeMetadata(v json.RawMessage) (map[string]string, error) {
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(v, &raw); err != nil || raw == nil {
-		return nil, stErr("__metadata__ must map strings to strings")
-	}
-	m := make(map[string]string, len(raw))
-	for k, x := range raw {
-		var s string
-		if len(x) == 0 || x[0] != '"' || json.Unmarshal(x, &s) != nil {
-			return nil, stErr("__metadata__[%q] must be a string", k)
-		}
-		m[k] = s
-	}
-	return m, nil
 }
