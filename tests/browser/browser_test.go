@@ -60,6 +60,25 @@ type page struct {
 
 func newPage(t *testing.T) *page {
 	t.Helper()
+	// Starting Chromium can fail under load (it did once in a flake hunt).
+	// chromedp must not then be asked again on the same context: a second
+	// start there closes its allocation channel twice and panics the whole
+	// test binary. So each attempt gets a fresh allocator and context.
+	for attempt := 1; ; attempt++ {
+		p, err := startPage(t)
+		if err == nil {
+			return p
+		}
+		if attempt == 3 {
+			t.Fatalf("the browser did not start in %d attempts: %v", attempt, err)
+		}
+		t.Logf("browser start %d failed, trying a fresh one: %v", attempt, err)
+	}
+}
+
+// startPage starts a browser and its page, and collects the page's
+// console errors from then on.
+func startPage(t *testing.T) (*page, error) {
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromium(t)),
 		chromedp.NoSandbox, // root in CI
@@ -73,8 +92,15 @@ func newPage(t *testing.T) *page {
 	// The whole browser lives at most this long: a test never hangs on it.
 	actx, cancelTimeout := context.WithTimeout(actx, 2*time.Minute)
 	ctx, cancelCtx := chromedp.NewContext(actx)
+	cancel := func() { cancelCtx(); cancelTimeout(); cancelAlloc() }
+	// The first action starts the browser, here, before anything else
+	// uses the context.
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1400, 1000, chromedp.EmulateScale(1))); err != nil {
+		cancel()
+		return nil, err
+	}
 	p := &page{t: t, ctx: ctx}
-	messages := chromedp.Console(ctx) // starts the browser
+	messages := chromedp.Console(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -89,9 +115,8 @@ func newPage(t *testing.T) *page {
 			}
 		}
 	}()
-	t.Cleanup(func() { cancelCtx(); cancelTimeout(); cancelAlloc(); <-done })
-	p.run(chromedp.EmulateViewport(1400, 1000, chromedp.EmulateScale(1)))
-	return p
+	t.Cleanup(func() { cancel(); <-done })
+	return p, nil
 }
 
 func (p *page) run(actions ...chromedp.Action[chromedp.Void]) {
