@@ -8,8 +8,9 @@ import (
 // The safetensors header is read with the codec's JSON scanner
 // (jsonscan.go), not encoding/json: decoding it into maps of raw messages
 // and then each entry into another map cost more than the rest of a small
-// batch's decode together (a 256-row CartPole batch's eleven entries took
-// about 40 µs of a shared-memory client's time). The rules are the same:
+// batch's decode together (a 256-row CartPole answer's header took 30 µs
+// through encoding/json, 4.3 µs here: BenchmarkDecodeSafetensors). The
+// rules are the same:
 // one JSON object and nothing after it, entries with exactly the keys
 // dtype (a string), shape (a list of integers) and data_offsets (two
 // integers), __metadata__ mapping strings to strings. A key given twice
