@@ -564,7 +564,11 @@ func TestJSONExtendDecodesInPlace(t *testing.T) {
 	gBin := growth("application/octet-stream", bin)
 	gJSON := growth("application/json", js.Bytes())
 	t.Logf("%d rows: safetensors body %d MiB grew the server by %d MiB; JSON body %d MiB by %d MiB", n, len(bin)>>20, gBin>>20, js.Len()>>20, gJSON>>20)
-	if bound := gBin + int64(3*js.Len()); gJSON > bound {
-		t.Fatalf("the JSON extend grew the server by %d MiB, more than the binary one (%d MiB) plus 3x its body (bound %d MiB)", gJSON>>20, gBin>>20, bound>>20)
+	// 4x, not 3x: the binary extend's peak is the store's work, which got
+	// 30-40 MiB leaner on 2026-11-26 (the index's seq runs), while the JSON
+	// extend's peak is its decode (body, scan, decoded tensors) and stayed
+	// at 181-202 MiB: 3x left 0-10 MiB of slack and failed once.
+	if bound := gBin + int64(4*js.Len()); gJSON > bound {
+		t.Fatalf("the JSON extend grew the server by %d MiB, more than the binary one (%d MiB) plus 4x its body (bound %d MiB)", gJSON>>20, gBin>>20, bound>>20)
 	}
 }
