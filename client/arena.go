@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/edsrzf/mmap-go"
@@ -26,6 +27,12 @@ type arena struct {
 	slots     int
 	slotBytes int64
 	dataOff   int64
+
+	// ring: a version 2 arena, whose batches are announced in the ring at
+	// ringOff; taken counts the batches taken from it.
+	ring    bool
+	ringOff int64
+	taken   uint64
 
 	mu          sync.Mutex
 	outstanding int  // batches not released yet
@@ -46,8 +53,12 @@ func openArena(path, nonce string) (*arena, error) {
 		_ = mem.Unmap()
 		return nil, fmt.Errorf("%w: %s %s", ErrNotColocated, path, why)
 	}
-	if len(mem) < 64 || string(mem[:8]) != "RBDARENA" || binary.LittleEndian.Uint32(mem[8:]) != 1 {
-		return bad("is not an rbd arena (version 1)")
+	version := uint32(0)
+	if len(mem) >= 64 {
+		version = binary.LittleEndian.Uint32(mem[8:])
+	}
+	if len(mem) < 64 || string(mem[:8]) != "RBDARENA" || (version != 1 && version != 2) {
+		return bad("is not an rbd arena (version 1 or 2)")
 	}
 	if hex.EncodeToString(mem[24:40]) != nonce {
 		return bad("is not this stream's arena (another machine's process?)")
@@ -57,7 +68,54 @@ func openArena(path, nonce string) (*arena, error) {
 	if a.dataOff < int64(64+4*a.slots) || a.dataOff+int64(a.slots)*a.slotBytes > int64(len(mem)) {
 		return bad("has slots outside its size")
 	}
+	if version == 2 {
+		a.ring = true
+		a.ringOff = int64(binary.LittleEndian.Uint32(mem[arenaRingOff:]))
+		if a.ringOff < int64(64+4*a.slots) || a.ringOff%8 != 0 || a.ringOff+int64(ringEntryBytes*a.slots) > a.dataOff {
+			return bad("has its ring outside its header")
+		}
+	}
 	return a, nil
+}
+
+// A version 2 arena's shared words and ring entries (docs/format.md).
+const (
+	arenaWaiting   = 48
+	arenaRingOff   = 52
+	arenaConsumed  = 56
+	ringEntryBytes = 32
+	// ringSpin is how long Next polls the ring for a batch that is not
+	// there yet before it sleeps on the socket: a wake-up costs both sides
+	// a system call.
+	ringSpin = 100 * time.Microsecond
+)
+
+func (a *arena) word64(off int64) *uint64 { return (*uint64)(unsafe.Pointer(&a.mem[off])) }
+
+// announced reports whether the ring announces the next batch to take.
+func (a *arena) announced() bool {
+	e := a.ringOff + int64(a.taken%uint64(a.slots))*ringEntryBytes
+	return atomic.LoadUint64(a.word64(e)) == a.taken+1
+}
+
+// take takes the announced batch: its slot and length, and tells the
+// server it was taken.
+func (a *arena) take() (slot int, n uint64) {
+	e := a.ringOff + int64(a.taken%uint64(a.slots))*ringEntryBytes
+	n = binary.LittleEndian.Uint64(a.mem[e+8:])
+	slot = int(binary.LittleEndian.Uint32(a.mem[e+16:]))
+	a.taken++
+	atomic.StoreUint64(a.word64(arenaConsumed), a.taken)
+	return slot, n
+}
+
+// setWaiting says whether the client sleeps on the socket.
+func (a *arena) setWaiting(on bool) {
+	v := uint32(0)
+	if on {
+		v = 1
+	}
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&a.mem[arenaWaiting])), v)
 }
 
 // batch returns slot i's first n bytes and the function that hands the

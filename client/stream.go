@@ -11,6 +11,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"time"
 
 	"github.com/rbdb/rbd/codec"
 	"github.com/rbdb/rbd/ratelimit"
@@ -36,6 +37,11 @@ type StreamOptions struct {
 	// server waits, and after --stream-stall-timeout ends the stream.
 	// SampleStream returns ErrNotColocated if the arena cannot be mapped.
 	SharedMemory bool
+	// ArenaVersion picks the shared-memory protocol (docs/format.md,
+	// "Sample arenas"): 0 or 2, batches announced in the arena (a batch
+	// that is ready costs no system call); 1, each batch named by a frame
+	// on the socket (what servers before version 2 speak; for tests).
+	ArenaVersion int
 }
 
 // streamContentType is server.StreamContentType (the client does not
@@ -93,11 +99,18 @@ func (c *Client) SampleStream(ctx context.Context, name string, req *SampleReque
 	if err != nil {
 		return nil, fmt.Errorf("sample stream %s: %w", name, err)
 	}
-	transport := "1"
+	q := url.Values{"stream": {"1"}}
 	if o.SharedMemory {
-		transport = "shm"
+		switch o.ArenaVersion {
+		case 0, 2:
+			q = url.Values{"stream": {"shm"}, "arena": {"2"}}
+		case 1:
+			q = url.Values{"stream": {"shm"}}
+		default:
+			return nil, fmt.Errorf("sample stream %s: arena version %d is not 1 or 2", name, o.ArenaVersion)
+		}
 	}
-	resp, err := c.sendRetrying(ctx, http.MethodPost, path, url.Values{"stream": {transport}}, b, acceptTensors)
+	resp, err := c.sendRetrying(ctx, http.MethodPost, path, q, b, acceptTensors)
 	if err != nil {
 		return nil, fmt.Errorf("sample stream %s: %w", name, err)
 	}
@@ -137,6 +150,9 @@ func (s *SampleStream) Next() (*Batch, error) {
 func (s *SampleStream) next() (*Batch, error) {
 	if s.want > 0 && s.got == s.want {
 		return nil, io.EOF
+	}
+	if s.arena != nil && s.arena.ring {
+		return s.ringBatch()
 	}
 	var prefix [8]byte
 	if _, err := io.ReadFull(s.r, prefix[:]); err != nil {
@@ -180,6 +196,46 @@ func (s *SampleStream) arenaBatch(n uint64) (*Batch, error) {
 		return nil, fmt.Errorf("sample stream %s: batch %d: %w", s.name, s.got, err)
 	}
 	data, release, err := s.arena.batch(int(binary.LittleEndian.Uint32(ref[0:])), binary.LittleEndian.Uint64(ref[8:]))
+	if err != nil {
+		return nil, fmt.Errorf("sample stream %s: batch %d: %w", s.name, s.got, err)
+	}
+	tensors, meta, err := codec.DecodeSafetensors(data)
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("sample stream %s: batch %d: %w", s.name, s.got, err)
+	}
+	return &Batch{Tensors: tensors, Metadata: meta, release: release}, nil
+}
+
+// ringBatch takes the next batch a version 2 arena announces: it polls the
+// ring for ringSpin, then sleeps on the socket, where the server sends a
+// wake-up once the batch is there (or an error frame, or ends the stream).
+func (s *SampleStream) ringBatch() (*Batch, error) {
+	a := s.arena
+	for deadline := time.Now().Add(ringSpin); !a.announced() && time.Now().Before(deadline); {
+	}
+	for !a.announced() {
+		a.setWaiting(true)
+		if a.announced() {
+			a.setWaiting(false)
+			break
+		}
+		var word [8]byte
+		if _, err := io.ReadFull(s.r, word[:]); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, fmt.Errorf("sample stream %s: after %d batches: %w", s.name, s.got, err)
+		}
+		switch n := binary.LittleEndian.Uint64(word[:]); {
+		case n&frameError != 0:
+			return nil, fmt.Errorf("sample stream %s: after %d batches: %w", s.name, s.got, s.readErrorFrame(n&^frameError))
+		case n != frameArena:
+			return nil, fmt.Errorf("sample stream %s: a frame of %#x on a shared-memory stream, want a wake-up", s.name, n)
+		}
+	}
+	slot, n := a.take()
+	data, release, err := a.batch(slot, n)
 	if err != nil {
 		return nil, fmt.Errorf("sample stream %s: batch %d: %w", s.name, s.got, err)
 	}

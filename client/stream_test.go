@@ -66,17 +66,18 @@ func sameBatch(a, b *client.Batch) error {
 // transports are the ways a stream carries batches, for tests that run
 // over both.
 var transports = []struct {
-	name string
-	shm  bool
-}{{"socket", false}, {"shm", true}}
+	name  string
+	shm   bool
+	arena int // the arena version, for shm
+}{{"socket", false, 0}, {"shm", true, 2}, {"shm-v1", true, 1}}
 
 func TestSampleStreamMatchesSingleRequests(t *testing.T) {
 	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) { streamMatchesSingleRequests(t, tr.shm) })
+		t.Run(tr.name, func(t *testing.T) { streamMatchesSingleRequests(t, tr.shm, tr.arena) })
 	}
 }
 
-func streamMatchesSingleRequests(t *testing.T, shm bool) {
+func streamMatchesSingleRequests(t *testing.T, shm bool, arena int) {
 	ts, _ := newServer(t, nil)
 	c := newClient(t, ts.URL, nil)
 	fillCartpole(t, c, 2000, 1200)
@@ -99,7 +100,7 @@ func streamMatchesSingleRequests(t *testing.T, shm bool) {
 			if req.Sampler == "without_replacement" {
 				req.Consumer = "stream"
 			}
-			st, err := c.SampleStream(ctx, "cp", &req, &client.StreamOptions{Batches: batches, Depth: 3, SharedMemory: shm})
+			st, err := c.SampleStream(ctx, "cp", &req, &client.StreamOptions{Batches: batches, Depth: 3, SharedMemory: shm, ArenaVersion: arena})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -168,11 +169,11 @@ func TestSampleStreamUntilEpochEnd(t *testing.T) {
 // small ring: every row of every batch must derive from one token.
 func TestSampleStreamRowsNotTorn(t *testing.T) {
 	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) { streamRowsNotTorn(t, tr.shm) })
+		t.Run(tr.name, func(t *testing.T) { streamRowsNotTorn(t, tr.shm, tr.arena) })
 	}
 }
 
-func streamRowsNotTorn(t *testing.T, shm bool) {
+func streamRowsNotTorn(t *testing.T, shm bool, arena int) {
 	ts, _ := newServer(t, nil)
 	c := newClient(t, ts.URL, nil)
 	ctx := ctxT(t)
@@ -196,7 +197,7 @@ func streamRowsNotTorn(t *testing.T, shm bool) {
 			}
 		})
 	}
-	st, err := c.SampleStream(ctx, "cp", &client.SampleRequest{BatchSize: 64}, &client.StreamOptions{Batches: 300, SharedMemory: shm})
+	st, err := c.SampleStream(ctx, "cp", &client.SampleRequest{BatchSize: 64}, &client.StreamOptions{Batches: 300, SharedMemory: shm, ArenaVersion: arena})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,10 +227,16 @@ func streamRowsNotTorn(t *testing.T, shm bool) {
 // its stream after the stall timeout; Close leaves unreleased batches
 // readable.
 func TestSampleStreamSharedMemorySlots(t *testing.T) {
+	for _, arena := range []int{2, 1} {
+		t.Run(fmt.Sprintf("arena=%d", arena), func(t *testing.T) { sharedMemorySlots(t, arena) })
+	}
+}
+
+func sharedMemorySlots(t *testing.T, arena int) {
 	ts, _ := newServer(t, &server.Options{StreamStallTimeout: 300 * time.Millisecond})
 	c := newClient(t, ts.URL, nil)
 	fillCartpole(t, c, 2000, 1200)
-	st, err := c.SampleStream(ctxT(t), "cp", &client.SampleRequest{BatchSize: 32}, &client.StreamOptions{SharedMemory: true, Depth: 1})
+	st, err := c.SampleStream(ctxT(t), "cp", &client.SampleRequest{BatchSize: 32}, &client.StreamOptions{SharedMemory: true, Depth: 1, ArenaVersion: arena})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -368,17 +375,34 @@ func TestSampleStreamFreesWhatItHolds(t *testing.T) {
 			t.Fatalf("extend %d next to a stalled stream: %v", i, err)
 		}
 	}
-	waitFor(t, "the stalled stream to time out", func() bool { return streamsGauge(t, c) == "0" })
-	// The stalled client then finds its stream cut short.
-	for {
-		if _, err := stalled.Next(); err != nil {
-			if !errors.Is(err, io.ErrUnexpectedEOF) && !isConnReset(err) {
-				t.Fatalf("stalled stream ended with %v, want an unexpected EOF", err)
-			}
-			break
+	// And one in shared memory that takes no batch: the server fills the
+	// arena's ring and waits for it.
+	stalledShm, err := c.SampleStream(ctx, "cp", &client.SampleRequest{BatchSize: 256}, &client.StreamOptions{Depth: 8, SharedMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stalledShm.Close()
+	for i := range 50 {
+		if _, err := c.Extend(ctx, "cp", "writer", steps(seqToks(int64(i)*16, 16), make([]bool, 16), nil)); err != nil {
+			t.Fatalf("extend %d next to a stalled stream: %v", i, err)
 		}
 	}
-	stalled.Close()
+	waitFor(t, "the stalled streams to time out", func() bool { return streamsGauge(t, c) == "0" })
+	// The stalled clients then find their streams cut short (after the
+	// batches the server drew before it stalled).
+	for _, st := range []*client.SampleStream{stalled, stalledShm} {
+		for {
+			b, err := st.Next()
+			if err != nil {
+				if !errors.Is(err, io.ErrUnexpectedEOF) && !isConnReset(err) {
+					t.Fatalf("stalled stream ended with %v, want an unexpected EOF", err)
+				}
+				break
+			}
+			b.Release()
+		}
+		st.Close()
+	}
 	waitFor(t, "the streams' goroutines to exit", func() bool {
 		ts.CloseClientConnections() // idle keep-alive connections hold goroutines too
 		return runtime.NumGoroutine() <= baseline
@@ -553,6 +577,9 @@ func TestSampleStreamBadInput(t *testing.T) {
 		{"not an object", "stream=1", `[1]`, "", "body: not a JSON object"},
 		{"JSON answer", "stream=1", `{"batch_size": 8}`, "application/json", "stream: a sample stream is binary frames"},
 		{"stream keys without stream=1", "", `{"batch_size": 8, "depth": 2}`, "", "depth: unknown key"},
+		{"unknown arena version", "stream=shm&arena=3", `{"batch_size": 8}`, "", `arena: \"3\" is not an arena version (want 1 or 2)`},
+		{"arena on a socket stream", "stream=1&arena=2", `{"batch_size": 8}`, "", `arena: \"2\" applies to stream=shm only`},
+		{"arena on a single request", "arena=2", `{"batch_size": 8}`, "", `arena: \"2\" applies to stream=shm only`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req, _ := http.NewRequest("POST", ts.URL+"/v1/buffers/cp/sample?"+tc.query, strings.NewReader(tc.body))
@@ -622,4 +649,61 @@ func FuzzSampleStreamFrames(f *testing.F) {
 		}
 		t.Fatal("the reader returned more batches than the body has frames")
 	})
+}
+
+// TestSampleStreamWakesAWaitingReader: a rate limiter makes every draw
+// wait for a writer, so the reader runs out of batches each time and
+// sleeps on the socket; each batch must still arrive (a shared-memory
+// stream of version 2 announces batches in the arena and sends a wake-up
+// only to a reader that said it waits).
+func TestSampleStreamWakesAWaitingReader(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			ts, _ := newServer(t, nil)
+			c := newClient(t, ts.URL, nil)
+			ctx := ctxT(t)
+			spec := cartpole(1000)
+			spec.RateLimit = &client.RateLimit{SamplesPerInsert: 1, MinSize: 8, ErrorBuffer: 8}
+			if _, _, err := c.CreateBuffer(ctx, "cp", spec); err != nil {
+				t.Fatal(err)
+			}
+			ext := func(i int64) {
+				if _, err := c.Extend(ctx, "cp", "w", steps(seqToks(8*i, 8), make([]bool, 8), nil)); err != nil {
+					t.Error(err)
+				}
+			}
+			ext(0)
+			ext(1)
+			st, err := c.SampleStream(ctx, "cp", &client.SampleRequest{BatchSize: 8, TimeoutMS: 20000},
+				&client.StreamOptions{Batches: 12, Depth: 1, SharedMemory: tr.shm, ArenaVersion: tr.arena})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			stop := make(chan struct{})
+			wrote := make(chan struct{})
+			go func() { // one insert of 8 rows per 20 ms lets one batch through
+				defer close(wrote)
+				for i := int64(2); ; i++ {
+					select {
+					case <-stop:
+						return
+					case <-time.After(20 * time.Millisecond):
+						ext(i)
+					}
+				}
+			}()
+			defer func() { close(stop); <-wrote }()
+			for i := range 12 {
+				b, err := st.Next()
+				if err != nil {
+					t.Fatalf("batch %d: %v", i, err)
+				}
+				b.Release()
+			}
+			if _, err := st.Next(); err != io.EOF {
+				t.Fatalf("after the last batch: %v, want io.EOF", err)
+			}
+		})
+	}
 }

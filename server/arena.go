@@ -27,8 +27,7 @@ import (
 // its /proc fd. The layout is in docs/format.md, "Sample arenas".
 
 const (
-	arenaMagic   = "RBDARENA"
-	arenaVersion = 1
+	arenaMagic = "RBDARENA"
 	// arenaHeader is the fixed part: magic, version, slots, slot bytes,
 	// nonce; the slots' state words follow it.
 	arenaHeader = 64
@@ -41,25 +40,42 @@ const (
 	// slot states
 	slotFree = 0
 	slotHeld = 1
+
+	// Version 2 arenas (?stream=shm&arena=2) announce batches in a ring in
+	// the arena; these are the header words the two sides share and the
+	// ring's entry size.
+	arenaWaiting   = 48 // u32, client: 1 while it waits on the socket
+	arenaRingOff   = 52 // u32, where the ring starts
+	arenaConsumed  = 56 // u64, client: batches taken from the ring
+	ringEntryBytes = 32 // batch number + 1 (u64), length (u64), slot (u32), zero
 )
 
 // arena is one stream's shared memory.
 type arena struct {
 	f         *os.File
 	mem       mmap.MMap
+	version   int
 	slots     int
 	slotBytes int64
+	ringOff   int64 // version 2: the announcement ring
 	dataOff   int64
 	nonce     string
 	next      int // round-robin start of the free-slot search
 }
 
-// newArena makes an arena of slots slots of slotBytes bytes each (rounded
-// up to pages).
-func newArena(slots int, slotBytes int64) (*arena, error) {
+// newArena makes an arena of the given layout version (1: batches named by
+// socket frames, 2: announced in the arena) with slots slots of slotBytes
+// bytes each (rounded up to pages).
+func newArena(version, slots int, slotBytes int64) (*arena, error) {
 	const page = 4096
 	slotBytes = (slotBytes + page - 1) / page * page
-	dataOff := (int64(arenaHeader+4*slots) + page - 1) / page * page
+	end := int64(arenaHeader + 4*slots)
+	var ringOff int64
+	if version == 2 {
+		ringOff = (end + ringEntryBytes - 1) / ringEntryBytes * ringEntryBytes
+		end = ringOff + int64(ringEntryBytes*slots)
+	}
+	dataOff := (end + page - 1) / page * page
 	size := dataOff + int64(slots)*slotBytes
 	fd, err := unix.MemfdCreate("rbd-arena", unix.MFD_CLOEXEC)
 	if err != nil {
@@ -77,13 +93,15 @@ func newArena(slots int, slotBytes int64) (*arena, error) {
 	}
 	var nonce [16]byte
 	_, _ = rand.Read(nonce[:])
-	a := &arena{f: f, mem: mem, slots: slots, slotBytes: slotBytes, dataOff: dataOff, nonce: hex.EncodeToString(nonce[:])}
+	a := &arena{f: f, mem: mem, version: version, slots: slots, slotBytes: slotBytes, ringOff: ringOff, dataOff: dataOff,
+		nonce: hex.EncodeToString(nonce[:])}
 	copy(mem, arenaMagic)
-	binary.LittleEndian.PutUint32(mem[8:], arenaVersion)
+	binary.LittleEndian.PutUint32(mem[8:], uint32(version))
 	binary.LittleEndian.PutUint32(mem[12:], uint32(slots))
 	binary.LittleEndian.PutUint64(mem[16:], uint64(slotBytes))
 	copy(mem[24:40], nonce[:])
 	binary.LittleEndian.PutUint64(mem[40:], uint64(dataOff))
+	binary.LittleEndian.PutUint32(mem[arenaRingOff:], uint32(ringOff))
 	return a, nil
 }
 
@@ -96,6 +114,36 @@ func (a *arena) size() int64 { return int64(len(a.mem)) }
 
 func (a *arena) state(i int) *uint32 {
 	return (*uint32)(unsafe.Pointer(&a.mem[arenaHeader+4*i]))
+}
+
+func (a *arena) word32(off int) *uint32   { return (*uint32)(unsafe.Pointer(&a.mem[off])) }
+func (a *arena) word64(off int64) *uint64 { return (*uint64)(unsafe.Pointer(&a.mem[off])) }
+
+// consumed is how many batches the client of a version 2 arena has taken
+// from the ring.
+func (a *arena) consumed() int64 { return int64(atomic.LoadUint64(a.word64(arenaConsumed))) }
+
+// publish announces batch k (numbered from 0) of length n in slot i: the
+// entry's slot and length first, its number last, so a client that sees
+// the number sees the rest and the slot's bytes (stores are not reordered
+// with older stores on the CPUs rbd runs on, and the atomic store orders
+// them for Go).
+func (a *arena) publish(k int64, i int, n int64) {
+	e := a.ringOff + (k%int64(a.slots))*ringEntryBytes
+	binary.LittleEndian.PutUint64(a.mem[e+8:], uint64(n))
+	binary.LittleEndian.PutUint32(a.mem[e+16:], uint32(i))
+	atomic.StoreUint64(a.word64(e), uint64(k+1))
+}
+
+// wantsWake reports whether the client of a version 2 arena waits on the
+// socket while a batch it has not taken is published (published batches so
+// far), and if so clears its flag: the caller then sends one wake-up.
+func (a *arena) wantsWake(published int64) bool {
+	w := a.word32(arenaWaiting)
+	if atomic.LoadUint32(w) == 0 || a.consumed() >= published {
+		return false
+	}
+	return atomic.CompareAndSwapUint32(w, 1, 0)
 }
 
 func (a *arena) slot(i int) []byte {

@@ -16,7 +16,7 @@ import (
 // after the stall time; another mapping of the /proc path sees the
 // server's bytes and header.
 func TestArenaSlots(t *testing.T) {
-	a, err := newArena(3, 5000)
+	a, err := newArena(1, 3, 5000)
 	if err != nil {
 		t.Fatal(err)
 	}

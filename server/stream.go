@@ -109,17 +109,32 @@ const (
 	transportSingle = ""    // one answer
 	transportStream = "tcp" // a sample stream of frames on the socket
 	transportArena  = "shm" // a sample stream whose batches are in shared memory
+	// transportRing is a shared-memory stream whose batches are announced
+	// in the arena itself (version 2): the socket carries only wake-ups
+	// and errors.
+	transportRing = "shm2"
 )
 
 // streamParam reads the sample endpoint's "stream" query parameter.
 func streamParam(r *http.Request) (string, error) {
-	switch v := r.URL.Query().Get("stream"); v {
+	q := r.URL.Query()
+	if a := q.Get("arena"); a != "" && q.Get("stream") != "shm" {
+		return "", badRequest(fmt.Sprintf("arena: %q applies to stream=shm only", a))
+	}
+	switch v := q.Get("stream"); v {
 	case "", "0", "false":
 		return transportSingle, nil
 	case "1", "true":
 		return transportStream, nil
 	case "shm":
-		return transportArena, nil
+		switch a := q.Get("arena"); a {
+		case "", "1":
+			return transportArena, nil
+		case "2":
+			return transportRing, nil
+		default:
+			return "", badRequest(fmt.Sprintf("arena: %q is not an arena version (want 1 or 2)", a))
+		}
 	default:
 		return "", badRequest(fmt.Sprintf("stream: %q is not a transport option (want 1 for a sample stream, shm for one in shared memory, or 0)", v))
 	}
@@ -152,6 +167,9 @@ func (s *Server) sampleStream(w http.ResponseWriter, r *http.Request, b *rbd.Buf
 	sr, err := parseStreamRequest(body)
 	if err != nil {
 		return err
+	}
+	if transport == transportRing {
+		return s.ringStream(w, r, b, sr)
 	}
 	// A stream holds a goroutine and a connection for as long as it runs,
 	// like a request waiting for data, and is counted with them.
@@ -203,7 +221,7 @@ func (s *Server) sampleStream(w http.ResponseWriter, r *http.Request, b *rbd.Buf
 			it.free()
 			return err
 		}
-		if ar, err = newArena(slots, slotBytes); err != nil {
+		if ar, err = newArena(1, slots, slotBytes); err != nil {
 			it.free()
 			return err
 		}
@@ -274,25 +292,31 @@ func (s *Server) sampleStream(w http.ResponseWriter, r *http.Request, b *rbd.Buf
 func (s *Server) produceStream(ctx context.Context, b *rbd.Buffer, sr *streamRequest, out chan<- streamBatch) {
 	defer close(out)
 	for i := int64(0); sr.batches == 0 || i < sr.batches; i++ {
-		req := *sr.sample
-		if sr.sample.Seed != nil {
-			seed := *sr.sample.Seed + uint64(i)
-			req.Seed = &seed
-		}
-		l := &lease{b: s.budget}
-		batch, err := b.Sample(ctx, &req, &rbd.SampleOptions{MaxResponseBytes: s.opts.MaxResponse, MaxTimeout: s.opts.MaxWait,
-			Reserve: func(n int64) error { return l.grow(ctx, n, "a stream's batch") }, Stop: s.stopping})
-		it := streamBatch{batch: batch, lease: l, err: err}
+		it := s.drawStreamBatch(ctx, b, sr, i)
 		select {
 		case out <- it:
 		case <-ctx.Done():
 			it.free()
 			return
 		}
-		if err != nil || (sr.untilEpochEnd && batch.Metadata["epoch_end"] == "true") {
+		if it.err != nil || (sr.untilEpochEnd && it.batch.Metadata["epoch_end"] == "true") {
 			return
 		}
 	}
+}
+
+// drawStreamBatch draws batch i of a stream, with seed+i for a seeded
+// request, into memory leased from the server's budget.
+func (s *Server) drawStreamBatch(ctx context.Context, b *rbd.Buffer, sr *streamRequest, i int64) streamBatch {
+	req := *sr.sample
+	if sr.sample.Seed != nil {
+		seed := *sr.sample.Seed + uint64(i)
+		req.Seed = &seed
+	}
+	l := &lease{b: s.budget}
+	batch, err := b.Sample(ctx, &req, &rbd.SampleOptions{MaxResponseBytes: s.opts.MaxResponse, MaxTimeout: s.opts.MaxWait,
+		Reserve: func(n int64) error { return l.grow(ctx, n, "a stream's batch") }, Stop: s.stopping})
+	return streamBatch{batch: batch, lease: l, err: err}
 }
 
 // writeBatchFrame writes one batch as a frame: its length as a

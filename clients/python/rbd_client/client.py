@@ -866,11 +866,7 @@ class SampleStream(_AheadIterator):
         self._read_exact(word)
         n = int.from_bytes(word, "little")
         if n & _FRAME_ERROR:
-            payload = bytearray(n & ~_FRAME_ERROR)
-            self._read_exact(payload)
-            obj = json.loads(bytes(payload))
-            raise error_for(obj.get("status", 500), obj.get("error", "error frame"), obj.get("code"), None,
-                            "POST", self._path, obj.get("rate_limit"))
+            self._raise_error_frame(n)
         if n & _FRAME_ARENA:
             ref = bytearray(n & ~_FRAME_ARENA)
             self._read_exact(ref)
@@ -878,6 +874,17 @@ class SampleStream(_AheadIterator):
         else:
             buf = bytearray(n)
             self._read_exact(buf)
+        return self._batch(buf)
+
+    def _raise_error_frame(self, n):
+        payload = bytearray(n & ~_FRAME_ERROR)
+        self._read_exact(payload)
+        obj = json.loads(bytes(payload))
+        raise error_for(obj.get("status", 500), obj.get("error", "error frame"), obj.get("code"), None,
+                        "POST", self._path, obj.get("rate_limit"))
+
+    @staticmethod
+    def _batch(buf):
         tensors, meta = safetensors.loads(buf)
         b = Batch(tensors)
         b.metadata = meta
@@ -960,19 +967,31 @@ def _release_slot(mm, offset):
         pass
 
 
+# A version 2 arena's shared words (docs/format.md, "Sample arenas").
+_ARENA_WAITING, _ARENA_RING_OFF, _ARENA_CONSUMED, _RING_ENTRY = 48, 52, 56, 32
+_U32, _U64, _RING_REST = struct.Struct("<I"), struct.Struct("<Q"), struct.Struct("<QI")
+# How long a learner that finds no batch ready polls the ring before it
+# sleeps on the socket: a wake-up costs both sides a system call, and a
+# batch is usually this close.
+_RING_SPIN_S = 100e-6
+
+
 class ShmStream(SampleStream):
     """A sample stream whose batches arrive in shared memory (``?stream=shm``).
 
     For a learner on the server's machine: the server copies each batch
     into a slot of an arena it shares with this process (a memfd, opened
     through ``/proc/<server pid>/fd/<fd>``, so only the server's user or
-    root can map it), and the socket carries 16-byte frames naming slots.
-    A batch's arrays are views into the arena, with no copy and no socket
-    read; its slot goes back to the server when the last array (or torch
-    tensor) made from the batch is gone. A learner that keeps more than 4
-    batches alive at once makes the server wait for it (copy what you
-    keep). Everything else is :class:`SampleStream`'s; errors, seeds and
-    retries behave the same.
+    root can map it) and announces it in a ring in the arena, so taking a
+    batch that is ready costs no system call; the socket only wakes a
+    learner that waits (after polling the ring for 100 µs), and carries
+    errors. A batch's arrays are views into the arena, with no copy; its
+    slot goes back to the server when the last array (or torch tensor) made
+    from the batch is gone. A learner that keeps more than 4 batches alive
+    at once makes the server wait for it (copy what you keep). Everything
+    else is :class:`SampleStream`'s; errors, seeds and retries behave the
+    same. Against a server with only version 1 arenas, each batch is named
+    by a frame on the socket instead.
     """
 
     transport = "shm"
@@ -980,6 +999,8 @@ class ShmStream(SampleStream):
 
     def __init__(self, client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options, auto=False):
         super().__init__(client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options, auto=auto)
+        self._path = client._path("v1", "buffers", name, "sample", query={"stream": "shm", "arena": "2"})
+        self._ring = False
 
     def _open(self):
         try:
@@ -988,7 +1009,7 @@ class ShmStream(SampleStream):
             if not self._auto:
                 raise ConnectionFailed(0, "shared memory: %s" % e, method="POST", path=self._path) from e
             # Not on the server's machine after all: frames on the socket.
-            self.transport, self._stream = "stream", "1"
+            self.transport, self._stream, self._ring = "stream", "1", False
             self._path = self._client._path("v1", "buffers", self._name, "sample", query={"stream": "1"})
             super()._open()
 
@@ -1008,13 +1029,60 @@ class ShmStream(SampleStream):
             os.close(fd)
         magic, version, slots, slot_bytes = struct.unpack_from("<8sIIQ", mm, 0)
         (data_off,) = struct.unpack_from("<Q", mm, 40)
-        if magic != b"RBDARENA" or version != 1 or bytes(mm[24:40]).hex() != nonce:
+        if magic != b"RBDARENA" or version not in (1, 2) or bytes(mm[24:40]).hex() != nonce:
             mm.close()
             raise _NotColocated("%s is not this stream's arena (another machine's process?)" % path)
         self._mm, self._slots, self._slot_bytes, self._data_off = mm, slots, slot_bytes, data_off
+        self._ring = version == 2
+        self._ring_off = _U32.unpack_from(mm, _ARENA_RING_OFF)[0]
+        if self._ring and not (64 + 4 * slots <= self._ring_off and self._ring_off + _RING_ENTRY * slots <= data_off):
+            mm.close()
+            raise ConnectionFailed(0, "sample stream: the arena's ring is outside its header", method="POST", path=self._path)
+        self._taken = 0  # batches taken from this arena's ring
+
+    def _frame(self):
+        if not self._ring:
+            return super()._frame()
+        mm, want = self._mm, self._taken + 1
+        entry = self._ring_off + (self._taken % self._slots) * _RING_ENTRY
+        if _U64.unpack_from(mm, entry)[0] != want:
+            self._await(entry, want)
+        length, slot = _RING_REST.unpack_from(mm, entry + 8)
+        self._taken = want
+        _U64.pack_into(mm, _ARENA_CONSUMED, want)
+        return self._batch(self._slot_view(slot, length))
+
+    def _await(self, entry, want):
+        """Wait until the ring's entry announces batch ``want``: poll it for
+        a moment, then sleep on the socket until the server wakes us (or
+        sends an error frame)."""
+        mm = self._mm
+        deadline = time.perf_counter() + _RING_SPIN_S
+        while time.perf_counter() < deadline:
+            if _U64.unpack_from(mm, entry)[0] == want:
+                return
+        while True:
+            _U32.pack_into(mm, _ARENA_WAITING, 1)
+            if _U64.unpack_from(mm, entry)[0] == want:
+                _U32.pack_into(mm, _ARENA_WAITING, 0)
+                return
+            word = bytearray(8)
+            self._read_exact(word)
+            n = int.from_bytes(word, "little")
+            if n & _FRAME_ERROR:
+                self._raise_error_frame(n)
+            if n != _FRAME_ARENA:
+                raise ConnectionFailed(0, "sample stream: a frame of %#x on a shared-memory stream, want a wake-up" % n,
+                                       method="POST", path=self._path)
+            if _U64.unpack_from(mm, entry)[0] == want:
+                return
 
     def _arena_batch(self, ref):
-        slot, length = struct.unpack_from("<I4xQ", ref, 0)
+        return self._slot_view(*struct.unpack_from("<I4xQ", ref, 0))
+
+    def _slot_view(self, slot, length):
+        """The batch in an arena slot, as an array that hands the slot back
+        when it (and every view of it) is gone."""
         if slot >= self._slots or length > self._slot_bytes:
             raise ConnectionFailed(0, "sample stream: slot %d of %d bytes is outside the arena" % (slot, length),
                                    method="POST", path=self._path)

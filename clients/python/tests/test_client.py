@@ -664,6 +664,37 @@ class ShmTest(StreamTest):
         it = self.c.iter_samples(name, 4, batches=2)
         self.assertEqual(len(list(it)), 2)
         self.assertEqual(it.transport, "shm")
+        self.assertTrue(it._ring, "this server announces batches in the arena (version 2)")
+
+    def test_a_waiting_learner_is_woken(self):
+        # A rate limiter holds every draw until a writer inserts, so the
+        # learner finds the ring empty each time and sleeps on the socket
+        # until the server announces the batch and wakes it.
+        name = self.id().rsplit(".", 1)[-1].replace("test_", "")
+        s = spec()
+        s["rate_limit"] = {"samples_per_insert": 1, "min_size": 8, "error_buffer": 8}
+        self.c.create_buffer(name, s)
+        self.addCleanup(lambda: self._delete(name))
+        self.c.extend(name, episode(0, 8, final=False), stream="w")
+        self.c.extend(name, episode(50, 8, final=False), stream="w0")
+        stop = threading.Event()
+
+        def writer():
+            c, k = Client(self.server.url), 1
+            while not stop.wait(0.02):  # 8 rows per 20 ms: one batch through
+                c.extend(name, episode(100 * k, 8, final=False), stream="w%d" % k)
+                k += 1
+            c.close()
+        t = threading.Thread(target=writer)
+        t.start()
+        try:
+            with self.c.iter_samples(name, 8, transport="shm", depth=1, batches=10, timeout_ms=20000) as it:
+                got = [b["seq"].copy() for b in it]
+                self.assertTrue(it._ring)
+        finally:
+            stop.set()
+            t.join(30)
+        self.assertEqual(len(got), 10)
 
     def test_a_kept_batch_is_never_overwritten(self):
         name = self.buffer()

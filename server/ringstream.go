@@ -1,0 +1,191 @@
+package server
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/rbdb/rbd"
+	"github.com/rbdb/rbd/codec"
+)
+
+// A version 2 shared-memory stream (?stream=shm&arena=2) announces each
+// batch in a ring in the arena instead of a frame on the socket, so a
+// learner that is ahead of its next batch takes it with no system call on
+// either side, and the server draws, copies and announces in one goroutine
+// with no hand-off. The socket carries only what the arena cannot: a
+// wake-up for a client that waits on it (it says so in the arena's
+// waiting word), an error frame, and the stream's end. The layout and the
+// protocol are in docs/format.md, "Sample arenas".
+
+// frameWake is a version 2 stream's wake-up: an arena frame with no
+// payload. The client looks at the ring again.
+const frameWake = frameArena
+
+// ringStream answers a version 2 shared-memory stream. The first batch is
+// drawn before the answer, so a bad request or data not ready are ordinary
+// error answers, as for every stream.
+func (s *Server) ringStream(w http.ResponseWriter, r *http.Request, b *rbd.Buffer, sr *streamRequest) error {
+	done, err := s.mayWait()
+	if err != nil {
+		return err
+	}
+	defer done()
+	s.streams.Add(1)
+	defer s.streams.Add(-1)
+	ctx := r.Context()
+	it := s.drawStreamBatch(ctx, b, sr, 0)
+	defer func() { it.free() }()
+	if it.err != nil {
+		if ctx.Err() != nil {
+			return clientGone(ctx.Err())
+		}
+		return it.err
+	}
+	hdr, total, err := codec.SafetensorsHeader(s.answerTensors(b, it.batch), it.batch.Metadata)
+	if err != nil {
+		return err
+	}
+	// The ring holds at most depth+1 batches the client has not taken;
+	// the client may keep arenaHold more alive.
+	slots := sr.depth + 1 + arenaHold
+	slotBytes := total + int64(len(hdr)) + 4096
+	if err := leaseOf(w).grow(ctx, int64(slots)*slotBytes+4096, "the stream's shared-memory arena"); err != nil {
+		return err
+	}
+	ar, err := newArena(2, slots, slotBytes)
+	if err != nil {
+		return err
+	}
+	defer ar.close()
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Time{}) // the stream outlives the read timeout
+	w.Header().Set("X-Rbd-Arena", ar.path())
+	w.Header().Set("X-Rbd-Arena-Nonce", ar.nonce)
+	w.Header().Set("Content-Type", StreamContentType)
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	if err := rc.Flush(); err != nil {
+		return nil // the client is gone; nothing more to say
+	}
+
+	var sent int64
+	reason := "complete"
+	defer func() {
+		s.log.Info("sample stream ended", "buffer", b.Name(), "batches", sent, "reason", reason, "transport", "shm2")
+	}()
+	var werr error // a failed wake-up write: the client is gone
+	wake := func() {
+		if werr == nil && ar.wantsWake(sent) {
+			_ = rc.SetWriteDeadline(time.Now().Add(s.opts.StreamStallTimeout))
+			var f [8]byte
+			binary.LittleEndian.PutUint64(f[:], frameWake)
+			if _, werr = w.Write(f[:]); werr == nil {
+				werr = rc.Flush()
+			}
+		}
+	}
+	stopping := func() bool {
+		select {
+		case <-s.stopping:
+			return true
+		default:
+			return false
+		}
+	}
+	// wait polls cond, waking the client whenever it waits for a batch
+	// already announced (it may have raced the announcement).
+	wait := func(cond func() bool) error {
+		err := poll(ctx, s.opts.StreamStallTimeout, func() bool {
+			wake()
+			return werr != nil || stopping() || cond()
+		})
+		if err == nil && werr != nil {
+			err = werr
+		}
+		return err
+	}
+	fail := func(err error) error {
+		reason = err.Error()
+		if ctx.Err() == nil && werr == nil {
+			s.writeErrorFrame(w, rc, err)
+		}
+		return nil
+	}
+	for {
+		if stopping() {
+			reason = "server shutting down"
+			s.writeErrorFrame(w, rc, &apiError{status: http.StatusServiceUnavailable, code: "shutting_down", msg: "server is shutting down"})
+			return nil
+		}
+		tensors := s.answerTensors(b, it.batch)
+		hdr, total, err := codec.SafetensorsHeader(tensors, it.batch.Metadata)
+		if err != nil {
+			return fail(err)
+		}
+		if total > ar.slotBytes {
+			// Tensors keep their sizes within a stream; only the header
+			// can grow, and the slot leaves 4 KiB for that.
+			return fail(fmt.Errorf("a batch of %d bytes does not fit the stream's %d-byte arena slots", total, ar.slotBytes))
+		}
+		slot := -1
+		if err := wait(func() bool {
+			for k := range ar.slots {
+				i := (ar.next + k) % ar.slots
+				if atomic.LoadUint32(ar.state(i)) == slotFree {
+					ar.next, slot = (i+1)%ar.slots, i
+					return true
+				}
+			}
+			return false
+		}); err != nil || slot < 0 {
+			if err == nil && stopping() {
+				continue // said at the top of the loop
+			}
+			if err == nil {
+				err = errArenaStalled // woken by shutdown or a failed write
+			}
+			reason = "client gone or stalled: " + err.Error()
+			return nil
+		}
+		dst := ar.slot(slot)
+		n := copy(dst, hdr)
+		for _, t := range tensors {
+			n += copy(dst[n:], t.Data)
+		}
+		atomic.StoreUint32(ar.state(slot), slotHeld)
+		ar.publish(sent, slot, total)
+		epochEnd := it.batch.Metadata["epoch_end"] == "true"
+		it.free()
+		it = streamBatch{}
+		sent++
+		wake()
+		if werr != nil {
+			reason = "client gone: " + werr.Error()
+			return nil
+		}
+		if (sr.batches > 0 && sent == sr.batches) || (sr.untilEpochEnd && epochEnd) {
+			break
+		}
+		// Draw the next batch once the client is at most depth batches
+		// behind: then at most depth+1 wait in the ring.
+		if err := wait(func() bool { return sent-ar.consumed() <= int64(sr.depth) }); err != nil {
+			reason = "client gone or stalled: " + err.Error()
+			return nil
+		}
+		it = s.drawStreamBatch(ctx, b, sr, sent)
+		if it.err != nil {
+			if ctx.Err() != nil {
+				reason = "client gone"
+				return nil
+			}
+			return fail(it.err)
+		}
+	}
+	// The client maps the arena by the server's fd: keep it until the
+	// client has taken and dropped every batch, or hung up.
+	_ = wait(func() bool { return ar.consumed() >= sent && ar.idle() })
+	return nil
+}
