@@ -10,6 +10,19 @@ import (
 // zeroing) megabytes per batch.
 type bytePool struct {
 	classes [48]sync.Pool
+	// batches recycles released Batch values with their tensor, shape
+	// and buffer lists.
+	batches sync.Pool
+}
+
+// batch returns an empty Batch that hands its memory back to p.
+func (p *bytePool) batch() *Batch {
+	b, _ := p.batches.Get().(*Batch)
+	if b == nil {
+		b = &Batch{}
+	}
+	b.pool = p
+	return b
 }
 
 func sizeClass(n int) int {

@@ -3,6 +3,7 @@ package rbd
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/rbdb/rbd/sampler"
 	"github.com/rbdb/rbd/storage"
@@ -31,6 +32,12 @@ type Buffer struct {
 	// 22 KB, 256 x (64 + 24) bytes: most of what a small sample would
 	// otherwise allocate).
 	drawns sync.Pool
+	// gathereds recycles the per-sample copy state (maps and scratch).
+	gathereds sync.Pool
+	// rngs recycles samples' random sources (sampleRNG).
+	rngs sync.Pool
+	// lastPlan is the plan of the last request shape sampled (request.go).
+	lastPlan atomic.Pointer[cachedPlan]
 	// onDataWait, when set (tests), runs each time a sample starts waiting
 	// for data, after it gave its rate-limit admission back.
 	onDataWait func()

@@ -219,6 +219,94 @@ type plan struct {
 	// an answer of a few hundred kilobytes at most, writers wait less
 	// than the stamp checks of a lock-free copy would cost.
 	gatherLocked bool
+	// reconNames and validNames are next.<k> and next.<k>_valid for each
+	// k of recon, made once per plan rather than once per batch.
+	reconNames, validNames []string
+}
+
+// A plan depends on the request's shape, never on its seed or timeout, and
+// on the buffer's spec, which does not change (its rate limit, which can,
+// plays no part). A learner sends the same shape over and over (a stream
+// always does), so each buffer keeps its last plan and reuses it for a
+// request of the same shape: planning allocates a dozen slices and maps,
+// which at tens of thousands of samples a second kept the garbage
+// collector busy.
+
+// planKey is a request's shape: every field of SampleRequest but Seed,
+// TimeoutMS and Keys (compared on their own). TestPlanKeyCoversRequest
+// fails when SampleRequest gains a field this does not account for.
+type planKey struct {
+	sampler                        string
+	batchSize, numSlices, sliceLen int
+	nextState, strictLength        int8 // -1 unset, 0 false, 1 true
+	nstep                          NStep
+	hasNStep                       bool
+	beta                           float64
+	hasBeta                        bool
+	consumer                       string
+	includeIncomplete, dropLast    bool
+	fill                           string
+	minVersion                     int64
+	hasMinVersion                  bool
+	returnProb                     bool
+	keysNil                        bool
+	maxBytes                       int64
+}
+
+func optBool(v *bool) int8 {
+	switch {
+	case v == nil:
+		return -1
+	case *v:
+		return 1
+	}
+	return 0
+}
+
+func planKeyOf(req *SampleRequest, maxBytes int64) planKey {
+	k := planKey{sampler: req.Sampler, batchSize: req.BatchSize, numSlices: req.NumSlices, sliceLen: req.SliceLen,
+		nextState: optBool(req.NextState), strictLength: optBool(req.StrictLength), consumer: req.Consumer,
+		includeIncomplete: req.IncludeIncomplete, dropLast: req.DropLast, fill: req.Fill, returnProb: req.ReturnProb,
+		keysNil: req.Keys == nil, maxBytes: maxBytes}
+	if req.NStep != nil {
+		k.nstep, k.hasNStep = *req.NStep, true
+	}
+	if req.Beta != nil {
+		k.beta, k.hasBeta = *req.Beta, true
+	}
+	if req.MinPolicyVersion != nil {
+		k.minVersion, k.hasMinVersion = *req.MinPolicyVersion, true
+	}
+	return k
+}
+
+// cachedPlan is a buffer's last plan and the shape it was made for.
+type cachedPlan struct {
+	key  planKey
+	keys []string
+	p    *plan
+}
+
+// plan returns the plan of req: the buffer's last one when req has its
+// shape, else a new one (which becomes the last). Plans are read-only once
+// made, so samples share them.
+func (b *Buffer) plan(req *SampleRequest, maxBytes int64) (*plan, error) {
+	if req.TimeoutMS < 0 { // not part of the shape: checked for every request
+		return nil, reqErr("timeout_ms", "must not be negative")
+	}
+	key := planKeyOf(req, maxBytes)
+	if c := b.lastPlan.Load(); c != nil && c.key == key && slices.Equal(c.keys, req.Keys) {
+		return c.p, nil
+	}
+	shape := *req
+	shape.Seed, shape.TimeoutMS = nil, 0 // the plan must not keep either
+	shape.Keys = slices.Clone(req.Keys)
+	p, err := b.planSample(&shape, maxBytes)
+	if err != nil {
+		return nil, err
+	}
+	b.lastPlan.Store(&cachedPlan{key: key, keys: shape.Keys, p: p})
+	return p, nil
 }
 
 // gatherLockedMaxBytes bounds the answers a sample copies while it holds the
@@ -471,6 +559,10 @@ func (b *Buffer) planKeys(p *plan) error {
 		}
 	}
 	p.recon = recon
+	for _, k := range recon {
+		p.reconNames = append(p.reconNames, "next."+k)
+		p.validNames = append(p.validNames, "next."+k+"_valid")
+	}
 	return nil
 }
 

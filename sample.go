@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 
@@ -52,19 +53,24 @@ type Batch struct {
 
 	pool *bytePool
 	bufs []*[]byte
+	dims []int // every tensor's Shape is a piece of it
 }
 
 // Release hands the batch's memory back for reuse by later samples. The
-// batch must not be used afterwards; calling it is optional (unreleased
-// batches are garbage collected).
+// batch (its tensors, their data and shapes) must not be used afterwards;
+// calling it is optional (unreleased batches are garbage collected).
 func (b *Batch) Release() {
 	if b.pool == nil {
 		return
 	}
+	pool := b.pool
 	for _, buf := range b.bufs {
-		b.pool.put(buf)
+		pool.put(buf)
 	}
-	b.bufs, b.pool, b.Tensors = nil, nil, nil
+	clear(b.bufs)
+	clear(b.Tensors)
+	*b = Batch{Tensors: b.Tensors[:0], bufs: b.bufs[:0], dims: b.dims[:0]}
+	pool.batches.Put(b)
 }
 
 // Tensor returns the named tensor.
@@ -110,6 +116,9 @@ type drawn struct {
 	// g is set when the rows were copied in the draw's critical section
 	// (plan.gatherLocked).
 	g *gathered
+	// selStore is the selection the sampler fills (sel points to it), kept
+	// with its arrays across draws.
+	selStore sampler.Selection
 }
 
 // Sample draws a batch. It validates the request against the buffer
@@ -132,16 +141,22 @@ func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOpt
 	if opts != nil {
 		o = *opts
 	}
-	p, err := b.planSample(req, o.MaxResponseBytes)
+	p, err := b.plan(req, o.MaxResponseBytes)
 	if err != nil {
 		return nil, fmt.Errorf("sample %q: %w", b.Name(), err)
 	}
-	var rng *rand.Rand
-	if req.Seed != nil {
-		rng = rand.New(rand.NewPCG(*req.Seed, 0x72626473616d706c)) // "rbdsampl"
-	} else {
-		rng = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	sr, _ := b.rngs.Get().(*sampleRNG)
+	if sr == nil {
+		sr = &sampleRNG{}
+		sr.r = rand.New(&sr.pcg)
 	}
+	defer b.rngs.Put(sr)
+	if req.Seed != nil {
+		sr.pcg.Seed(*req.Seed, 0x72626473616d706c) // "rbdsampl"
+	} else {
+		sr.pcg.Seed(rand.Uint64(), rand.Uint64())
+	}
+	rng := sr.r
 	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
 	if o.MaxTimeout > 0 {
 		timeout = min(timeout, o.MaxTimeout)
@@ -189,6 +204,7 @@ func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOpt
 			}
 			grant.Refund(int64(p.rows - len(d.sel.Seqs)))
 			batch := b.encode(p, d, g)
+			b.recycleGathered(g)
 			b.recycle(d)
 			return batch, nil
 		}
@@ -197,6 +213,13 @@ func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOpt
 			return nil, fmt.Errorf("sample %q: %w", b.Name(), ErrContention)
 		}
 	}
+}
+
+// sampleRNG is a sample's random source, pooled: a rand.Rand over a PCG
+// costs two allocations to make, and a PCG is as good as new once seeded.
+type sampleRNG struct {
+	pcg rand.PCG
+	r   *rand.Rand
 }
 
 // draw picks the batch's rows: it takes the rate limiter's grant (unless
@@ -225,9 +248,15 @@ func (b *Buffer) draw(ctx context.Context, p *plan, rng *rand.Rand, deadline tim
 					ErrNotReady, p.minVersion, ix.NewestPolicyVersion())
 				return
 			}
+			d = b.newDrawn()
+			params := p.params
+			params.Reuse = &d.selStore
 			var sel *sampler.Selection
-			if sel, drawErr = b.state.Draw(ix, p.params, rng); drawErr == nil {
-				d = p.resolve(ix, sel, b.newDrawn(len(sel.Seqs)))
+			if sel, drawErr = b.state.Draw(ix, params, rng); drawErr != nil {
+				b.recycle(d)
+				d = nil
+			} else {
+				d = p.resolve(ix, sel, d)
 				if p.req.ReturnProb {
 					d.probabilities(ix, p)
 				}
@@ -269,24 +298,23 @@ func (b *Buffer) draw(ctx context.Context, p *plan, rng *rand.Rand, deadline tim
 	}
 }
 
-// newDrawn takes a drawn for n rows from the buffer's pool.
-func (b *Buffer) newDrawn(n int) *drawn {
-	d, _ := b.drawns.Get().(*drawn)
-	if d == nil || cap(d.metas) < n {
-		return &drawn{metas: make([]storage.RowMeta, n), next: make([]transforms.NextSource, n)}
+// newDrawn takes a drawn from the buffer's pool; resolve sizes it.
+func (b *Buffer) newDrawn() *drawn {
+	if d, _ := b.drawns.Get().(*drawn); d != nil {
+		return d
 	}
-	d.metas, d.next = d.metas[:n], d.next[:n]
-	return d
+	return &drawn{}
 }
 
 // recycle hands d back to the pool once nothing reads it any more (the
-// batch encode made holds copies, never d's slices). d's gathered memory
-// is not touched: the batch owns it, or gather released it.
+// batch encode made holds copies, never d's slices or its selection). d's
+// gathered memory is not touched: the batch owns it, or gather released
+// it.
 func (b *Buffer) recycle(d *drawn) {
 	if d == nil {
 		return
 	}
-	*d = drawn{metas: d.metas[:0], next: d.next[:0]}
+	*d = drawn{metas: d.metas[:0], next: d.next[:0], selStore: d.selStore}
 	b.drawns.Put(d)
 }
 
@@ -294,6 +322,7 @@ func (b *Buffer) recycle(d *drawn) {
 func (p *plan) resolve(ix storage.Index, sel *sampler.Selection, d *drawn) *drawn {
 	n := len(sel.Seqs)
 	d.sel, d.newest = sel, ix.NewestPolicyVersion()
+	d.metas, d.next = slices.Grow(d.metas[:0], n)[:n], slices.Grow(d.next[:0], n)[:n]
 	if p.nstep != nil {
 		d.windows = make([][]storage.RowMeta, n)
 	}
@@ -404,6 +433,47 @@ type gathered struct {
 	rewards, origReward, nstepReward []byte
 	steps                            []int64
 	gammas                           []float32
+
+	// Scratch kept across samples (gathered is pooled): column groups,
+	// their destinations, the next rows' and final observations' seqs.
+	atRow, atLast     []storage.Column
+	dst               [][]byte
+	rowSeqs, tailSeqs []int64
+	tailPos           []int
+	oneCol            [1]storage.Column
+	oneDst            [1][]byte
+}
+
+// newGathered takes a gathered for n rows from the buffer's pool.
+func (b *Buffer) newGathered(n int) *gathered {
+	g, _ := b.gathereds.Get().(*gathered)
+	if g == nil {
+		g = &gathered{stored: map[string][]byte{}, recon: map[string][]byte{}}
+	}
+	g.valid = slices.Grow(g.valid[:0], n)[:n]
+	clear(g.valid)
+	return g
+}
+
+// recycleGathered hands g back to the pool once its memory went to a
+// batch (encode) or back to the byte pool (release): it keeps only maps
+// and scratch arrays, never bytes a batch still reads.
+func (b *Buffer) recycleGathered(g *gathered) {
+	clear(g.stored)
+	clear(g.recon)
+	clear(g.bufs)
+	*g = gathered{bufs: g.bufs[:0], stored: g.stored, recon: g.recon, valid: g.valid[:0],
+		atRow: g.atRow[:0], atLast: g.atLast[:0], dst: g.dst[:0],
+		rowSeqs: g.rowSeqs[:0], tailSeqs: g.tailSeqs[:0], tailPos: g.tailPos[:0]}
+	b.gathereds.Put(g)
+}
+
+// gatherOne is gatherAt for one column, without allocating its slices.
+func (b *Buffer) gatherOne(g *gathered, ix *storage.Index, seqs []int64, c storage.Column, dst []byte) (bool, error) {
+	g.oneCol[0], g.oneDst[0] = c, dst
+	ok, err := b.gatherAt(ix, seqs, g.oneCol[:], g.oneDst[:])
+	g.oneDst[0] = nil
+	return ok, err
 }
 
 // alloc takes a buffer from the pool (not zeroed: every byte is written).
@@ -439,10 +509,11 @@ func isNStepNext(name string) bool {
 func (b *Buffer) gather(p *plan, d *drawn, ix *storage.Index) (_ *gathered, ok bool, _ error) {
 	sel := d.sel
 	n := len(sel.Seqs)
-	g := &gathered{stored: map[string][]byte{}, recon: map[string][]byte{}, valid: make([]bool, n)}
+	g := b.newGathered(n)
 	defer func() {
 		if !ok {
 			g.release(b)
+			b.recycleGathered(g)
 		}
 	}()
 	// Stored fields. With n-step, the other next.* fields come from the
@@ -457,33 +528,34 @@ func (b *Buffer) gather(p *plan, d *drawn, ix *storage.Index) (_ *gathered, ok b
 			}
 		}
 	}
-	var atRow, atLast []storage.Column
 	for _, c := range p.stored {
 		if p.nstep != nil && isNStepNext(c.Name) {
-			atLast = append(atLast, c)
+			g.atLast = append(g.atLast, c)
 		} else {
-			atRow = append(atRow, c)
+			g.atRow = append(g.atRow, c)
 		}
 	}
-	for _, group := range []struct {
-		cols []storage.Column
-		seqs []int64
-	}{{atRow, sel.Seqs}, {atLast, lastSeqs}} {
-		if len(group.cols) == 0 {
+	for k := range 2 {
+		cols, seqs := g.atRow, sel.Seqs
+		if k == 1 {
+			cols, seqs = g.atLast, lastSeqs
+		}
+		if len(cols) == 0 {
 			continue
 		}
-		dst := make([][]byte, len(group.cols))
-		for i, c := range group.cols {
-			dst[i] = g.alloc(b, n*c.RowBytes)
+		g.dst = g.dst[:0]
+		for _, c := range cols {
+			g.dst = append(g.dst, g.alloc(b, n*c.RowBytes))
 		}
-		ok, err := b.gatherAt(ix, group.seqs, group.cols, dst)
+		ok, err := b.gatherAt(ix, seqs, cols, g.dst)
 		if err != nil || !ok {
 			return nil, ok, err
 		}
-		for i, c := range group.cols {
-			g.stored[c.Name] = dst[i]
+		for i, c := range cols {
+			g.stored[c.Name] = g.dst[i]
 		}
 	}
+	clear(g.dst)
 	if len(p.recon) > 0 {
 		if ok, err := b.gatherNext(p, d, g, ix); err != nil || !ok {
 			return nil, ok, err
@@ -502,30 +574,30 @@ func (b *Buffer) gather(p *plan, d *drawn, ix *storage.Index) (_ *gathered, ok b
 // placed.
 func (b *Buffer) gatherNext(p *plan, d *drawn, g *gathered, ix *storage.Index) (bool, error) {
 	n := len(d.next)
-	rowSeqs := make([]int64, n)
-	var tailSeqs []int64
-	var tailPos []int
+	g.rowSeqs = slices.Grow(g.rowSeqs[:0], n)[:n]
+	rowSeqs := g.rowSeqs
 	for i, s := range d.next {
 		rowSeqs[i] = s.Row
 		g.valid[i] = s.Known()
 		if s.Tail >= 0 {
-			tailSeqs = append(tailSeqs, s.Tail)
-			tailPos = append(tailPos, i)
+			g.tailSeqs = append(g.tailSeqs, s.Tail)
+			g.tailPos = append(g.tailPos, i)
 		}
 	}
-	for _, k := range p.recon {
+	tailSeqs, tailPos := g.tailSeqs, g.tailPos
+	for i, k := range p.recon {
 		obs, _ := b.Column(k)
-		tail, _ := b.Column("next." + k)
+		tail, _ := b.Column(p.reconNames[i])
 		rb := obs.RowBytes
 		a := g.alloc(b, n*rb)
-		ok, err := b.gatherAt(ix, rowSeqs, []storage.Column{obs}, [][]byte{a})
+		ok, err := b.gatherOne(g, ix, rowSeqs, obs, a)
 		if err != nil || !ok {
 			return ok, err
 		}
 		if len(tailSeqs) > 0 {
 			tp := b.pool.get(len(tailSeqs) * rb)
 			t := *tp
-			ok, err = b.gatherAt(ix, tailSeqs, []storage.Column{tail}, [][]byte{t})
+			ok, err = b.gatherOne(g, ix, tailSeqs, tail, t)
 			for j, i := range tailPos {
 				copy(a[i*rb:(i+1)*rb], t[j*rb:(j+1)*rb])
 			}
@@ -613,11 +685,12 @@ func nstepReturns(p *plan, d *drawn, g *gathered) {
 func (b *Buffer) encode(p *plan, d *drawn, g *gathered) *Batch {
 	sel := d.sel
 	n := len(sel.Seqs)
-	out := &Batch{pool: &b.pool, Tensors: make([]Tensor, 0, len(p.outKeys)+8)}
+	out := b.pool.batch()
+	out.Tensors = slices.Grow(out.Tensors, len(p.outKeys)+8)
 	alloc := func(size int) []byte { return g.alloc(b, size) }
 	// Every tensor's shape is carved from one slice (full slice
 	// expressions, so no shape can grow into the next).
-	dims := make([]int, 0, 4*(len(p.outKeys)+8))
+	dims := slices.Grow(out.dims, 4*(len(p.outKeys)+8))
 	shape := func(row []int) []int {
 		start := len(dims)
 		if p.slices {
@@ -661,8 +734,8 @@ func (b *Buffer) encode(p *plan, d *drawn, g *gathered) *Batch {
 		}
 	}
 	if p.slices || p.req.IncludeIncomplete {
-		for _, k := range p.recon {
-			out.Tensors = append(out.Tensors, Tensor{Name: "next." + k + "_valid", DType: storage.Bool, Shape: shape(nil), Data: boolBytes(alloc(n), g.valid)})
+		for _, name := range p.validNames {
+			out.Tensors = append(out.Tensors, Tensor{Name: name, DType: storage.Bool, Shape: shape(nil), Data: boolBytes(alloc(n), g.valid)})
 		}
 	}
 	if p.nstep != nil {
@@ -706,7 +779,10 @@ func (b *Buffer) encode(p *plan, d *drawn, g *gathered) *Batch {
 		out.PolicyAgeMean = float64(ageSum) / float64(real)
 	}
 	b.NoteSampled(real)
-	out.bufs, g.bufs = g.bufs, nil
+	out.bufs = append(out.bufs, g.bufs...)
+	clear(g.bufs)
+	g.bufs = g.bufs[:0]
+	out.dims = dims
 	return out
 }
 

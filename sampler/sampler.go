@@ -69,6 +69,10 @@ type Params struct {
 	// those starts with the distribution they have without it. Transition
 	// samplers take the bound through Eligible.
 	MinPolicyVersion int64
+	// Reuse, when set, is a selection the caller is done with: the draw
+	// returns it, refilled, reusing its arrays (a sampling loop then
+	// allocates nothing per draw). Nil allocates a new one.
+	Reuse *Selection
 }
 
 // Selection is what a sampler chose.
@@ -91,6 +95,44 @@ type Selection struct {
 	HasEpoch bool
 	Epoch    int64
 	EpochEnd bool
+
+	// spare keeps the arrays of fields this draw leaves nil (Weights of a
+	// uniform draw, say) for the next draw that reuses the selection.
+	spare struct {
+		weights        []float32
+		sliceEnd, mask []bool
+	}
+}
+
+// selection returns an empty selection with room for n entries and the
+// optional arrays asked for (nil otherwise), from p.Reuse when set.
+func (p Params) selection(n int, weights, sliceEnd, mask bool) *Selection {
+	sel := p.Reuse
+	if sel == nil {
+		sel = &Selection{}
+	}
+	seqs, sp := sel.Seqs, sel.spare
+	if sel.Weights != nil {
+		sp.weights = sel.Weights
+	}
+	if sel.SliceEnd != nil {
+		sp.sliceEnd = sel.SliceEnd
+	}
+	if sel.Mask != nil {
+		sp.mask = sel.Mask
+	}
+	*sel = Selection{Seqs: slices.Grow(seqs[:0], n)}
+	sel.spare = sp
+	if weights {
+		sel.Weights, sel.spare.weights = slices.Grow(sp.weights[:0], n), nil
+	}
+	if sliceEnd {
+		sel.SliceEnd, sel.spare.sliceEnd = slices.Grow(sp.sliceEnd[:0], n), nil
+	}
+	if mask {
+		sel.Mask, sel.spare.mask = slices.Grow(sp.mask[:0], n), nil
+	}
+	return sel
 }
 
 // State is the sampling state of one buffer: the epochs of
@@ -160,7 +202,7 @@ func rejectionBudget(n int) int { return 64*n + 256 }
 
 func drawUniform(ix storage.Index, p Params, rng *rand.Rand) (*Selection, error) {
 	lo, hi := ix.Window()
-	sel := &Selection{Seqs: make([]int64, 0, p.BatchSize)}
+	sel := p.selection(p.BatchSize, false, false, false)
 	// Candidates are drawn a block at a time, as many as are still
 	// needed, so the rng gives exactly what one at a time would; a test
 	// that reads a row (Live: the stamp, in a memory buffer's row line)
@@ -230,7 +272,7 @@ func drawPrioritized(ix storage.Index, p Params, rng *rand.Rand) (*Selection, er
 		return nil, fmt.Errorf("%w: total priority is 0", ErrNotReady)
 	}
 	qmin := ix.PriorityMinQ()
-	sel := &Selection{Seqs: make([]int64, 0, p.BatchSize), Weights: make([]float32, 0, p.BatchSize)}
+	sel := p.selection(p.BatchSize, true, false, false)
 	// Candidates are found a round at a time (as many as rows are still
 	// missing) and taken in the order of their masses, so the rows, and
 	// what is left of the random stream, are those of one candidate at a
@@ -320,7 +362,8 @@ func (s *State) drawWithoutReplacement(ix storage.Index, p Params, rng *rand.Ran
 	if p.DropLast && int64(p.BatchSize) > e.size {
 		return nil, fmt.Errorf("%w: batch size %d is larger than the %d live rows (drop_last)", ErrNotReady, p.BatchSize, e.size)
 	}
-	sel := &Selection{Seqs: make([]int64, 0, p.BatchSize), HasEpoch: true, Epoch: e.number}
+	sel := p.selection(p.BatchSize, false, false, false)
+	sel.HasEpoch, sel.Epoch = true, e.number
 	// The permutation is computed a block at a time (as many entries as
 	// rows are still missing: every one of them is visited, exactly as
 	// one at a time would), which lets its evaluations overlap.
@@ -388,13 +431,8 @@ func appendSlice(sel *Selection, t *storage.Trajectory, start, l, L int, w float
 
 func newSliceSelection(p Params, weighted bool) *Selection {
 	n := p.NumSlices * p.SliceLen
-	sel := &Selection{Seqs: make([]int64, 0, n), SliceEnd: make([]bool, 0, n), SliceLen: p.SliceLen}
-	if !p.StrictLength {
-		sel.Mask = make([]bool, 0, n)
-	}
-	if weighted {
-		sel.Weights = make([]float32, 0, n)
-	}
+	sel := p.selection(n, weighted, true, !p.StrictLength)
+	sel.SliceLen = p.SliceLen
 	return sel
 }
 

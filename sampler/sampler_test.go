@@ -634,3 +634,63 @@ func TestUniformBlocksMatchOneAtATime(t *testing.T) {
 		}
 	}
 }
+
+// TestReuseMatchesFreshSelections draws with every kind in turn into one
+// reused Selection and, with the same seeds, into new ones: the rows,
+// weights, flags and epochs must be equal, and so must which optional
+// arrays are nil (the answer has a "weight" tensor only when Weights is
+// set), however the kinds before left the reused arrays.
+func TestReuseMatchesFreshSelections(t *testing.T) {
+	b := newTestBuffer(t, 3000, true)
+	writeEpisodes(t, b, []int{900, 1100, 1000}, nil)
+	cases := []Params{
+		{Kind: Uniform, BatchSize: 64},
+		{Kind: PrioritizedSlice, NumSlices: 4, SliceLen: 8, StrictLength: false},
+		{Kind: Prioritized, BatchSize: 32},
+		{Kind: Slice, NumSlices: 8, SliceLen: 4, StrictLength: true},
+		{Kind: WithoutReplacement, BatchSize: 100, Consumer: "c"},
+		{Kind: Uniform, BatchSize: 300},
+		{Kind: SliceWithoutReplacement, NumSlices: 2, SliceLen: 16, StrictLength: false, Consumer: "c"},
+		{Kind: Slice, NumSlices: 3, SliceLen: 5, StrictLength: false},
+		{Kind: Uniform, BatchSize: 5},
+	}
+	reused, fresh := NewState(), NewState()
+	var keep Selection
+	for round := range 2 {
+		for i, p := range cases {
+			seed := uint64(100*round + i)
+			want, err := draw(t, b, fresh, p, rand.New(rand.NewPCG(seed, 1)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.Reuse = &keep
+			got, err := draw(t, b, reused, p, rand.New(rand.NewPCG(seed, 1)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != &keep {
+				t.Fatalf("case %d: the draw did not return the selection to reuse", i)
+			}
+			for _, d := range []struct {
+				name      string
+				same, nil bool
+			}{
+				{"seqs", slices.Equal(got.Seqs, want.Seqs), (got.Seqs == nil) == (want.Seqs == nil)},
+				{"weights", slices.Equal(got.Weights, want.Weights), (got.Weights == nil) == (want.Weights == nil)},
+				{"slice_end", slices.Equal(got.SliceEnd, want.SliceEnd), (got.SliceEnd == nil) == (want.SliceEnd == nil)},
+				{"mask", slices.Equal(got.Mask, want.Mask), (got.Mask == nil) == (want.Mask == nil)},
+			} {
+				if !d.same || !d.nil {
+					t.Errorf("round %d case %d (%s): reused %s differ from a new selection's (values equal %v, nil-ness equal %v)",
+						round, i, p.Kind, d.name, d.same, d.nil)
+				}
+			}
+			if got.NumSlices != want.NumSlices || got.SliceLen != want.SliceLen || got.HasEpoch != want.HasEpoch ||
+				got.Epoch != want.Epoch || got.EpochEnd != want.EpochEnd {
+				t.Errorf("round %d case %d (%s): shape or epoch %+v, want %+v", round, i, p.Kind,
+					[]any{got.NumSlices, got.SliceLen, got.HasEpoch, got.Epoch, got.EpochEnd},
+					[]any{want.NumSlices, want.SliceLen, want.HasEpoch, want.Epoch, want.EpochEnd})
+			}
+		}
+	}
+}

@@ -293,13 +293,16 @@ func (s *Server) produceStream(ctx context.Context, b *rbd.Buffer, sr *streamReq
 	defer close(out)
 	for i := int64(0); sr.batches == 0 || i < sr.batches; i++ {
 		it := s.drawStreamBatch(ctx, b, sr, i)
+		// Read before the hand-over: the handler releases the batch, and
+		// released batches are reused.
+		last := it.err != nil || (sr.untilEpochEnd && it.batch.Metadata["epoch_end"] == "true")
 		select {
 		case out <- it:
 		case <-ctx.Done():
 			it.free()
 			return
 		}
-		if it.err != nil || (sr.untilEpochEnd && it.batch.Metadata["epoch_end"] == "true") {
+		if last {
 			return
 		}
 	}

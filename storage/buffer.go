@@ -99,7 +99,7 @@ type Buffer struct {
 	// exclusively by Delete/close, so unmapping never happens under a reader.
 	life   sync.RWMutex
 	closed atomic.Bool
-	// failed is set by guard when touching a mapping faulted: every call
+	// failed is set by recoverFault when touching a mapping faulted: every call
 	// after that returns it (wrapping ErrIO).
 	failed atomic.Pointer[error]
 

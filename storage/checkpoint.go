@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"time"
 
@@ -100,7 +101,7 @@ func (b *Buffer) Checkpoint(ctx context.Context, dest string, opts *CheckpointOp
 		return res, err
 	}
 	defer b.leave()
-	defer b.guard(&retErr)()
+	defer b.recoverFault(&retErr, debug.SetPanicOnFault(true))
 	if err := os.Mkdir(dest, 0o755); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return res, fmt.Errorf("checkpoint %q to %s: %w", b.name, dest, ErrCheckpointExists)

@@ -91,30 +91,32 @@ func (s *Store) asNoSpace(op string, err error) error {
 		Hint: fmt.Sprintf("the disk of %s is full (%v); nothing of this call was written, free space and retry", s.dir, err)}
 }
 
-// guard turns a memory fault on this goroutine while it touches the
+// recoverFault turns a memory fault on this goroutine while it touches the
 // buffer's mappings (a file truncated underneath, a disk that failed) into
 // an error, instead of a crash of the whole process. Use it as
-// `defer b.guard(&err)()` in calls that read or write mapped memory: the
-// fault marks the buffer failed, and every later call on it returns ErrIO
-// without touching the mappings again (locks that the faulting call took
-// without defer might still be held).
-func (b *Buffer) guard(errp *error) func() {
-	old := debug.SetPanicOnFault(true)
-	return func() {
-		debug.SetPanicOnFault(old)
-		r := recover()
-		if r == nil {
-			return
-		}
-		re, ok := r.(runtime.Error)
-		addr, isFault := r.(interface{ Addr() uintptr })
-		if !ok || !isFault {
-			panic(r)
-		}
-		err := fmt.Errorf("buffer %q: memory fault at %#x reading or writing its files (%v): a file was truncated or its disk failed; the buffer refuses calls until the store is reopened: %w",
-			b.name, addr.Addr(), re, ErrIO)
-		b.failed.CompareAndSwap(nil, &err)
-		b.log.Error("buffer failed", "err", err)
-		*errp = err
+//
+//	defer b.recoverFault(&err, debug.SetPanicOnFault(true))
+//
+// in calls that read or write mapped memory (a deferred call's arguments
+// are evaluated at once, so faults panic from there on, and the deferred
+// call itself recovers, as recover requires; no closure is allocated on
+// these hot paths). The fault marks the buffer failed, and every later
+// call on it returns ErrIO without touching the mappings again (locks that
+// the faulting call took without defer might still be held).
+func (b *Buffer) recoverFault(errp *error, old bool) {
+	debug.SetPanicOnFault(old)
+	r := recover()
+	if r == nil {
+		return
 	}
+	re, ok := r.(runtime.Error)
+	addr, isFault := r.(interface{ Addr() uintptr })
+	if !ok || !isFault {
+		panic(r)
+	}
+	err := fmt.Errorf("buffer %q: memory fault at %#x reading or writing its files (%v): a file was truncated or its disk failed; the buffer refuses calls until the store is reopened: %w",
+		b.name, addr.Addr(), re, ErrIO)
+	b.failed.CompareAndSwap(nil, &err)
+	b.log.Error("buffer failed", "err", err)
+	*errp = err
 }

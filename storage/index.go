@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"runtime"
+	"runtime/debug"
 )
 
 // Trajectory is the index entry of one live trajectory: the seqs of its live
@@ -412,7 +413,7 @@ func (b *Buffer) ReadIndex(fn func(Index)) (err error) {
 		return err
 	}
 	defer b.leave()
-	defer b.guard(&err)()
+	defer b.recoverFault(&err, debug.SetPanicOnFault(true))
 	b.imu.RLock()
 	defer b.imu.RUnlock()
 	fn(Index{&b.ix, b})

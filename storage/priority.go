@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"runtime/debug"
 
 	"github.com/rbdb/rbd/internal/segtree"
 )
@@ -107,7 +108,7 @@ func (b *Buffer) UpdatePriorities(seqs []int64, prios []float64) (updated, stale
 		return 0, 0, err
 	}
 	defer b.leave()
-	defer b.guard(&err)()
+	defer b.recoverFault(&err, debug.SetPanicOnFault(true))
 	if b.store.readOnly {
 		return 0, 0, fmt.Errorf("update priorities %q: %w", b.name, ErrReadOnly)
 	}

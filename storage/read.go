@@ -2,6 +2,7 @@ package storage
 
 import (
 	"github.com/rbdb/rbd/ratelimit"
+	"runtime/debug"
 
 	"encoding/binary"
 	"fmt"
@@ -92,7 +93,7 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 		return nil, err
 	}
 	defer b.leave()
-	defer b.guard(&err)()
+	defer b.recoverFault(&err, debug.SetPanicOnFault(true))
 	// Three passes instead of one per row: check every stamp, copy column
 	// by column (one tight loop per field width), then re-check every
 	// stamp. A row whose stamp changed in between was overwritten while we
@@ -228,7 +229,14 @@ func (v Index) CopyIndexed(seqs []int64, cols []Column, dst [][]byte) (missing [
 	}
 	var recs []record
 	if hasTail(cols) {
-		recs = make([]record, len(seqs))
+		// Tails are gathered for the few done rows of a batch: records
+		// for up to 16 of them live on the stack.
+		var rsmall [16]record
+		if len(seqs) <= len(rsmall) {
+			recs = rsmall[:len(seqs)]
+		} else {
+			recs = make([]record, len(seqs))
+		}
 		for j, slot := range slots {
 			if slot >= 0 {
 				b.loadRecord(seqs[j], &recs[j])

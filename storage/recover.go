@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"time"
@@ -63,7 +64,7 @@ func (b *Buffer) scanRecords(reserved int64, fn func(slot int64, rec []byte) err
 }
 
 func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos) (_ int64, err error) {
-	defer b.guard(&err)()
+	defer b.recoverFault(&err, debug.SetPanicOnFault(true))
 	capacity := b.capacity
 	durable, ok := readWatermark(b.hdr)
 	// Next to a running writer the block may be read between its two

@@ -3,6 +3,7 @@ package storage
 import (
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"slices"
 	"sync"
 )
@@ -65,7 +66,7 @@ func (b *Buffer) syncTo(target int64) error {
 func (b *Buffer) syncFiles(goal int64) (err error) {
 	// Recovered here, not by the caller: syncTo drops its lock around
 	// this call, and a panic through it would unlock twice.
-	defer b.guard(&err)()
+	defer b.recoverFault(&err, debug.SetPanicOnFault(true))
 	var errs []error
 	var sealed int64
 	if b.cs != nil {

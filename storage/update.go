@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 )
@@ -49,7 +50,7 @@ func (b *Buffer) UpdateFields(seqs []int64, fields map[string][]byte) (updated, 
 		return 0, 0, err
 	}
 	defer b.leave()
-	defer b.guard(&err)()
+	defer b.recoverFault(&err, debug.SetPanicOnFault(true))
 	if b.store.readOnly {
 		return 0, 0, fmt.Errorf("update %q: %w", b.name, ErrReadOnly)
 	}

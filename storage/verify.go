@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"time"
 )
 
@@ -106,7 +107,7 @@ func (b *Buffer) checkIndex() (probs []string) {
 			probs = append(probs, err.Error())
 		}
 	}()
-	defer b.guard(&err)()
+	defer b.recoverFault(&err, debug.SetPanicOnFault(true))
 	var rows int64
 	live := !b.store.snapAt.IsZero()
 	for _, t := range b.ix.list {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"github.com/rbdb/rbd/ratelimit"
 	"hash/crc32"
+	"runtime/debug"
 	"time"
 )
 
@@ -260,7 +261,7 @@ func (b *Buffer) ExtendContext(ctx context.Context, stream string, batch *Batch,
 		return ExtendResult{}, err
 	}
 	defer b.leave()
-	defer b.guard(&retErr)()
+	defer b.recoverFault(&retErr, debug.SetPanicOnFault(true))
 	if b.store.readOnly {
 		return ExtendResult{}, fmt.Errorf("extend %q: %w", b.name, ErrReadOnly)
 	}
