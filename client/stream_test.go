@@ -707,3 +707,47 @@ func TestSampleStreamWakesAWaitingReader(t *testing.T) {
 		})
 	}
 }
+
+// TestSampleStreamCountsRows: a stream of N batches of R rows adds exactly
+// N*R to rbd_sampler_rows_sampled_total, over every transport.
+func TestSampleStreamCountsRows(t *testing.T) {
+	ts, _ := newServer(t, nil)
+	c := newClient(t, ts.URL, nil)
+	fillCartpole(t, c, 2000, 1000)
+	sampled := func() int64 {
+		m, err := c.Metrics(ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.Lines(string(m)) {
+			if v, ok := strings.CutPrefix(line, `rbd_sampler_rows_sampled_total{buffer="cp"} `); ok {
+				var n int64
+				fmt.Sscan(v, &n)
+				return n
+			}
+		}
+		return 0
+	}
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			before := sampled()
+			st, err := c.SampleStream(ctxT(t), "cp", &client.SampleRequest{BatchSize: 16},
+				&client.StreamOptions{Batches: 5, SharedMemory: tr.shm, ArenaVersion: tr.arena})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 5 {
+				b, err := st.Next()
+				if err != nil {
+					t.Fatal(err)
+				}
+				b.Release()
+			}
+			st.Close()
+			waitFor(t, "the stream to end", func() bool { return streamsGauge(t, c) == "0" })
+			if got := sampled() - before; got != 5*16 {
+				t.Fatalf("a stream of 5 batches of 16 rows counted %d rows sampled, want 80", got)
+			}
+		})
+	}
+}

@@ -44,7 +44,7 @@ func (s *Server) ringStream(w http.ResponseWriter, r *http.Request, b *rbd.Buffe
 		}
 		return it.err
 	}
-	hdr, total, err := codec.SafetensorsHeader(s.answerTensors(b, it.batch), it.batch.Metadata)
+	hdr, total, err := codec.SafetensorsHeader(batchTensors(it.batch), it.batch.Metadata) // to size the arena
 	if err != nil {
 		return err
 	}
@@ -114,14 +114,21 @@ func (s *Server) ringStream(w http.ResponseWriter, r *http.Request, b *rbd.Buffe
 		}
 		return nil
 	}
+	// The tensor list and the header are rebuilt for every batch into the
+	// same memory: a stream sends tens of thousands of batches a second.
+	var tensors []codec.Tensor
 	for {
 		if stopping() {
 			reason = "server shutting down"
 			s.writeErrorFrame(w, rc, &apiError{status: http.StatusServiceUnavailable, code: "shutting_down", msg: "server is shutting down"})
 			return nil
 		}
-		tensors := s.answerTensors(b, it.batch)
-		hdr, total, err := codec.SafetensorsHeader(tensors, it.batch.Metadata)
+		s.countSampled(b, it.batch)
+		for i := range tensors {
+			tensors[i] = codec.Tensor{} // no reference to a released batch
+		}
+		tensors = appendBatchTensors(tensors[:0], it.batch)
+		hdr, total, err = codec.AppendSafetensorsHeader(hdr[:0], tensors, it.batch.Metadata)
 		if err != nil {
 			return fail(err)
 		}

@@ -95,11 +95,16 @@ func (s *Server) countSampled(b *rbd.Buffer, batch *rbd.Batch) {
 // batchTensors returns a batch's tensors as the answer encodes them
 // (aliasing the batch's memory).
 func batchTensors(batch *rbd.Batch) []codec.Tensor {
-	tensors := make([]codec.Tensor, len(batch.Tensors))
-	for i, t := range batch.Tensors {
-		tensors[i] = codec.Tensor{Name: t.Name, DType: t.DType.String(), Shape: t.Shape, Data: t.Data}
+	return appendBatchTensors(make([]codec.Tensor, 0, len(batch.Tensors)), batch)
+}
+
+// appendBatchTensors is batchTensors appending to dst (a stream reuses
+// one list for all its batches).
+func appendBatchTensors(dst []codec.Tensor, batch *rbd.Batch) []codec.Tensor {
+	for _, t := range batch.Tensors {
+		dst = append(dst, codec.Tensor{Name: t.Name, DType: t.DType.String(), Shape: t.Shape, Data: t.Data})
 	}
-	return tensors
+	return dst
 }
 
 // mayWait counts a request that may wait (for data or for the rate
