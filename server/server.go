@@ -146,6 +146,9 @@ type Server struct {
 	// bodies holds extend bodies (*[]byte) for reuse: a storage extend
 	// copies every byte it keeps, so a body is free once Extend returns.
 	bodies sync.Pool
+	// answers holds buffers (*[]byte) that small binary sample answers are
+	// assembled in (writeTensors); at most maxAssembledAnswer each.
+	answers sync.Pool
 }
 
 // New returns a server for db.
