@@ -97,10 +97,15 @@ type Selection struct {
 	EpochEnd bool
 
 	// spare keeps the arrays of fields this draw leaves nil (Weights of a
-	// uniform draw, say) for the next draw that reuses the selection.
+	// uniform draw, say) for the next draw that reuses the selection, and
+	// the samplers' own scratch (tree descents, permutation blocks).
 	spare struct {
 		weights        []float32
 		sliceEnd, mask []bool
+		masses         []float64
+		leaves         []int
+		found          []int64
+		slots          []uint64
 	}
 }
 
@@ -278,7 +283,9 @@ func drawPrioritized(ix storage.Index, p Params, rng *rand.Rand) (*Selection, er
 	// what is left of the random stream, are those of one candidate at a
 	// time: a round only lets the tree descents overlap.
 	n := min(p.BatchSize, 1024)
-	masses, leaves, found := make([]float64, n), make([]int, n), make([]int64, n)
+	sp := &sel.spare
+	sp.masses, sp.leaves, sp.found = slices.Grow(sp.masses[:0], n)[:n], slices.Grow(sp.leaves[:0], n)[:n], slices.Grow(sp.found[:0], n)[:n]
+	masses, leaves, found := sp.masses, sp.leaves, sp.found
 	for tries := rejectionBudget(p.BatchSize); len(sel.Seqs) < p.BatchSize && tries > 0; {
 		k := min(p.BatchSize-len(sel.Seqs), tries, n)
 		for j := range k {
@@ -367,7 +374,8 @@ func (s *State) drawWithoutReplacement(ix storage.Index, p Params, rng *rand.Ran
 	// The permutation is computed a block at a time (as many entries as
 	// rows are still missing: every one of them is visited, exactly as
 	// one at a time would), which lets its evaluations overlap.
-	slots := make([]uint64, min(p.BatchSize, 1024))
+	sel.spare.slots = slices.Grow(sel.spare.slots[:0], min(p.BatchSize, 1024))[:min(p.BatchSize, 1024)]
+	slots := sel.spare.slots
 	for len(sel.Seqs) < p.BatchSize && e.cursor < e.perm.N() {
 		block := slots[:min(uint64(p.BatchSize-len(sel.Seqs)), uint64(len(slots)), e.perm.N()-e.cursor)]
 		e.perm.AtBatch(e.cursor, block)
