@@ -54,7 +54,6 @@ const (
 type arena struct {
 	f         *os.File
 	mem       mmap.MMap
-	version   int
 	slots     int
 	slotBytes int64
 	ringOff   int64 // version 2: the announcement ring
@@ -93,7 +92,7 @@ func newArena(version, slots int, slotBytes int64) (*arena, error) {
 	}
 	var nonce [16]byte
 	_, _ = rand.Read(nonce[:])
-	a := &arena{f: f, mem: mem, version: version, slots: slots, slotBytes: slotBytes, ringOff: ringOff, dataOff: dataOff,
+	a := &arena{f: f, mem: mem, slots: slots, slotBytes: slotBytes, ringOff: ringOff, dataOff: dataOff,
 		nonce: hex.EncodeToString(nonce[:])}
 	copy(mem, arenaMagic)
 	binary.LittleEndian.PutUint32(mem[8:], uint32(version))
