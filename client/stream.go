@@ -195,7 +195,13 @@ func (s *SampleStream) arenaBatch(n uint64) (*Batch, error) {
 	if _, err := io.ReadFull(s.r, ref[:]); err != nil {
 		return nil, fmt.Errorf("sample stream %s: batch %d: %w", s.name, s.got, err)
 	}
-	data, release, err := s.arena.batch(int(binary.LittleEndian.Uint32(ref[0:])), binary.LittleEndian.Uint64(ref[8:]))
+	return s.slotBatch(int(binary.LittleEndian.Uint32(ref[0:])), binary.LittleEndian.Uint64(ref[8:]))
+}
+
+// slotBatch decodes the n-byte batch in arena slot i in place; releasing
+// the batch hands the slot back.
+func (s *SampleStream) slotBatch(i int, n uint64) (*Batch, error) {
+	data, release, err := s.arena.batch(i, n)
 	if err != nil {
 		return nil, fmt.Errorf("sample stream %s: batch %d: %w", s.name, s.got, err)
 	}
@@ -234,17 +240,7 @@ func (s *SampleStream) ringBatch() (*Batch, error) {
 			return nil, fmt.Errorf("sample stream %s: a frame of %#x on a shared-memory stream, want a wake-up", s.name, n)
 		}
 	}
-	slot, n := a.take()
-	data, release, err := a.batch(slot, n)
-	if err != nil {
-		return nil, fmt.Errorf("sample stream %s: batch %d: %w", s.name, s.got, err)
-	}
-	tensors, meta, err := codec.DecodeSafetensors(data)
-	if err != nil {
-		release()
-		return nil, fmt.Errorf("sample stream %s: batch %d: %w", s.name, s.got, err)
-	}
-	return &Batch{Tensors: tensors, Metadata: meta, release: release}, nil
+	return s.slotBatch(a.take())
 }
 
 // readErrorFrame reads an error frame's payload into an *APIError.

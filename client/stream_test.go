@@ -313,6 +313,24 @@ func TestSampleStreamNotColocated(t *testing.T) {
 	}
 }
 
+// rowsSampled reads rbd_sampler_rows_sampled_total of buffer "cp" from
+// /metrics.
+func rowsSampled(t *testing.T, c *client.Client) int64 {
+	t.Helper()
+	m, err := c.Metrics(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(m)) {
+		if v, ok := strings.CutPrefix(line, `rbd_sampler_rows_sampled_total{buffer="cp"} `); ok {
+			var n int64
+			fmt.Sscan(v, &n)
+			return n
+		}
+	}
+	return 0
+}
+
 // streamsGauge reads rbd_sample_streams from /metrics.
 func streamsGauge(t *testing.T, c *client.Client) string {
 	t.Helper()
@@ -425,20 +443,7 @@ func TestSampleStreamBoundsReadAhead(t *testing.T) {
 	ts, _ := newServer(t, nil)
 	c := newClient(t, ts.URL, nil)
 	fillCartpole(t, c, 2000, 2000)
-	sampled := func() int64 {
-		m, err := c.Metrics(ctxT(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for line := range strings.Lines(string(m)) {
-			if v, ok := strings.CutPrefix(line, `rbd_sampler_rows_sampled_total{buffer="cp"} `); ok {
-				var n int64
-				fmt.Sscan(v, &n)
-				return n
-			}
-		}
-		return 0
-	}
+	sampled := func() int64 { return rowsSampled(t, c) }
 	const rows, depth = 256, 2
 	st, err := c.SampleStream(ctxT(t), "cp", &client.SampleRequest{BatchSize: rows}, &client.StreamOptions{Depth: depth})
 	if err != nil {
@@ -714,20 +719,7 @@ func TestSampleStreamCountsRows(t *testing.T) {
 	ts, _ := newServer(t, nil)
 	c := newClient(t, ts.URL, nil)
 	fillCartpole(t, c, 2000, 1000)
-	sampled := func() int64 {
-		m, err := c.Metrics(ctxT(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for line := range strings.Lines(string(m)) {
-			if v, ok := strings.CutPrefix(line, `rbd_sampler_rows_sampled_total{buffer="cp"} `); ok {
-				var n int64
-				fmt.Sscan(v, &n)
-				return n
-			}
-		}
-		return 0
-	}
+	sampled := func() int64 { return rowsSampled(t, c) }
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
 			before := sampled()

@@ -13,6 +13,8 @@ import (
 	"unsafe"
 
 	"github.com/edsrzf/mmap-go"
+
+	"github.com/rbdb/rbd/codec"
 	"golang.org/x/sys/unix"
 )
 
@@ -160,14 +162,9 @@ var errArenaStalled = errors.New("the client released no arena slot in time")
 func (a *arena) acquire(ctx context.Context, stall time.Duration, beforeWait func()) (int, error) {
 	slot := -1
 	free := func() bool {
-		for k := range a.slots {
-			i := (a.next + k) % a.slots
-			if atomic.LoadUint32(a.state(i)) == slotFree {
-				a.next, slot = (i+1)%a.slots, i
-				return true
-			}
-		}
-		return false
+		var ok bool
+		slot, ok = a.takeFree()
+		return ok
 	}
 	if !free() && beforeWait != nil {
 		beforeWait()
@@ -176,6 +173,30 @@ func (a *arena) acquire(ctx context.Context, stall time.Duration, beforeWait fun
 		return -1, err
 	}
 	return slot, nil
+}
+
+// takeFree returns a free slot, searching round-robin from the last one
+// taken, or false when the client holds them all.
+func (a *arena) takeFree() (int, bool) {
+	for k := range a.slots {
+		i := (a.next + k) % a.slots
+		if atomic.LoadUint32(a.state(i)) == slotFree {
+			a.next = (i + 1) % a.slots
+			return i, true
+		}
+	}
+	return -1, false
+}
+
+// fill copies an encoded batch (its safetensors header and tensors) into
+// slot i, which must be free and large enough, and marks the slot held.
+func (a *arena) fill(i int, hdr []byte, tensors []codec.Tensor) {
+	dst := a.slot(i)
+	n := copy(dst, hdr)
+	for _, t := range tensors {
+		n += copy(dst[n:], t.Data)
+	}
+	atomic.StoreUint32(a.state(i), slotHeld)
 }
 
 // idle reports whether the client holds no slot.

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"github.com/rbdb/rbd"
@@ -26,15 +25,9 @@ const frameWake = frameArena
 
 // ringStream answers a version 2 shared-memory stream. The first batch is
 // drawn before the answer, so a bad request or data not ready are ordinary
-// error answers, as for every stream.
+// error answers, as for every stream. The caller (sampleStream) counts the
+// stream.
 func (s *Server) ringStream(w http.ResponseWriter, r *http.Request, b *rbd.Buffer, sr *streamRequest) error {
-	done, err := s.mayWait()
-	if err != nil {
-		return err
-	}
-	defer done()
-	s.streams.Add(1)
-	defer s.streams.Add(-1)
 	ctx := r.Context()
 	it := s.drawStreamBatch(ctx, b, sr, 0)
 	defer func() { it.free() }()
@@ -139,14 +132,9 @@ func (s *Server) ringStream(w http.ResponseWriter, r *http.Request, b *rbd.Buffe
 		}
 		slot := -1
 		if err := wait(func() bool {
-			for k := range ar.slots {
-				i := (ar.next + k) % ar.slots
-				if atomic.LoadUint32(ar.state(i)) == slotFree {
-					ar.next, slot = (i+1)%ar.slots, i
-					return true
-				}
-			}
-			return false
+			var ok bool
+			slot, ok = ar.takeFree()
+			return ok
 		}); err != nil || slot < 0 {
 			if err == nil && stopping() {
 				continue // said at the top of the loop
@@ -157,12 +145,7 @@ func (s *Server) ringStream(w http.ResponseWriter, r *http.Request, b *rbd.Buffe
 			reason = "client gone or stalled: " + err.Error()
 			return nil
 		}
-		dst := ar.slot(slot)
-		n := copy(dst, hdr)
-		for _, t := range tensors {
-			n += copy(dst[n:], t.Data)
-		}
-		atomic.StoreUint32(ar.state(slot), slotHeld)
+		ar.fill(slot, hdr, tensors)
 		ar.publish(sent, slot, total)
 		epochEnd := it.batch.Metadata["epoch_end"] == "true"
 		it.free()

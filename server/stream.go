@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"github.com/rbdb/rbd"
@@ -168,9 +167,6 @@ func (s *Server) sampleStream(w http.ResponseWriter, r *http.Request, b *rbd.Buf
 	if err != nil {
 		return err
 	}
-	if transport == transportRing {
-		return s.ringStream(w, r, b, sr)
-	}
 	// A stream holds a goroutine and a connection for as long as it runs,
 	// like a request waiting for data, and is counted with them.
 	done, err := s.mayWait()
@@ -180,6 +176,9 @@ func (s *Server) sampleStream(w http.ResponseWriter, r *http.Request, b *rbd.Buf
 	defer done()
 	s.streams.Add(1)
 	defer s.streams.Add(-1)
+	if transport == transportRing {
+		return s.ringStream(w, r, b, sr)
+	}
 	ctx, cancel := context.WithCancel(r.Context())
 	ready := make(chan streamBatch, sr.depth-1) // plus the one the producer holds
 	go s.produceStream(ctx, b, sr, ready)
@@ -376,12 +375,7 @@ func (s *Server) writeArenaFrame(ctx context.Context, w http.ResponseWriter, rc 
 	if err != nil {
 		return err
 	}
-	dst := ar.slot(i)
-	n := copy(dst, hdr)
-	for _, t := range tensors {
-		n += copy(dst[n:], t.Data)
-	}
-	atomic.StoreUint32(ar.state(i), slotHeld)
+	ar.fill(i, hdr, tensors)
 	_ = rc.SetWriteDeadline(time.Now().Add(s.opts.StreamStallTimeout))
 	var frame [24]byte
 	binary.LittleEndian.PutUint64(frame[0:], frameArena|16)
