@@ -991,7 +991,8 @@ class ShmStream(SampleStream):
     at once makes the server wait for it (copy what you keep). Everything
     else is :class:`SampleStream`'s; errors, seeds and retries behave the
     same. Against a server with only version 1 arenas, each batch is named
-    by a frame on the socket instead.
+    by a frame on the socket instead; ``arena_version`` says which (None
+    until the first batch, and after a fall back to a socket stream).
     """
 
     transport = "shm"
@@ -1001,6 +1002,7 @@ class ShmStream(SampleStream):
         super().__init__(client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options, auto=auto)
         self._path = client._path("v1", "buffers", name, "sample", query={"stream": "shm", "arena": "2"})
         self._ring = False
+        self.arena_version = None
 
     def _open(self):
         try:
@@ -1009,7 +1011,7 @@ class ShmStream(SampleStream):
             if not self._auto:
                 raise ConnectionFailed(0, "shared memory: %s" % e, method="POST", path=self._path) from e
             # Not on the server's machine after all: frames on the socket.
-            self.transport, self._stream, self._ring = "stream", "1", False
+            self.transport, self._stream, self._ring, self.arena_version = "stream", "1", False, None
             self._path = self._client._path("v1", "buffers", self._name, "sample", query={"stream": "1"})
             super()._open()
 
@@ -1034,6 +1036,7 @@ class ShmStream(SampleStream):
             raise _NotColocated("%s is not this stream's arena (another machine's process?)" % path)
         self._mm, self._slots, self._slot_bytes, self._data_off = mm, slots, slot_bytes, data_off
         self._ring = version == 2
+        self.arena_version = version
         self._ring_off = _U32.unpack_from(mm, _ARENA_RING_OFF)[0]
         if self._ring and not (64 + 4 * slots <= self._ring_off and self._ring_off + _RING_ENTRY * slots <= data_off):
             mm.close()

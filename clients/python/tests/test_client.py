@@ -664,7 +664,7 @@ class ShmTest(StreamTest):
         it = self.c.iter_samples(name, 4, batches=2)
         self.assertEqual(len(list(it)), 2)
         self.assertEqual(it.transport, "shm")
-        self.assertTrue(it._ring, "this server announces batches in the arena (version 2)")
+        self.assertEqual(it.arena_version, 2, "this server announces batches in the arena")
 
     def test_a_waiting_learner_is_woken(self):
         # A rate limiter holds every draw until a writer inserts, so the
@@ -690,7 +690,7 @@ class ShmTest(StreamTest):
         try:
             with self.c.iter_samples(name, 8, transport="shm", depth=1, batches=10, timeout_ms=20000) as it:
                 got = [b["seq"].copy() for b in it]
-                self.assertTrue(it._ring)
+                self.assertEqual(it.arena_version, 2)
         finally:
             stop.set()
             t.join(30)
