@@ -467,6 +467,28 @@ func TestSampleStreamBoundsReadAhead(t *testing.T) {
 	if ahead > bound {
 		t.Fatalf("the stream drew %d batches of %d bytes ahead of a stalled reader, more than %d (depth %d + 1 MiB of socket buffers)", ahead, frame, bound, depth)
 	}
+	b.Release()
+	st.Close()
+	waitFor(t, "the stream to end", func() bool { return streamsGauge(t, c) == "0" })
+
+	// A version 2 shared-memory stream has no socket buffers in the way:
+	// the ring holds at most depth+1 batches the reader has not taken.
+	before := sampled()
+	shm, err := c.SampleStream(ctxT(t), "cp", &client.SampleRequest{BatchSize: rows}, &client.StreamOptions{Depth: depth, SharedMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shm.Close()
+	if b, err = shm.Next(); err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release()
+	drawnAhead := func() int64 { return (sampled()-before)/rows - 1 }
+	waitFor(t, "the shared-memory stream to draw ahead", func() bool { return drawnAhead() >= depth+1 })
+	time.Sleep(200 * time.Millisecond) // time to draw more, if it would
+	if ahead := drawnAhead(); ahead != depth+1 {
+		t.Fatalf("a shared-memory stream drew %d batches ahead of a stalled reader, want depth+1 = %d", ahead, depth+1)
+	}
 }
 
 // streamAfterOne serves a filled buffer "cp" and returns a stream of it
