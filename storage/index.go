@@ -181,11 +181,12 @@ type index struct {
 	// test in cache where a record read is a cache miss.
 	known slotBits
 	// nextDelta holds, per slot whose row has an indexed successor, the
-	// successor's seq minus the row's (0: too far for 32 bits; ask the
+	// successor's seq minus the row's (0: too far for 16 bits; ask the
 	// trajectory). A sample needs each drawn row's next seq; reading it
 	// here costs one load where the trajectory costs a map lookup and two
-	// pointer chases.
-	nextDelta []uint32
+	// pointer chases. 16 bits cover any interleaving of up to 65,535
+	// envs, at 2 bytes a row (a row of CartPole data is 31).
+	nextDelta []uint16
 	// recent caches the write path's trajectory lookups (writerLookup).
 	recent [recentTrajs]*Trajectory
 	// capacity maps seqs to slots.
@@ -258,16 +259,16 @@ func (ix *index) setNextDelta(slot, delta int64) {
 		// doubling but never past the capacity (append would round the
 		// last growth up by as much as a quarter).
 		if int64(cap(ix.nextDelta)) <= slot {
-			grown := make([]uint32, n, min(ix.capacity, max(slot+1, 2*n)))
+			grown := make([]uint16, n, min(ix.capacity, max(slot+1, 2*n)))
 			copy(grown, ix.nextDelta)
 			ix.nextDelta = grown
 		}
 		ix.nextDelta = ix.nextDelta[:slot+1]
 	}
-	if delta > math.MaxUint32 {
+	if delta > math.MaxUint16 {
 		delta = 0
 	}
-	ix.nextDelta[slot] = uint32(delta)
+	ix.nextDelta[slot] = uint16(delta)
 }
 
 // nextOf returns the seq of the row after the indexed row seq (trajectory

@@ -246,10 +246,10 @@ func TestIndexMatchesRows(t *testing.T) {
 				ref.check(t, b, when)
 			}
 			if tc.kind == KindMemory {
-				// Deltas too far for 32 bits are stored as 0: the
+				// Deltas too far for 16 bits are stored as 0: the
 				// trajectory answers instead.
 				saved := b.ix.nextDelta
-				b.ix.nextDelta = make([]uint32, len(saved))
+				b.ix.nextDelta = make([]uint16, len(saved))
 				checkIndex(t, b, "every next delta unknown")
 				b.ix.nextDelta = saved
 				// The middle of an extend: the rows about to be
@@ -266,4 +266,40 @@ func TestIndexMatchesRows(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNextDeltaTooFar: a row whose successor comes more than 65,535 seqs
+// later (another env wrote that many rows in between) has no next distance
+// in the index's 16 bits; its next seq comes from the trajectory instead,
+// and a sample's next observation is still the successor's.
+func TestNextDeltaTooFar(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	spec := testSpec(KindMemory, 200_000, true)
+	b := mustCreate(t, s, "b", spec)
+	const gap = 70_000
+	mustExtend(t, b, "s", makeBatch(spec, []row{{env: 0, val: 1}}, true))
+	far := make([]row, gap)
+	for i := range far {
+		far[i] = row{env: 1, val: float32(10 + i)}
+	}
+	mustExtend(t, b, "s", makeBatch(spec, far, true))
+	mustExtend(t, b, "s", makeBatch(spec, []row{{env: 0, val: 2}, {env: 1, val: 5}}, true))
+	var m, n RowMeta
+	var ok, okN bool
+	if err := b.ReadIndex(func(ix Index) {
+		m, ok = ix.Row(0)
+		n, okN = ix.Row(1)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !ok || m.NextSeq != gap+1 {
+		t.Fatalf("row 0: next seq %d (found %v), want %d: its successor is %d seqs later", m.NextSeq, ok, gap+1, gap+1)
+	}
+	if !okN || n.NextSeq != 2 {
+		t.Fatalf("row 1: next seq %d (found %v), want 2", n.NextSeq, okN)
+	}
+	if d := b.ix.nextDelta[0]; d != 0 {
+		t.Fatalf("row 0's next distance is stored as %d, want 0 (too far for 16 bits)", d)
+	}
+	checkIndex(t, b, "after a successor 70,001 seqs on")
 }
