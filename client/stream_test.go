@@ -765,3 +765,46 @@ func TestSampleStreamCountsRows(t *testing.T) {
 		})
 	}
 }
+
+// TestSampleStreamUnchunked: over HTTP/1.1 a socket stream's body is its
+// frames as they are, not chunked (its frames delimit themselves), and
+// ends with the connection after the last one.
+func TestSampleStreamUnchunked(t *testing.T) {
+	ts, _ := newServer(t, nil)
+	c := newClient(t, ts.URL, nil)
+	fillCartpole(t, c, 1000, 400)
+	req, _ := http.NewRequest("POST", ts.URL+"/v1/buffers/cp/sample?stream=1", strings.NewReader(`{"batch_size": 8, "batches": 2}`))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || len(resp.TransferEncoding) != 0 || resp.ContentLength != -1 || !resp.Close {
+		t.Fatalf("status %d, transfer encoding %v, content length %d, close %v: want 200, none, -1 (until close), true",
+			resp.StatusCode, resp.TransferEncoding, resp.ContentLength, resp.Close)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if len(body) < 8 {
+			t.Fatalf("frame %d: %d bytes left", i, len(body))
+		}
+		n := binary.LittleEndian.Uint64(body)
+		if n&(frameErrorBit|frameArenaBit) != 0 || uint64(len(body)-8) < n {
+			t.Fatalf("frame %d: length word %#x with %d bytes left", i, n, len(body)-8)
+		}
+		body = body[8+n:]
+	}
+	if len(body) != 0 {
+		t.Fatalf("%d bytes after the last frame", len(body))
+	}
+}
+
+// The length word's flags (docs/http-api.md, "Framing").
+const (
+	frameErrorBit = uint64(1) << 63
+	frameArenaBit = uint64(1) << 62
+)

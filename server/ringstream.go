@@ -109,7 +109,7 @@ func (s *Server) ringStream(w http.ResponseWriter, r *http.Request, b *rbd.Buffe
 	}
 	// The tensor list and the header are rebuilt for every batch into the
 	// same memory: a stream sends tens of thousands of batches a second.
-	var tensors []codec.Tensor
+	var sc frameScratch
 	for {
 		if stopping() {
 			reason = "server shutting down"
@@ -117,11 +117,8 @@ func (s *Server) ringStream(w http.ResponseWriter, r *http.Request, b *rbd.Buffe
 			return nil
 		}
 		s.countSampled(b, it.batch)
-		for i := range tensors {
-			tensors[i] = codec.Tensor{} // no reference to a released batch
-		}
-		tensors = appendBatchTensors(tensors[:0], it.batch)
-		hdr, total, err = codec.AppendSafetensorsHeader(hdr[:0], tensors, it.batch.Metadata)
+		sc.tensors = appendBatchTensors(sc.reset(), it.batch)
+		sc.hdr, total, err = codec.AppendSafetensorsHeader(sc.hdr[:0], sc.tensors, it.batch.Metadata)
 		if err != nil {
 			return fail(err)
 		}
@@ -145,7 +142,7 @@ func (s *Server) ringStream(w http.ResponseWriter, r *http.Request, b *rbd.Buffe
 			reason = "client gone or stalled: " + err.Error()
 			return nil
 		}
-		ar.fill(slot, hdr, tensors)
+		ar.fill(slot, sc.hdr, sc.tensors)
 		ar.publish(sent, slot, total)
 		epochEnd := it.batch.Metadata["epoch_end"] == "true"
 		it.free()

@@ -135,21 +135,7 @@ func (s *Server) writeTensors(w http.ResponseWriter, r *http.Request, tensors []
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.FormatInt(total, 10))
 	if total <= maxAssembledAnswer {
-		// net/http sends each Write through buffers of 2 and 4 KiB, so a
-		// small answer written tensor by tensor took 6-8 system calls;
-		// one Write of the whole answer takes 2.
-		bp, _ := s.answers.Get().(*[]byte)
-		if bp == nil {
-			bp = new([]byte)
-		}
-		buf := append((*bp)[:0], hdr...)
-		for _, t := range tensors {
-			buf = append(buf, t.Data...)
-		}
-		_, err := w.Write(buf)
-		*bp = buf[:0]
-		s.answers.Put(bp)
-		return ignoreWriteErr(err)
+		return ignoreWriteErr(s.writeAssembled(w, nil, hdr, tensors))
 	}
 	if _, err := w.Write(hdr); err != nil {
 		return ignoreWriteErr(err)
@@ -160,6 +146,25 @@ func (s *Server) writeTensors(w http.ResponseWriter, r *http.Request, tensors []
 		}
 	}
 	return nil
+}
+
+// writeAssembled copies prefix, hdr and the tensors' bytes into one pooled
+// buffer and writes it with one Write: net/http sends each Write through
+// buffers of 2 and 4 KiB, so a small answer written tensor by tensor took
+// 6-8 system calls where one Write of the whole takes 2.
+func (s *Server) writeAssembled(w http.ResponseWriter, prefix, hdr []byte, tensors []codec.Tensor) error {
+	bp, _ := s.answers.Get().(*[]byte)
+	if bp == nil {
+		bp = new([]byte)
+	}
+	buf := append(append((*bp)[:0], prefix...), hdr...)
+	for _, t := range tensors {
+		buf = append(buf, t.Data...)
+	}
+	_, err := w.Write(buf)
+	*bp = buf[:0]
+	s.answers.Put(bp)
+	return err
 }
 
 // maxAssembledAnswer bounds the binary answers copied into one buffer

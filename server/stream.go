@@ -234,6 +234,14 @@ func (s *Server) sampleStream(w http.ResponseWriter, r *http.Request, b *rbd.Buf
 		// later answer inherits it.
 		w.Header().Set("Connection", "close")
 	}
+	if ar == nil && r.ProtoMajor == 1 {
+		// Frames delimit themselves, so the body needs no chunked
+		// encoding: without it the connection closes after the stream
+		// (as it does anyway), and a reader takes frames straight off
+		// the socket (Python's http.client parses chunks a line at a
+		// time, in Python).
+		w.Header().Set("Transfer-Encoding", "identity")
+	}
 	w.Header().Set("Content-Type", StreamContentType)
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
@@ -241,6 +249,7 @@ func (s *Server) sampleStream(w http.ResponseWriter, r *http.Request, b *rbd.Buf
 	defer func() {
 		s.log.Info("sample stream ended", "buffer", b.Name(), "batches", sent, "reason", reason)
 	}()
+	var sc frameScratch
 	for {
 		// Flush only when no batch waits: frames drawn ahead go out
 		// together, in fewer writes.
@@ -248,7 +257,7 @@ func (s *Server) sampleStream(w http.ResponseWriter, r *http.Request, b *rbd.Buf
 		if ar != nil {
 			err = s.writeArenaFrame(r.Context(), w, rc, ar, b, it.batch, len(ready) == 0)
 		} else {
-			err = s.writeBatchFrame(w, rc, b, it.batch, len(ready) == 0)
+			err = s.writeBatchFrame(w, rc, b, it.batch, len(ready) == 0, &sc)
 		}
 		it.free()
 		if err != nil {
@@ -324,13 +333,30 @@ func (s *Server) drawStreamBatch(ctx context.Context, b *rbd.Buffer, sr *streamR
 // writeBatchFrame writes one batch as a frame: its length as a
 // little-endian uint64, then the batch exactly as a single sample request
 // would answer it.
-func (s *Server) writeBatchFrame(w http.ResponseWriter, rc *http.ResponseController, b *rbd.Buffer, batch *rbd.Batch, flush bool) error {
-	tensors := s.answerTensors(b, batch)
-	hdr, total, err := codec.SafetensorsHeader(tensors, batch.Metadata)
-	if err != nil {
+// The tensor list and header are built in sc, which a stream keeps for
+// all its batches.
+func (s *Server) writeBatchFrame(w http.ResponseWriter, rc *http.ResponseController, b *rbd.Buffer, batch *rbd.Batch, flush bool, sc *frameScratch) error {
+	s.countSampled(b, batch)
+	sc.tensors = appendBatchTensors(sc.reset(), batch)
+	var total int64
+	var err error
+	if sc.hdr, total, err = codec.AppendSafetensorsHeader(sc.hdr[:0], sc.tensors, batch.Metadata); err != nil {
 		return err
 	}
-	return s.writeFrame(w, rc, hdr, total, tensors, flush)
+	return s.writeFrame(w, rc, sc.hdr, total, sc.tensors, flush)
+}
+
+// frameScratch is a stream's memory for encoding its batches' frames.
+type frameScratch struct {
+	tensors []codec.Tensor
+	hdr     []byte
+}
+
+// reset empties the tensor list, dropping its references to the batch
+// before (which has been released).
+func (sc *frameScratch) reset() []codec.Tensor {
+	clear(sc.tensors)
+	return sc.tensors[:0]
 }
 
 // writeFrame writes an encoded batch (its safetensors header, total size
@@ -341,15 +367,22 @@ func (s *Server) writeFrame(w http.ResponseWriter, rc *http.ResponseController, 
 	_ = rc.SetWriteDeadline(time.Now().Add(s.opts.StreamStallTimeout))
 	var prefix [8]byte
 	binary.LittleEndian.PutUint64(prefix[:], uint64(total))
-	if _, err := w.Write(prefix[:]); err != nil {
-		return err
-	}
-	if _, err := w.Write(hdr); err != nil {
-		return err
-	}
-	for _, t := range tensors {
-		if _, err := w.Write(t.Data); err != nil {
+	if total+8 <= maxAssembledAnswer {
+		// One Write per frame, as for a single answer (writeTensors).
+		if err := s.writeAssembled(w, prefix[:], hdr, tensors); err != nil {
 			return err
+		}
+	} else {
+		if _, err := w.Write(prefix[:]); err != nil {
+			return err
+		}
+		if _, err := w.Write(hdr); err != nil {
+			return err
+		}
+		for _, t := range tensors {
+			if _, err := w.Write(t.Data); err != nil {
+				return err
+			}
 		}
 	}
 	if !flush {
