@@ -808,3 +808,50 @@ const (
 	frameErrorBit = uint64(1) << 63
 	frameArenaBit = uint64(1) << 62
 )
+
+// TestSampleStreamLargeBatchesInSharedMemory: batches over 1 MiB, which a
+// version 2 shared-memory stream draws ahead in a producer goroutine (as
+// socket streams do) rather than inline, arrive in order and equal single
+// requests with seeds seed+i; the stream counts exactly its rows.
+func TestSampleStreamLargeBatchesInSharedMemory(t *testing.T) {
+	ts, _ := newServer(t, nil)
+	c := newClient(t, ts.URL, nil)
+	fillCartpole(t, c, 20000, 20000)
+	ctx := ctxT(t)
+	const rows, batches = 16384, 5 // about 1.2 MB a batch
+	before := rowsSampled(t, c)
+	req := client.SampleRequest{BatchSize: rows, Seed: client.Ptr[uint64](7)}
+	st, err := c.SampleStream(ctx, "cp", &req, &client.StreamOptions{Batches: batches, Depth: 2, SharedMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var got []*client.Batch
+	for i := range batches {
+		b, err := st.Next()
+		if err != nil {
+			t.Fatalf("batch %d: %v", i, err)
+		}
+		got = append(got, b)
+	}
+	if _, err := st.Next(); err != io.EOF {
+		t.Fatalf("after the last batch: %v, want io.EOF", err)
+	}
+	st.Close()
+	waitFor(t, "the stream to end", func() bool { return streamsGauge(t, c) == "0" })
+	if n := rowsSampled(t, c) - before; n != rows*batches {
+		t.Fatalf("the stream counted %d rows sampled, want %d", n, rows*batches)
+	}
+	for i, b := range got {
+		single := req
+		single.Seed = client.Ptr[uint64](7 + uint64(i))
+		want, err := c.Sample(ctx, "cp", &single)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sameBatch(b, want); err != nil {
+			t.Fatalf("batch %d differs from a single request with seed %d: %v", i, 7+i, err)
+		}
+		b.Release()
+	}
+}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"net/http"
@@ -18,6 +19,10 @@ import (
 // wake-up for a client that waits on it (it says so in the arena's
 // waiting word), an error frame, and the stream's end. The layout and the
 // protocol are in docs/format.md, "Sample arenas".
+
+// ringInlineMaxBytes is the largest batch a version 2 stream draws in
+// its own goroutine (ringStream).
+const ringInlineMaxBytes = 1 << 20
 
 // frameWake is a version 2 stream's wake-up: an arena frame with no
 // payload. The client looks at the ring again.
@@ -62,6 +67,24 @@ func (s *Server) ringStream(w http.ResponseWriter, r *http.Request, b *rbd.Buffe
 	w.WriteHeader(http.StatusOK)
 	if err := rc.Flush(); err != nil {
 		return nil // the client is gone; nothing more to say
+	}
+
+	// Batches of image rows are drawn ahead by a producer, as socket
+	// streams do, so the draw of one overlaps the copy of the last into
+	// the arena (milliseconds each); small batches are drawn inline, where
+	// a hand-off would cost more than it overlaps. (Not for streams that
+	// stop at an epoch's end: no batch of the next epoch may be drawn.)
+	var ahead chan streamBatch
+	if total > ringInlineMaxBytes && sr.batches != 1 && !sr.untilEpochEnd {
+		pctx, cancel := context.WithCancel(ctx)
+		ahead = make(chan streamBatch, sr.depth-1)
+		go s.produceStream(pctx, b, sr, ahead, 1)
+		defer func() {
+			cancel()
+			for it := range ahead { // closed once the producer has stopped
+				it.free()
+			}
+		}()
 	}
 
 	var sent int64
@@ -162,7 +185,25 @@ func (s *Server) ringStream(w http.ResponseWriter, r *http.Request, b *rbd.Buffe
 			reason = "client gone or stalled: " + err.Error()
 			return nil
 		}
-		it = s.drawStreamBatch(ctx, b, sr, sent)
+		if ahead == nil {
+			it = s.drawStreamBatch(ctx, b, sr, sent)
+		} else {
+			var ok bool
+			select {
+			case it, ok = <-ahead:
+			case <-ctx.Done():
+				it, ok = streamBatch{err: ctx.Err()}, true
+			case <-s.stopping:
+				it = streamBatch{}
+				continue // said at the top of the loop
+			}
+			if !ok { // only after an error it sent, or ctx ended: not expected here
+				it = streamBatch{err: fmt.Errorf("the stream's producer stopped after %d batches", sent)}
+				if ctx.Err() != nil {
+					it.err = ctx.Err()
+				}
+			}
+		}
 		if it.err != nil {
 			if ctx.Err() != nil {
 				reason = "client gone"

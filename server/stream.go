@@ -181,7 +181,7 @@ func (s *Server) sampleStream(w http.ResponseWriter, r *http.Request, b *rbd.Buf
 	}
 	ctx, cancel := context.WithCancel(r.Context())
 	ready := make(chan streamBatch, sr.depth-1) // plus the one the producer holds
-	go s.produceStream(ctx, b, sr, ready)
+	go s.produceStream(ctx, b, sr, ready, 0)
 	defer func() {
 		cancel()
 		for it := range ready { // closed by the producer once it has stopped
@@ -293,13 +293,14 @@ func (s *Server) sampleStream(w http.ResponseWriter, r *http.Request, b *rbd.Buf
 	}
 }
 
-// produceStream draws the stream's batches into out until it has drawn
+// produceStream draws the stream's batches from batch from on into out
+// until it has drawn
 // them all, a draw fails (the error is sent as the last item) or ctx ends.
 // Batch i of a seeded request uses seed+i, so a stream returns what single
 // requests with those seeds would.
-func (s *Server) produceStream(ctx context.Context, b *rbd.Buffer, sr *streamRequest, out chan<- streamBatch) {
+func (s *Server) produceStream(ctx context.Context, b *rbd.Buffer, sr *streamRequest, out chan<- streamBatch, from int64) {
 	defer close(out)
-	for i := int64(0); sr.batches == 0 || i < sr.batches; i++ {
+	for i := from; sr.batches == 0 || i < sr.batches; i++ {
 		it := s.drawStreamBatch(ctx, b, sr, i)
 		// Read before the hand-over: the handler releases the batch, and
 		// released batches are reused.
