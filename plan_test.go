@@ -129,3 +129,27 @@ func withoutSeed(r *SampleRequest) SampleRequest {
 	c.Seed, c.TimeoutMS = nil, 0
 	return c
 }
+
+// TestCachedPlanKeepsItsOwnRequest: a caller that changes what its request
+// points to after a sample (NStep here) must not change the plan other
+// requests of the old shape reuse.
+func TestCachedPlanKeepsItsOwnRequest(t *testing.T) {
+	b := rqBuffers(t, true)["compact"]
+	n := NStep{N: 2, Gamma: 0.9}
+	first := SampleRequest{BatchSize: 8, NStep: &n}
+	if _, err := b.plan(&first, 0); err != nil {
+		t.Fatal(err)
+	}
+	n.N = 0 // invalid: a plan that followed the pointer would skip the check
+	again := SampleRequest{BatchSize: 8, NStep: &NStep{N: 2, Gamma: 0.9}}
+	p, err := b.plan(&again, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.nstep == nil || p.nstep.N != 2 {
+		t.Fatalf("the cached plan's n-step is %+v after the first request's changed, want n 2", p.nstep)
+	}
+	if _, err := b.Sample(t.Context(), &first, nil); err == nil {
+		t.Fatal("n_step.n 0 was accepted: the changed request reused the old plan")
+	}
+}

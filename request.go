@@ -298,15 +298,37 @@ func (b *Buffer) plan(req *SampleRequest, maxBytes int64) (*plan, error) {
 	if c := b.lastPlan.Load(); c != nil && c.key == key && slices.Equal(c.keys, req.Keys) {
 		return c.p, nil
 	}
-	shape := *req
-	shape.Seed, shape.TimeoutMS = nil, 0 // the plan must not keep either
-	shape.Keys = slices.Clone(req.Keys)
-	p, err := b.planSample(&shape, maxBytes)
+	shape := shapeOf(req)
+	p, err := b.planSample(shape, maxBytes)
 	if err != nil {
 		return nil, err
 	}
 	b.lastPlan.Store(&cachedPlan{key: key, keys: shape.Keys, p: p})
 	return p, nil
+}
+
+// shapeOf copies what a plan may keep of req: everything but the seed and
+// the timeout, with copies of what req points to, so that a caller that
+// changes its request (its NStep, say) after a sample cannot change a plan
+// that other requests of the old shape still use.
+func shapeOf(req *SampleRequest) *SampleRequest {
+	shape := *req
+	shape.Seed, shape.TimeoutMS = nil, 0
+	shape.Keys = slices.Clone(req.Keys)
+	shape.NextState = clonePtr(req.NextState)
+	shape.NStep = clonePtr(req.NStep)
+	shape.StrictLength = clonePtr(req.StrictLength)
+	shape.Beta = clonePtr(req.Beta)
+	shape.MinPolicyVersion = clonePtr(req.MinPolicyVersion)
+	return &shape
+}
+
+func clonePtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
 }
 
 // gatherLockedMaxBytes bounds the answers a sample copies while it holds the
