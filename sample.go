@@ -57,8 +57,10 @@ type Batch struct {
 }
 
 // Release hands the batch's memory back for reuse by later samples. The
-// batch (its tensors, their data and shapes) must not be used afterwards;
-// calling it is optional (unreleased batches are garbage collected).
+// batch (its tensors, their data and shapes) must not be used afterwards,
+// and Release must be called at most once: the Batch value itself is
+// reused by a later sample. Calling it is optional (unreleased batches are
+// garbage collected).
 func (b *Batch) Release() {
 	if b.pool == nil {
 		return
