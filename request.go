@@ -202,11 +202,14 @@ type plan struct {
 	nextState bool
 	nstep     *NStep
 	stored    []storage.Column // stored fields to gather, in output order
-	outKeys   []string         // every requested key, in order
-	recon     []string         // obs keys k whose next.<k> is reconstructed
-	fillNaN   bool
-	slices    bool
-	rows      int // output rows (B or S*L)
+	// atRow and atLast split stored: with n-step, the next.* fields the
+	// transform takes from the window's last row are gathered there.
+	atRow, atLast []storage.Column
+	outKeys       []string // every requested key, in order
+	recon         []string // obs keys k whose next.<k> is reconstructed
+	fillNaN       bool
+	slices        bool
+	rows          int // output rows (B or S*L)
 	// minVersion is min_policy_version, -1 without one.
 	minVersion int64
 	// rewardColumn is next.reward, for n-step returns.
@@ -405,9 +408,6 @@ func (b *Buffer) planSample(req *SampleRequest, maxBytes int64) (*plan, error) {
 	if req.DropLast && kind != sampler.WithoutReplacement && kind != sampler.SliceWithoutReplacement {
 		return nil, reqErr("drop_last", "applies to without-replacement samplers only")
 	}
-	if req.TimeoutMS < 0 {
-		return nil, reqErr("timeout_ms", "must not be negative")
-	}
 	p.nextState = p.compact
 	if req.NextState != nil {
 		p.nextState = *req.NextState
@@ -454,6 +454,13 @@ func (b *Buffer) planSample(req *SampleRequest, maxBytes int64) (*plan, error) {
 	}
 	if err := b.planKeys(p); err != nil {
 		return nil, err
+	}
+	for _, c := range p.stored {
+		if p.nstep != nil && isNStepNext(c.Name) {
+			p.atLast = append(p.atLast, c)
+		} else {
+			p.atRow = append(p.atRow, c)
+		}
 	}
 	if len(p.recon) > 0 && !req.IncludeIncomplete && !p.slices {
 		p.params.NextKnown = true

@@ -217,6 +217,10 @@ func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOpt
 	}
 }
 
+// sized returns s with length n, reusing its array when it is large
+// enough (its contents are then arbitrary).
+func sized[T any](s []T, n int) []T { return slices.Grow(s[:0], n)[:n] }
+
 // sampleRNG is a sample's random source, pooled: a rand.Rand over a PCG
 // costs two allocations to make, and a PCG is as good as new once seeded.
 type sampleRNG struct {
@@ -324,7 +328,7 @@ func (b *Buffer) recycle(d *drawn) {
 func (p *plan) resolve(ix storage.Index, sel *sampler.Selection, d *drawn) *drawn {
 	n := len(sel.Seqs)
 	d.sel, d.newest = sel, ix.NewestPolicyVersion()
-	d.metas, d.next = slices.Grow(d.metas[:0], n)[:n], slices.Grow(d.next[:0], n)[:n]
+	d.metas, d.next = sized(d.metas, n), sized(d.next, n)
 	if p.nstep != nil {
 		d.windows = make([][]storage.RowMeta, n)
 	}
@@ -436,9 +440,8 @@ type gathered struct {
 	steps                            []int64
 	gammas                           []float32
 
-	// Scratch kept across samples (gathered is pooled): column groups,
-	// their destinations, the next rows' and final observations' seqs.
-	atRow, atLast     []storage.Column
+	// Scratch kept across samples (gathered is pooled): a column group's
+	// destinations, the next rows' and final observations' seqs.
 	dst               [][]byte
 	rowSeqs, tailSeqs []int64
 	tailPos           []int
@@ -452,7 +455,7 @@ func (b *Buffer) newGathered(n int) *gathered {
 	if g == nil {
 		g = &gathered{stored: map[string][]byte{}, recon: map[string][]byte{}}
 	}
-	g.valid = slices.Grow(g.valid[:0], n)[:n]
+	g.valid = sized(g.valid, n)
 	clear(g.valid)
 	return g
 }
@@ -465,7 +468,7 @@ func (b *Buffer) recycleGathered(g *gathered) {
 	clear(g.recon)
 	clear(g.bufs)
 	*g = gathered{bufs: g.bufs[:0], stored: g.stored, recon: g.recon, valid: g.valid[:0],
-		atRow: g.atRow[:0], atLast: g.atLast[:0], dst: g.dst[:0],
+		dst:     g.dst[:0],
 		rowSeqs: g.rowSeqs[:0], tailSeqs: g.tailSeqs[:0], tailPos: g.tailPos[:0]}
 	b.gathereds.Put(g)
 }
@@ -530,17 +533,10 @@ func (b *Buffer) gather(p *plan, d *drawn, ix *storage.Index) (_ *gathered, ok b
 			}
 		}
 	}
-	for _, c := range p.stored {
-		if p.nstep != nil && isNStepNext(c.Name) {
-			g.atLast = append(g.atLast, c)
-		} else {
-			g.atRow = append(g.atRow, c)
-		}
-	}
 	for k := range 2 {
-		cols, seqs := g.atRow, sel.Seqs
+		cols, seqs := p.atRow, sel.Seqs
 		if k == 1 {
-			cols, seqs = g.atLast, lastSeqs
+			cols, seqs = p.atLast, lastSeqs
 		}
 		if len(cols) == 0 {
 			continue
@@ -576,7 +572,7 @@ func (b *Buffer) gather(p *plan, d *drawn, ix *storage.Index) (_ *gathered, ok b
 // placed.
 func (b *Buffer) gatherNext(p *plan, d *drawn, g *gathered, ix *storage.Index) (bool, error) {
 	n := len(d.next)
-	g.rowSeqs = slices.Grow(g.rowSeqs[:0], n)[:n]
+	g.rowSeqs = sized(g.rowSeqs, n)
 	rowSeqs := g.rowSeqs
 	for i, s := range d.next {
 		rowSeqs[i] = s.Row

@@ -63,6 +63,20 @@ func sameBatch(a, b *client.Batch) error {
 	return nil
 }
 
+// sameAsSeeded fails t unless got, batch i of a stream whose request was
+// req with seed, equals a single request req with seed+i.
+func sameAsSeeded(t *testing.T, c *client.Client, got *client.Batch, req client.SampleRequest, seed uint64, i int) {
+	t.Helper()
+	req.Seed = client.Ptr(seed + uint64(i))
+	want, err := c.Sample(ctxT(t), "cp", &req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sameBatch(got, want); err != nil {
+		t.Fatalf("batch %d differs from a single request with seed %d: %v", i, seed+uint64(i), err)
+	}
+}
+
 // transports are the ways a stream carries batches, for tests that run
 // over both.
 var transports = []struct {
@@ -114,14 +128,7 @@ func streamMatchesSingleRequests(t *testing.T, shm bool, arena int) {
 				if err != nil {
 					t.Fatalf("batch %d: %v", i, err)
 				}
-				single.Seed = client.Ptr[uint64](41 + uint64(i))
-				want, err := c.Sample(ctx, "cp", &single)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := sameBatch(got, want); err != nil {
-					t.Fatalf("batch %d differs from a single request with seed %d: %v", i, 41+i, err)
-				}
+				sameAsSeeded(t, c, got, single, 41, i)
 				got.Release()
 			}
 			if b, err := st.Next(); err != io.EOF {
@@ -843,15 +850,7 @@ func TestSampleStreamLargeBatchesInSharedMemory(t *testing.T) {
 		t.Fatalf("the stream counted %d rows sampled, want %d", n, rows*batches)
 	}
 	for i, b := range got {
-		single := req
-		single.Seed = client.Ptr[uint64](7 + uint64(i))
-		want, err := c.Sample(ctx, "cp", &single)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := sameBatch(b, want); err != nil {
-			t.Fatalf("batch %d differs from a single request with seed %d: %v", i, 7+i, err)
-		}
+		sameAsSeeded(t, c, b, req, 7, i)
 		b.Release()
 	}
 }

@@ -109,6 +109,10 @@ type Selection struct {
 	}
 }
 
+// sized returns s with length n, reusing its array when it is large
+// enough (its contents are then arbitrary).
+func sized[T any](s []T, n int) []T { return slices.Grow(s[:0], n)[:n] }
+
 // selection returns an empty selection with room for n entries and the
 // optional arrays asked for (nil otherwise), from p.Reuse when set.
 func (p Params) selection(n int, weights, sliceEnd, mask bool) *Selection {
@@ -284,7 +288,7 @@ func drawPrioritized(ix storage.Index, p Params, rng *rand.Rand) (*Selection, er
 	// time: a round only lets the tree descents overlap.
 	n := min(p.BatchSize, 1024)
 	sp := &sel.spare
-	sp.masses, sp.leaves, sp.found = slices.Grow(sp.masses[:0], n)[:n], slices.Grow(sp.leaves[:0], n)[:n], slices.Grow(sp.found[:0], n)[:n]
+	sp.masses, sp.leaves, sp.found = sized(sp.masses, n), sized(sp.leaves, n), sized(sp.found, n)
 	masses, leaves, found := sp.masses, sp.leaves, sp.found
 	for tries := rejectionBudget(p.BatchSize); len(sel.Seqs) < p.BatchSize && tries > 0; {
 		k := min(p.BatchSize-len(sel.Seqs), tries, n)
@@ -374,7 +378,7 @@ func (s *State) drawWithoutReplacement(ix storage.Index, p Params, rng *rand.Ran
 	// The permutation is computed a block at a time (as many entries as
 	// rows are still missing: every one of them is visited, exactly as
 	// one at a time would), which lets its evaluations overlap.
-	sel.spare.slots = slices.Grow(sel.spare.slots[:0], min(p.BatchSize, 1024))[:min(p.BatchSize, 1024)]
+	sel.spare.slots = sized(sel.spare.slots, min(p.BatchSize, 1024))
 	slots := sel.spare.slots
 	for len(sel.Seqs) < p.BatchSize && e.cursor < e.perm.N() {
 		block := slots[:min(uint64(p.BatchSize-len(sel.Seqs)), uint64(len(slots)), e.perm.N()-e.cursor)]

@@ -139,10 +139,7 @@ func (s *Server) ringStream(w http.ResponseWriter, r *http.Request, b *rbd.Buffe
 			s.writeErrorFrame(w, rc, &apiError{status: http.StatusServiceUnavailable, code: "shutting_down", msg: "server is shutting down"})
 			return nil
 		}
-		s.countSampled(b, it.batch)
-		sc.tensors = appendBatchTensors(sc.reset(), it.batch)
-		sc.hdr, total, err = codec.AppendSafetensorsHeader(sc.hdr[:0], sc.tensors, it.batch.Metadata)
-		if err != nil {
+		if total, err = s.encodeFrame(&sc, b, it.batch); err != nil {
 			return fail(err)
 		}
 		if total > ar.slotBytes {

@@ -134,25 +134,30 @@ func (s *Server) writeTensors(w http.ResponseWriter, r *http.Request, tensors []
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.FormatInt(total, 10))
-	if total <= maxAssembledAnswer {
-		return ignoreWriteErr(s.writeAssembled(w, nil, hdr, tensors))
-	}
-	if _, err := w.Write(hdr); err != nil {
-		return ignoreWriteErr(err)
-	}
-	for _, t := range tensors {
-		if _, err := w.Write(t.Data); err != nil {
-			return ignoreWriteErr(err)
-		}
-	}
-	return nil
+	return ignoreWriteErr(s.writeEncoded(w, nil, hdr, tensors, total))
 }
 
-// writeAssembled copies prefix, hdr and the tensors' bytes into one pooled
-// buffer and writes it with one Write: net/http sends each Write through
-// buffers of 2 and 4 KiB, so a small answer written tensor by tensor took
-// 6-8 system calls where one Write of the whole takes 2.
-func (s *Server) writeAssembled(w http.ResponseWriter, prefix, hdr []byte, tensors []codec.Tensor) error {
+// writeEncoded writes prefix (a stream frame's length word, or nothing),
+// a safetensors header and the tensors' bytes, total bytes after prefix.
+// Up to maxAssembledAnswer they are copied into one pooled buffer and
+// written with one Write: net/http sends each Write through buffers of 2
+// and 4 KiB, so a small answer written tensor by tensor took 6-8 system
+// calls where one Write of the whole takes 2. Larger ones are written
+// part by part, where the copy would cost more than the calls it saves.
+func (s *Server) writeEncoded(w http.ResponseWriter, prefix, hdr []byte, tensors []codec.Tensor, total int64) error {
+	if int64(len(prefix))+total > maxAssembledAnswer {
+		for _, part := range [][]byte{prefix, hdr} {
+			if _, err := w.Write(part); err != nil {
+				return err
+			}
+		}
+		for _, t := range tensors {
+			if _, err := w.Write(t.Data); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	bp, _ := s.answers.Get().(*[]byte)
 	if bp == nil {
 		bp = new([]byte)
@@ -168,8 +173,7 @@ func (s *Server) writeAssembled(w http.ResponseWriter, prefix, hdr []byte, tenso
 }
 
 // maxAssembledAnswer bounds the binary answers copied into one buffer
-// before they are written (Server.answers); larger ones are written tensor
-// by tensor, where the copy would cost more than the calls it saves.
+// before they are written (writeEncoded).
 const maxAssembledAnswer = 256 << 10
 
 // jsonAnswerBuf is the buffer a JSON answer is written through.

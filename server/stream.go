@@ -337,27 +337,30 @@ func (s *Server) drawStreamBatch(ctx context.Context, b *rbd.Buffer, sr *streamR
 // The tensor list and header are built in sc, which a stream keeps for
 // all its batches.
 func (s *Server) writeBatchFrame(w http.ResponseWriter, rc *http.ResponseController, b *rbd.Buffer, batch *rbd.Batch, flush bool, sc *frameScratch) error {
-	s.countSampled(b, batch)
-	sc.tensors = appendBatchTensors(sc.reset(), batch)
-	var total int64
-	var err error
-	if sc.hdr, total, err = codec.AppendSafetensorsHeader(sc.hdr[:0], sc.tensors, batch.Metadata); err != nil {
+	total, err := s.encodeFrame(sc, b, batch)
+	if err != nil {
 		return err
 	}
 	return s.writeFrame(w, rc, sc.hdr, total, sc.tensors, flush)
+}
+
+// encodeFrame counts a stream's batch in the metrics and encodes it into
+// sc: its tensor list (aliasing the batch) and safetensors header. It
+// returns the encoded size.
+func (s *Server) encodeFrame(sc *frameScratch, b *rbd.Buffer, batch *rbd.Batch) (int64, error) {
+	s.countSampled(b, batch)
+	clear(sc.tensors) // no reference to the batch before, which is released
+	sc.tensors = appendBatchTensors(sc.tensors[:0], batch)
+	var total int64
+	var err error
+	sc.hdr, total, err = codec.AppendSafetensorsHeader(sc.hdr[:0], sc.tensors, batch.Metadata)
+	return total, err
 }
 
 // frameScratch is a stream's memory for encoding its batches' frames.
 type frameScratch struct {
 	tensors []codec.Tensor
 	hdr     []byte
-}
-
-// reset empties the tensor list, dropping its references to the batch
-// before (which has been released).
-func (sc *frameScratch) reset() []codec.Tensor {
-	clear(sc.tensors)
-	return sc.tensors[:0]
 }
 
 // writeFrame writes an encoded batch (its safetensors header, total size
@@ -368,23 +371,8 @@ func (s *Server) writeFrame(w http.ResponseWriter, rc *http.ResponseController, 
 	_ = rc.SetWriteDeadline(time.Now().Add(s.opts.StreamStallTimeout))
 	var prefix [8]byte
 	binary.LittleEndian.PutUint64(prefix[:], uint64(total))
-	if total+8 <= maxAssembledAnswer {
-		// One Write per frame, as for a single answer (writeTensors).
-		if err := s.writeAssembled(w, prefix[:], hdr, tensors); err != nil {
-			return err
-		}
-	} else {
-		if _, err := w.Write(prefix[:]); err != nil {
-			return err
-		}
-		if _, err := w.Write(hdr); err != nil {
-			return err
-		}
-		for _, t := range tensors {
-			if _, err := w.Write(t.Data); err != nil {
-				return err
-			}
-		}
+	if err := s.writeEncoded(w, prefix[:], hdr, tensors, total); err != nil {
+		return err
 	}
 	if !flush {
 		return nil

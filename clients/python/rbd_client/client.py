@@ -1001,7 +1001,6 @@ class ShmStream(SampleStream):
     def __init__(self, client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options, auto=False):
         super().__init__(client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options, auto=auto)
         self._path = client._path("v1", "buffers", name, "sample", query={"stream": "shm", "arena": "2"})
-        self._ring = False
         self.arena_version = None
 
     def _open(self):
@@ -1011,7 +1010,7 @@ class ShmStream(SampleStream):
             if not self._auto:
                 raise ConnectionFailed(0, "shared memory: %s" % e, method="POST", path=self._path) from e
             # Not on the server's machine after all: frames on the socket.
-            self.transport, self._stream, self._ring, self.arena_version = "stream", "1", False, None
+            self.transport, self._stream, self.arena_version = "stream", "1", None
             self._path = self._client._path("v1", "buffers", self._name, "sample", query={"stream": "1"})
             super()._open()
 
@@ -1035,16 +1034,15 @@ class ShmStream(SampleStream):
             mm.close()
             raise _NotColocated("%s is not this stream's arena (another machine's process?)" % path)
         self._mm, self._slots, self._slot_bytes, self._data_off = mm, slots, slot_bytes, data_off
-        self._ring = version == 2
         self.arena_version = version
         self._ring_off = _U32.unpack_from(mm, _ARENA_RING_OFF)[0]
-        if self._ring and not (64 + 4 * slots <= self._ring_off and self._ring_off + _RING_ENTRY * slots <= data_off):
+        if version == 2 and not (64 + 4 * slots <= self._ring_off and self._ring_off + _RING_ENTRY * slots <= data_off):
             mm.close()
             raise ConnectionFailed(0, "sample stream: the arena's ring is outside its header", method="POST", path=self._path)
         self._taken = 0  # batches taken from this arena's ring
 
     def _frame(self):
-        if not self._ring:
+        if self.arena_version != 2:
             return super()._frame()
         mm, want = self._mm, self._taken + 1
         entry = self._ring_off + (self._taken % self._slots) * _RING_ENTRY
