@@ -21,8 +21,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,6 +37,7 @@ import (
 	"github.com/rbdb/rbd/client"
 	"github.com/rbdb/rbd/codec"
 	"github.com/rbdb/rbd/internal/benchdata"
+	"github.com/rbdb/rbd/internal/logbuf"
 	"github.com/rbdb/rbd/server"
 	"github.com/rbdb/rbd/storage"
 )
@@ -101,10 +105,20 @@ func bnServe(tb testing.TB, dir string) (*rbd.DB, string) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	ts := httptest.NewServer(server.New(db, nil).Handler())
+	// Logs as `rbd serve` does: request lines batched, to a file.
+	f, err := os.Create(filepath.Join(dir, "server.log"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	logw := logbuf.New(f, nil)
+	so := &server.Options{Logger: slog.New(slog.NewJSONHandler(logw.Immediate(), nil)),
+		RequestLogger: slog.New(slog.NewJSONHandler(logw, nil))}
+	ts := httptest.NewServer(server.New(db, so).Handler())
 	tb.Cleanup(func() {
 		ts.Close()
 		db.Close()
+		logw.Close()
+		f.Close()
 	})
 	return db, ts.URL
 }
@@ -445,7 +459,11 @@ func BenchmarkHTTPExtend(b *testing.B) {
 // BenchmarkSampleHandler: the server's own cost of one 256-row CartPole
 // sample request (routing, auth, parse, draw, gather, encode), with no
 // network and a writer that discards the answer. allocs/op is the figure to
-// watch: the lean request path allocates little beyond pooled memory.
+// watch: the lean request path allocates little beyond pooled memory (the
+// benchmark's own http.NewRequest makes about ten of them). The request
+// log three ways: none, log=batched as `rbd serve` writes it (a JSON line
+// per request, batched by internal/logbuf) and log=each-line (a write per
+// line), both into a pipe, as under a container runtime or systemd.
 //
 //	go test ./server -run '^$' -bench 'BenchmarkSampleHandler' -benchtime 3s -count 3
 func BenchmarkSampleHandler(b *testing.B) {
@@ -457,24 +475,44 @@ func BenchmarkSampleHandler(b *testing.B) {
 	}
 	defer db.Close()
 	bnFill(b, db, w, capacity)
-	h := server.New(db, nil).Handler()
-	body := []byte(`{"batch_size": 256}`)
-	rw := &discardWriter{h: http.Header{}}
-	b.ReportAllocs()
-	for b.Loop() {
-		r, err := http.NewRequest(http.MethodPost, "/v1/buffers/bench/sample", bytes.NewReader(body))
-		if err != nil {
-			b.Fatal(err)
-		}
-		r.Header.Set("Content-Type", "application/json")
-		clear(rw.h)
-		rw.status = 0
-		h.ServeHTTP(rw, r)
-		if rw.status != http.StatusOK {
-			b.Fatalf("status %d", rw.status)
-		}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		b.Fatal(err)
 	}
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "requests/s")
+	go io.Copy(io.Discard, pr)
+	defer pw.Close()
+	logw := logbuf.New(pw, nil)
+	defer logw.Close()
+	for _, tc := range []struct {
+		log  string
+		opts *server.Options
+	}{
+		{"none", nil},
+		{"batched", &server.Options{Logger: slog.New(slog.NewJSONHandler(logw.Immediate(), nil)),
+			RequestLogger: slog.New(slog.NewJSONHandler(logw, nil))}},
+		{"each-line", &server.Options{Logger: slog.New(slog.NewJSONHandler(pw, nil))}},
+	} {
+		b.Run("log="+tc.log, func(b *testing.B) {
+			h := server.New(db, tc.opts).Handler()
+			body := []byte(`{"batch_size": 256}`)
+			rw := &discardWriter{h: http.Header{}}
+			b.ReportAllocs()
+			for b.Loop() {
+				r, err := http.NewRequest(http.MethodPost, "/v1/buffers/bench/sample", bytes.NewReader(body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				r.Header.Set("Content-Type", "application/json")
+				clear(rw.h)
+				rw.status = 0
+				h.ServeHTTP(rw, r)
+				if rw.status != http.StatusOK {
+					b.Fatalf("status %d", rw.status)
+				}
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "requests/s")
+		})
+	}
 }
 
 // discardWriter is an http.ResponseWriter that keeps only the status.

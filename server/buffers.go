@@ -88,7 +88,12 @@ func bodyError(ctx context.Context, err error) error {
 
 // mediaType returns the request's content type without parameters.
 func mediaType(r *http.Request) string {
-	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	ct := r.Header.Get("Content-Type")
+	switch ct {
+	case "", "application/json", "application/octet-stream":
+		return ct // what clients send: no parse, no allocation
+	}
+	mt, _, err := mime.ParseMediaType(ct)
 	if err != nil {
 		return strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Type")))
 	}
@@ -116,7 +121,11 @@ func (s *Server) readJSONBody(w http.ResponseWriter, r *http.Request) ([]byte, e
 }
 
 func wantsJSON(r *http.Request) bool {
-	for _, part := range strings.Split(r.Header.Get("Accept"), ",") {
+	accept := r.Header.Get("Accept")
+	if !strings.Contains(strings.ToLower(accept), "json") {
+		return false // most requests: no parse, no allocation
+	}
+	for _, part := range strings.Split(accept, ",") {
 		mt, _, _ := mime.ParseMediaType(strings.TrimSpace(part))
 		if mt == "application/json" {
 			return true

@@ -24,14 +24,14 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	body, err := s.readJSONBody(w, r)
-	if err != nil {
-		return err
-	}
 	if transport != transportSingle {
+		body, err := s.readJSONBody(w, r)
+		if err != nil {
+			return err
+		}
 		return s.sampleStream(w, r, b, body, transport)
 	}
-	req, err := rbd.ParseSampleRequest(body)
+	req, err := s.readSampleRequest(w, r)
 	if err != nil {
 		return err
 	}
@@ -54,19 +54,29 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 	}
 	defer batch.Release() // the answer is written by then: its memory serves the next sample
 	tensors := s.answerTensors(b, batch)
-	extra := map[string]any{}
-	for k, v := range batch.Metadata {
-		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-			extra[k] = n
-		} else if f, err := strconv.ParseFloat(v, 64); err == nil && !math.IsInf(f, 0) && !math.IsNaN(f) {
-			extra[k] = f
-		} else if bv, err := strconv.ParseBool(v); err == nil {
-			extra[k] = bv
-		} else {
-			extra[k] = v
-		}
+	return s.writeTensors(w, r, tensors, batch.Metadata)
+}
+
+// readSampleRequest reads and parses a single sample request's body. The
+// body is read into pooled memory: it is garbage once parsed.
+func (s *Server) readSampleRequest(w http.ResponseWriter, r *http.Request) (*rbd.SampleRequest, error) {
+	if err := isJSONBody(r); err != nil {
+		return nil, err
 	}
-	return s.writeTensors(w, r, tensors, batch.Metadata, extra)
+	bp, _ := s.sampleBodies.Get().(*[]byte)
+	if bp == nil {
+		bp = new([]byte)
+	}
+	body, err := readBodyInto(w, r, *bp)
+	if err != nil {
+		return nil, err
+	}
+	req, err := s.requests.parse(body)
+	if cap(body) <= bodyStartCap { // a large body's memory is not kept
+		*bp = body[:0]
+		s.sampleBodies.Put(bp)
+	}
+	return req, err
 }
 
 // answerTensors counts a drawn batch in the metrics and returns its
@@ -124,9 +134,9 @@ func (s *Server) mayWait() (done func(), err error) {
 // accepts application/json, a JSON object of nested arrays. The batch was
 // gathered once into its own memory, so writers overwriting the rows
 // meanwhile cannot tear what is sent.
-func (s *Server) writeTensors(w http.ResponseWriter, r *http.Request, tensors []codec.Tensor, meta map[string]string, extra map[string]any) error {
+func (s *Server) writeTensors(w http.ResponseWriter, r *http.Request, tensors []codec.Tensor, meta map[string]string) error {
 	if wantsJSON(r) {
-		return s.writeJSONTensors(w, tensors, extra)
+		return s.writeJSONTensors(w, tensors, jsonMetadata(meta))
 	}
 	hdr, total, err := codec.SafetensorsHeader(tensors, meta)
 	if err != nil {
@@ -178,6 +188,24 @@ const maxAssembledAnswer = 256 << 10
 
 // jsonAnswerBuf is the buffer a JSON answer is written through.
 const jsonAnswerBuf = 64 << 10
+
+// jsonMetadata is a batch's metadata as a JSON answer carries it: numbers
+// and booleans as such, anything else as a string.
+func jsonMetadata(meta map[string]string) map[string]any {
+	extra := make(map[string]any, len(meta))
+	for k, v := range meta {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			extra[k] = n
+		} else if f, err := strconv.ParseFloat(v, 64); err == nil && !math.IsInf(f, 0) && !math.IsNaN(f) {
+			extra[k] = f
+		} else if bv, err := strconv.ParseBool(v); err == nil {
+			extra[k] = bv
+		} else {
+			extra[k] = v
+		}
+	}
+	return extra
+}
 
 // writeJSONTensors answers a JSON object of nested arrays. Its exact size
 // is computed first (without making the text), so an answer over
@@ -337,7 +365,7 @@ func (s *Server) rows(w http.ResponseWriter, r *http.Request) error {
 		}
 		tensors = append(tensors, codec.Tensor{Name: m.name, DType: "int64", Shape: []int{n}, Data: data})
 	}
-	return s.writeTensors(w, r, tensors, nil, nil)
+	return s.writeTensors(w, r, tensors, nil)
 }
 
 // trajectorySeqs returns the seqs of trajectory id's live rows from seq

@@ -57,9 +57,14 @@ type Options struct {
 	// to take a frame before it ends the stream and frees what the stream
 	// holds. Zero means 1 minute.
 	StreamStallTimeout time.Duration
-	// Logger receives one line per request and operational events. Nil
-	// discards them.
+	// Logger receives operational events, and one line per request when
+	// RequestLogger is nil. Nil discards them.
 	Logger *slog.Logger
+	// RequestLogger, when set, receives the line per request instead of
+	// Logger (method, path, status, bytes, duration_ms at level Info):
+	// `rbd serve` gives it a batching writer (internal/logbuf), so that a
+	// request's line costs no system call of its own.
+	RequestLogger *slog.Logger
 	// Registry receives the server's metrics and serves /metrics. Nil
 	// means a fresh registry (never the global one).
 	Registry *prometheus.Registry
@@ -106,6 +111,9 @@ func (o *Options) withDefaults() Options {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.RequestLogger == nil {
+		c.RequestLogger = c.Logger
+	}
 	if c.Registry == nil {
 		c.Registry = prometheus.NewRegistry()
 	}
@@ -149,6 +157,11 @@ type Server struct {
 	// answers holds buffers (*[]byte) that small binary sample answers are
 	// assembled in (writeTensors); at most maxAssembledAnswer each.
 	answers sync.Pool
+	// sampleBodies holds buffers (*[]byte) that sample request bodies are
+	// read into (readSampleRequest); at most bodyStartCap each.
+	sampleBodies sync.Pool
+	// requests remembers parsed sample request bodies.
+	requests requestCache
 }
 
 // New returns a server for db.
@@ -277,8 +290,12 @@ func (s *Server) wrap(name string, h http.Handler) http.Handler {
 			if w.status >= 400 {
 				s.noteFailure(name, r, w)
 			}
-			s.log.Info("request", "method", r.Method, "path", r.URL.Path, "status", w.status,
-				"bytes", w.bytes, "duration_ms", float64(time.Since(start).Microseconds())/1000)
+			if rl := s.opts.RequestLogger; rl.Enabled(r.Context(), slog.LevelInfo) {
+				// LogAttrs: no argument boxed into an interface.
+				rl.LogAttrs(r.Context(), slog.LevelInfo, "request", slog.String("method", r.Method),
+					slog.String("path", r.URL.Path), slog.Int("status", w.status), slog.Int64("bytes", w.bytes),
+					slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000))
+			}
 		}()
 		if s.shutting.Load() && name != "health" {
 			writeError(w, &apiError{status: http.StatusServiceUnavailable, code: "shutting_down", msg: "server is shutting down"})

@@ -116,6 +116,9 @@ const (
 
 // streamParam reads the sample endpoint's "stream" query parameter.
 func streamParam(r *http.Request) (string, error) {
+	if r.URL.RawQuery == "" {
+		return transportSingle, nil
+	}
 	q := r.URL.Query()
 	if a := q.Get("arena"); a != "" && q.Get("stream") != "shm" {
 		return "", badRequest(fmt.Sprintf("arena: %q applies to stream=shm only", a))
