@@ -119,9 +119,15 @@ type Buffer struct {
 	wmu        sync.Mutex
 	streams    map[string]map[int64]*streamPos // guarded by wmu
 	streamUsed map[string]time.Time            // last extend of each stream in streams, guarded by wmu
-	seqRes     atomic.Int64                    // seqs below this may have been handed out; written with wmu and catMu held
-	recScratch [recordSize]byte                // a record being built, guarded by wmu
-	recBatch   []record                        // the records of the extend being written (batchRecords), guarded by wmu
+	seqRes     atomic.Int64                    // seqs below this may have been handed out (durable in the catalog); raised with catMu held
+	// seqResNext is a reservation being committed ahead of need
+	// (reserveAhead), 0 when none: the state committed carries it, but
+	// writers may not use it until it is durable and in seqRes.
+	seqResNext atomic.Int64
+	// reservingAhead is set while a reserveAhead goroutine runs.
+	reservingAhead atomic.Bool
+	recScratch     [recordSize]byte // a record being built, guarded by wmu
+	recBatch       []record         // the records of the extend being written (batchRecords), guarded by wmu
 
 	// imu guards the trajectory index. Writers hold it only to evict and to
 	// publish rows, never while copying bytes.

@@ -114,7 +114,7 @@ func (b *Buffer) state(clean bool) bufferState {
 	return bufferState{
 		UID:         b.uid,
 		WriteCount:  b.writeCount.Load(),
-		SeqReserved: b.seqRes.Load(),
+		SeqReserved: max(b.seqRes.Load(), b.seqResNext.Load()),
 		Clean:       clean,
 		MaxPriority: maxPrio,
 		Holes:       append([][2]int64(nil), b.holes...),
@@ -136,10 +136,14 @@ func (b *Buffer) seqBlock() int64 {
 	return max(b.capacity/16, min(b.capacity/2, 4096), 1)
 }
 
-// reserveSeqs commits a new seq reservation. Called with wmu held.
+// reserveSeqs commits a new seq reservation that covers end, unless one
+// that landed meanwhile (reserveAhead) does. Called with wmu held.
 func (b *Buffer) reserveSeqs(end int64) error {
 	b.catMu.Lock()
 	defer b.catMu.Unlock()
+	if end <= b.seqRes.Load() {
+		return nil
+	}
 	old := b.seqRes.Load()
 	b.seqRes.Store(end + b.seqBlock())
 	if _, err := b.commitStateLocked(false, nil, false, false); err != nil {
@@ -147,6 +151,44 @@ func (b *Buffer) reserveSeqs(end int64) error {
 		return fmt.Errorf("reserve seqs: %w", err)
 	}
 	return nil
+}
+
+// maybeReserveAhead starts a reservation of the next block of seqs in the
+// background once a writer has used half of the current one, so that
+// writers do not wait for the catalog commit (an fsync; milliseconds on a
+// real disk) every seqBlock seqs. The new reservation reaches seqBlock
+// beyond end, as a synchronous one would: a crash moves the ring forward
+// no further than before. A writer that runs out before it lands commits
+// one itself (reserveSeqs), after it. Called with wmu held.
+func (b *Buffer) maybeReserveAhead(end int64) {
+	block := b.seqBlock()
+	if b.seqRes.Load()-end >= block/2 || !b.reservingAhead.CompareAndSwap(false, true) {
+		return
+	}
+	go b.reserveAhead(end + block)
+}
+
+// reserveAhead commits a reservation up to target (see maybeReserveAhead).
+// A failure is not reported here: the writer that needs the seqs commits
+// its own reservation and reports what fails then.
+func (b *Buffer) reserveAhead(target int64) {
+	defer b.reservingAhead.Store(false)
+	// Its own enter: Close and Delete wait for the commit, or it sees them
+	// and does nothing. (The writer that started it may have left.)
+	if b.enter() != nil {
+		return
+	}
+	defer b.leave()
+	b.catMu.Lock()
+	defer b.catMu.Unlock()
+	if target <= b.seqRes.Load() {
+		return
+	}
+	b.seqResNext.Store(target)
+	if _, err := b.commitStateLocked(false, nil, false, false); err == nil {
+		b.seqRes.Store(target) // durable: writers may hand these out
+	}
+	b.seqResNext.Store(0)
 }
 
 // commitState writes the buffer's state to the catalog. catMu makes the

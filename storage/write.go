@@ -293,6 +293,7 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 			return ExtendResult{}, err
 		}
 	}
+	b.maybeReserveAhead(end)
 
 	// Assign trajectories on a copy of the stream state, committed only
 	// once nothing can fail any more.
