@@ -22,8 +22,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 )
 
 const (
@@ -216,12 +218,18 @@ func benchExtend(b *testing.B, spec Spec, episode, writers int) {
 	if writers == 1 {
 		// Continue w0, whose trajectories the prefill left open.
 		i := int(benchPrefillRows(spec.Capacity) / benchBatchRows)
+		var lat []time.Duration // per extend: a writer sees the slow ones
 		for b.Loop() {
+			t0 := time.Now()
 			if _, err := buf.Extend("w0", src.at(i)); err != nil {
 				b.Fatal(err)
 			}
+			lat = append(lat, time.Since(t0))
 			i++
 		}
+		slices.Sort(lat)
+		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99_µs")
+		b.ReportMetric(float64(lat[len(lat)-1].Microseconds()), "max_µs")
 	} else {
 		// Long-lived writers, started together once per op.
 		start := make([]chan struct{}, writers)
