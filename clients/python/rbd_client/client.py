@@ -5,6 +5,7 @@ import ipaddress
 import json
 import mmap
 import os
+import platform
 import queue
 import socket
 import ssl
@@ -970,6 +971,13 @@ def _release_slot(mm, offset):
 # A version 2 arena's shared words (docs/format.md, "Sample arenas").
 _ARENA_WAITING, _ARENA_RING_OFF, _ARENA_CONSUMED, _RING_ENTRY = 48, 52, 56, 32
 _U32, _U64, _RING_REST = struct.Struct("<I"), struct.Struct("<Q"), struct.Struct("<QI")
+# Version 2 arenas are read with plain loads from Python (no acquire
+# ordering is available), which is enough where loads are not reordered
+# with older loads (x86); elsewhere (ARM) the client asks for version 1,
+# whose batches are announced on the socket: the read's system call
+# orders the loads that follow it.
+_RING_LOADS_ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i486", "i586", "i686", "x86")
+
 # How long a learner that finds no batch ready polls the ring before it
 # sleeps on the socket: a wake-up costs both sides a system call, and a
 # batch is usually this close.
@@ -1000,7 +1008,8 @@ class ShmStream(SampleStream):
 
     def __init__(self, client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options, auto=False):
         super().__init__(client, name, batch_size, sampler, depth, batches, stop_at_epoch_end, options, auto=auto)
-        self._path = client._path("v1", "buffers", name, "sample", query={"stream": "shm", "arena": "2"})
+        arena = "2" if _RING_LOADS_ORDERED else "1"
+        self._path = client._path("v1", "buffers", name, "sample", query={"stream": "shm", "arena": arena})
         self.arena_version = None
 
     def _open(self):
