@@ -166,3 +166,46 @@ func TestWriterReportsWriteErrors(t *testing.T) {
 		t.Fatalf("Immediate on a working writer: %v, %q", err, buf.String())
 	}
 }
+
+// blockingSink holds every write until release is closed.
+type blockingSink struct {
+	sink
+	entered chan struct{} // gets a value when a write starts
+	release chan struct{}
+}
+
+func (b *blockingSink) Write(p []byte) (int, error) {
+	b.entered <- struct{}{}
+	<-b.release
+	return b.sink.Write(p)
+}
+
+func TestWriterDoesNotHoldWritersDuringAFlush(t *testing.T) {
+	s := &blockingSink{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	w := New(s, &Options{Interval: time.Hour})
+	w.Write([]byte("a\n"))
+	flushed := make(chan error)
+	go func() { flushed <- w.Flush() }()
+	<-s.entered // the flush is inside the output's write, which blocks
+	wrote := make(chan struct{})
+	go func() {
+		w.Write([]byte("b\n"))
+		close(wrote)
+	}()
+	select {
+	case <-wrote:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a Write waited for a flush that was blocked in the output")
+	}
+	close(s.release)
+	if err := <-flushed; err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	<-s.entered
+	if got := s.got(); !slices.Equal(got, []string{"a\n", "b\n"}) {
+		t.Fatalf("sink got %q", got)
+	}
+}
