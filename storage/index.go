@@ -646,11 +646,34 @@ func (v Index) Rows(seqs []int64, metas []RowMeta) {
 	if b.group != nil {
 		span = b.recPitch
 	}
-	keepLoads(touchRows(b.recs, seqs, b.capacity, b.recPitch, span))
+	sum := touchRows(b.recs, seqs, b.capacity, b.recPitch, span)
+	sum += v.ix.touchNext(seqs)
+	keepLoads(sum)
 	wc := b.writeCount.Load()
 	for i, seq := range seqs {
 		v.rowInto(seq, wc, &metas[i])
 	}
+}
+
+// touchNext loads what nextOf reads for seqs (a bit and a next distance
+// per row, at random places in arrays of 1/8 and 2 bytes a slot), so that
+// in large rings their misses overlap too.
+func (ix *index) touchNext(seqs []int64) int64 {
+	var sum int64
+	nd, kw := ix.nextDelta, ix.known.words
+	for _, seq := range seqs {
+		if seq < 0 {
+			continue
+		}
+		slot := seq % ix.capacity
+		if slot < int64(len(nd)) {
+			sum += int64(nd[slot])
+		}
+		if w := slot >> 6; w < int64(len(kw)) {
+			sum += int64(kw[w] & 1)
+		}
+	}
+	return sum
 }
 
 // keepLoads uses the sum of a prefetch pass's loads, so that the compiler
