@@ -590,8 +590,25 @@ func (s *State) drawSlicesWithoutReplacement(ix storage.Index, p Params, rng *ra
 	L := p.SliceLen
 	sel := newSliceSelection(p, false)
 	sel.HasEpoch, sel.Epoch = true, e.number
+	// The next candidates in the permutation, looked up and brought into
+	// cache together (see drawSlicesPicksFirst); the loops below take them
+	// in the same order, so the draws and the random stream are as if
+	// each were looked up when its turn came.
+	first := e.cursor
+	ts := sized(sel.spare.trajs, int(min(uint64(p.NumSlices)+1, e.perm.N()-e.cursor)))
+	defer func() { clear(ts); sel.spare.trajs = ts[:0] }()
+	for i := range ts {
+		ts[i] = ix.ByID(e.trajIDs[e.perm.At(first+uint64(i))])
+	}
+	ix.PrefetchTrajectories(ts)
+	candidate := func(c uint64) *storage.Trajectory {
+		if k := c - first; k < uint64(len(ts)) {
+			return ts[k]
+		}
+		return ix.ByID(e.trajIDs[e.perm.At(c)])
+	}
 	for sel.NumSlices < p.NumSlices && e.cursor < e.perm.N() {
-		t := ix.ByID(e.trajIDs[e.perm.At(e.cursor)])
+		t := candidate(e.cursor)
 		e.cursor++
 		if t == nil || (p.StrictLength && t.Len() < L) {
 			continue
@@ -604,7 +621,7 @@ func (s *State) drawSlicesWithoutReplacement(ix storage.Index, p Params, rng *ra
 		appendSlice(sel, t, start, l, L, 0, !p.StrictLength)
 	}
 	for e.cursor < e.perm.N() {
-		if t := ix.ByID(e.trajIDs[e.perm.At(e.cursor)]); t != nil && (!p.StrictLength || t.Len() >= L) {
+		if t := candidate(e.cursor); t != nil && (!p.StrictLength || t.Len() >= L) {
 			if _, ok := qualifyingStart(ix, p, t, min(L, t.Len()), rng); ok {
 				break
 			}

@@ -475,16 +475,18 @@ func (v Index) rowInto(seq, wc int64, m *RowMeta) bool {
 // stamps are in the rows (memory buffers); elsewhere it does nothing.
 func (v Index) Prefetch(seqs []int64) { v.b.touchStamps(seqs) }
 
-// PrefetchTrajectories loads what Len and AppendSeqs read of each of ts in
-// one pass per level (the trajectory, then its live run), so that in a
-// large ring their cache misses overlap.
+// PrefetchTrajectories loads what Len and AppendSeqs read of each of ts
+// (nil entries skipped) in one pass per level (the trajectory, then its
+// live run), so that in a large ring their cache misses overlap.
 func (v Index) PrefetchTrajectories(ts []*Trajectory) {
 	var sum int64
 	for _, t := range ts {
-		sum += int64(t.hr)
+		if t != nil {
+			sum += int64(t.hr)
+		}
 	}
 	for _, t := range ts {
-		if t.hr < len(t.runs) {
+		if t != nil && t.hr < len(t.runs) {
 			sum += t.runs[t.hr].first
 		}
 	}
