@@ -3,6 +3,7 @@ package storage
 import (
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"testing"
 )
@@ -302,4 +303,45 @@ func TestNextDeltaTooFar(t *testing.T) {
 		t.Fatalf("row 0's next distance is stored as %d, want 0 (too far for 16 bits)", d)
 	}
 	checkIndex(t, b, "after a successor 70,001 seqs on")
+}
+
+// TestRowIntoSetsEveryField: rowInto fills a RowMeta field by field (a
+// composite literal costs a copy), into metas that samples reuse, so a
+// field it forgot would carry the previous row's value. Every field of a
+// RowMeta full of junk must come out as in a fresh one, on both record
+// kinds; a field added to RowMeta and not to rowInto fails here.
+func TestRowIntoSetsEveryField(t *testing.T) {
+	for _, kind := range []Kind{KindMemory, KindMemmap} {
+		t.Run(string(kind), func(t *testing.T) {
+			s := openStore(t, t.TempDir())
+			defer s.Close()
+			spec := testSpec(kind, 64, true)
+			b := mustCreate(t, s, "b", spec)
+			rows := []row{{env: 2, val: 1}, {env: 2, val: 2, terminated: true, final: 9}, {env: 3, val: 3}}
+			mustExtend(t, b, "s", makeBatch(spec, rows, true))
+			var v Index
+			b.ReadIndex(func(ix Index) { v = ix }) // single-threaded: nothing writes meanwhile
+			wc := b.writeCount.Load()
+			for seq := range int64(3) {
+				var fresh RowMeta
+				v.rowInto(seq, wc, &fresh)
+				junk := RowMeta{}
+				rv := reflect.ValueOf(&junk).Elem()
+				for i := range rv.NumField() {
+					switch f := rv.Field(i); f.Kind() {
+					case reflect.Int64:
+						f.SetInt(-12345)
+					case reflect.Bool:
+						f.SetBool(true)
+					default:
+						t.Fatalf("RowMeta.%s: a %s field this test does not fill", rv.Type().Field(i).Name, f.Kind())
+					}
+				}
+				v.rowInto(seq, wc, &junk)
+				if junk != fresh {
+					t.Fatalf("seq %d: rowInto into a used RowMeta gives %+v, into a fresh one %+v", seq, junk, fresh)
+				}
+			}
+		})
+	}
 }
