@@ -320,38 +320,41 @@ func TestSampleStreamNotColocated(t *testing.T) {
 	}
 }
 
-// rowsSampled reads rbd_sampler_rows_sampled_total of buffer "cp" from
-// /metrics.
-func rowsSampled(t *testing.T, c *client.Client) int64 {
+// metric returns the value of the /metrics line that starts with series
+// (a name and its labels), and whether there was one.
+func metric(t *testing.T, c *client.Client, series string) (string, bool) {
 	t.Helper()
 	m, err := c.Metrics(ctxT(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for line := range strings.Lines(string(m)) {
-		if v, ok := strings.CutPrefix(line, `rbd_sampler_rows_sampled_total{buffer="cp"} `); ok {
-			var n int64
-			fmt.Sscan(v, &n)
-			return n
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			return strings.TrimSpace(v), true
 		}
 	}
-	return 0
+	return "", false
 }
 
-// streamsGauge reads rbd_sample_streams from /metrics.
+// rowsSampled reads rbd_sampler_rows_sampled_total of buffer "cp" (0
+// before the first sample creates the series).
+func rowsSampled(t *testing.T, c *client.Client) int64 {
+	t.Helper()
+	var n int64
+	if v, ok := metric(t, c, `rbd_sampler_rows_sampled_total{buffer="cp"}`); ok {
+		fmt.Sscan(v, &n)
+	}
+	return n
+}
+
+// streamsGauge reads rbd_sample_streams.
 func streamsGauge(t *testing.T, c *client.Client) string {
 	t.Helper()
-	m, err := c.Metrics(ctxT(t))
-	if err != nil {
-		t.Fatal(err)
+	v, ok := metric(t, c, "rbd_sample_streams")
+	if !ok {
+		t.Fatal("no rbd_sample_streams in /metrics")
 	}
-	for line := range strings.Lines(string(m)) {
-		if v, ok := strings.CutPrefix(line, "rbd_sample_streams "); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	t.Fatal("no rbd_sample_streams in /metrics")
-	return ""
+	return v
 }
 
 // waitFor polls cond until it holds or the test's deadline nears.

@@ -110,6 +110,17 @@ type Selection struct {
 	}
 }
 
+// trajScratch returns n entries of sel's scratch for trajectories (their
+// contents arbitrary); keepTrajScratch gives them back.
+func (sel *Selection) trajScratch(n int) []*storage.Trajectory { return sized(sel.spare.trajs, n) }
+
+// keepTrajScratch keeps ts for the next draw, cleared: a pooled selection
+// keeps no trajectory alive.
+func (sel *Selection) keepTrajScratch(ts []*storage.Trajectory) {
+	clear(ts)
+	sel.spare.trajs = ts[:0]
+}
+
 // sized returns s with length n, reusing its array when it is large
 // enough (its contents are then arbitrary).
 func sized[T any](s []T, n int) []T { return slices.Grow(s[:0], n)[:n] }
@@ -497,8 +508,8 @@ func drawSlices(ix storage.Index, p Params, rng *rand.Rand) (*Selection, error) 
 // a start uniformly), taken from the random source in another order.
 func drawSlicesPicksFirst(ix storage.Index, p Params, rng *rand.Rand, sel *Selection) (*Selection, error) {
 	L := p.SliceLen
-	ts := sized(sel.spare.trajs, p.NumSlices)
-	defer func() { clear(ts); sel.spare.trajs = ts[:0] }() // a pooled selection keeps no trajectory alive
+	ts := sel.trajScratch(p.NumSlices)
+	defer sel.keepTrajScratch(ts)
 	for i := range ts {
 		if p.StrictLength {
 			if ts[i] = ix.PickAtLeast(L, rng); ts[i] == nil {
@@ -595,8 +606,8 @@ func (s *State) drawSlicesWithoutReplacement(ix storage.Index, p Params, rng *ra
 	// in the same order, so the draws and the random stream are as if
 	// each were looked up when its turn came.
 	first := e.cursor
-	ts := sized(sel.spare.trajs, int(min(uint64(p.NumSlices)+1, e.perm.N()-e.cursor)))
-	defer func() { clear(ts); sel.spare.trajs = ts[:0] }()
+	ts := sel.trajScratch(int(min(uint64(p.NumSlices)+1, e.perm.N()-e.cursor)))
+	defer sel.keepTrajScratch(ts)
 	for i := range ts {
 		ts[i] = ix.ByID(e.trajIDs[e.perm.At(first+uint64(i))])
 	}

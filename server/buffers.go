@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/rbdb/rbd"
 	"github.com/rbdb/rbd/codec"
@@ -65,6 +66,30 @@ func readBodyInto(w http.ResponseWriter, r *http.Request, buf []byte) ([]byte, e
 		if err != nil {
 			return nil, bodyError(ctx, err)
 		}
+	}
+}
+
+// bodyPool keeps request body buffers for reuse (readBodyInto appends to
+// one), up to max bytes of capacity each: larger ones are dropped, since an
+// idle pool must not hold what the memory budget no longer counts.
+type bodyPool struct {
+	pool sync.Pool // of *[]byte
+	max  int
+}
+
+// get returns a buffer to read a body into (*bp, possibly empty).
+func (p *bodyPool) get() *[]byte {
+	if bp, _ := p.pool.Get().(*[]byte); bp != nil {
+		return bp
+	}
+	return new([]byte)
+}
+
+// put keeps body (read into *bp) for the next get, unless it grew past max.
+func (p *bodyPool) put(bp *[]byte, body []byte) {
+	if cap(body) <= p.max {
+		*bp = body[:0]
+		p.pool.Put(bp)
 	}
 }
 

@@ -29,20 +29,10 @@ func (s *Server) extend(w http.ResponseWriter, r *http.Request) error {
 	}
 	// The whole body is read and validated before anything is written, so
 	// a client that disconnects mid-body leaves the store unchanged.
-	bp, _ := s.bodies.Get().(*[]byte)
-	if bp == nil {
-		bp = new([]byte)
-	}
+	bp := s.bodies.get()
 	body, err := readBodyInto(w, r, *bp)
 	// Safetensors tensors alias the body until Extend has copied them.
-	// Large bodies are not kept: an idle pool must not hold what the
-	// memory budget no longer counts.
-	defer func() {
-		if cap(body) <= maxPooledBody {
-			*bp = body[:0]
-			s.bodies.Put(bp)
-		}
-	}()
+	defer func() { s.bodies.put(bp, body) }()
 	if err != nil {
 		return err
 	}

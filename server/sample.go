@@ -63,19 +63,13 @@ func (s *Server) readSampleRequest(w http.ResponseWriter, r *http.Request) (*rbd
 	if err := isJSONBody(r); err != nil {
 		return nil, err
 	}
-	bp, _ := s.sampleBodies.Get().(*[]byte)
-	if bp == nil {
-		bp = new([]byte)
-	}
+	bp := s.sampleBodies.get()
 	body, err := readBodyInto(w, r, *bp)
 	if err != nil {
 		return nil, err
 	}
 	req, err := s.requests.parse(body)
-	if cap(body) <= bodyStartCap { // a large body's memory is not kept
-		*bp = body[:0]
-		s.sampleBodies.Put(bp)
-	}
+	s.sampleBodies.put(bp, body)
 	return req, err
 }
 

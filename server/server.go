@@ -151,15 +151,16 @@ type Server struct {
 	tokens atomic.Pointer[Tokens]
 	// errs remembers failed requests per buffer for the dashboard.
 	errs errorLog
-	// bodies holds extend bodies (*[]byte) for reuse: a storage extend
-	// copies every byte it keeps, so a body is free once Extend returns.
-	bodies sync.Pool
+	// bodies holds extend bodies for reuse (up to maxPooledBody each): a
+	// storage extend copies every byte it keeps, so a body is free once
+	// Extend returns.
+	bodies bodyPool
 	// answers holds buffers (*[]byte) that small binary sample answers are
 	// assembled in (writeTensors); at most maxAssembledAnswer each.
 	answers sync.Pool
-	// sampleBodies holds buffers (*[]byte) that sample request bodies are
-	// read into (readSampleRequest); at most bodyStartCap each.
-	sampleBodies sync.Pool
+	// sampleBodies holds the buffers sample request bodies are read into
+	// (readSampleRequest), up to bodyStartCap each.
+	sampleBodies bodyPool
 	// requests remembers parsed sample request bodies.
 	requests requestCache
 }
@@ -169,6 +170,7 @@ func New(db *rbd.DB, opts *Options) *Server {
 	o := opts.withDefaults()
 	s := &Server{db: db, opts: o, log: o.Logger, mux: http.NewServeMux(), budget: newBudget(o.MaxMemory, o.BusyWait),
 		stopping: make(chan struct{})}
+	s.bodies.max, s.sampleBodies.max = maxPooledBody, bodyStartCap
 	s.metrics = newMetrics(o.Registry, db, s.budget, &s.streams)
 	s.SetTokens(o.Tokens)
 	s.route("GET /v1/health", "health", s.health)
