@@ -270,16 +270,7 @@ func sharedMemorySlots(t *testing.T, arena int) {
 	// Keep every batch: depth 1 + 1 drawn + 4 held slots, then the server
 	// waits and gives up.
 	var held []*client.Batch
-	for {
-		b, err := st.Next()
-		if err != nil {
-			if !errors.Is(err, io.ErrUnexpectedEOF) && !isConnReset(err) {
-				t.Fatalf("stream of a reader that releases nothing ended with %v", err)
-			}
-			break
-		}
-		held = append(held, b)
-	}
+	drainCut(t, st, "the stream of a reader that releases nothing", func(b *client.Batch) { held = append(held, b) })
 	if len(held) != 5 { // 6 slots, one of them the kept batch's
 		t.Fatalf("%d more batches arrived with every slot held, want 5", len(held))
 	}
@@ -391,44 +382,28 @@ func TestSampleStreamFreesWhatItHolds(t *testing.T) {
 	st.Close()
 	waitFor(t, "the closed stream to end", func() bool { return streamsGauge(t, c) == "0" })
 
-	// A client that reads nothing: the server fills the socket, stalls,
-	// and ends the stream after StreamStallTimeout. Writers go on meanwhile.
-	stalled, err := c.SampleStream(ctx, "cp", &client.SampleRequest{BatchSize: 256}, &client.StreamOptions{Depth: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stalled.Close()
-	for i := range 50 {
-		if _, err := c.Extend(ctx, "cp", "writer", steps(seqToks(int64(i)*16, 16), make([]bool, 16), nil)); err != nil {
-			t.Fatalf("extend %d next to a stalled stream: %v", i, err)
+	// A client that reads nothing: the server fills the socket (or, in
+	// shared memory, the arena's ring), stalls, and ends the stream after
+	// StreamStallTimeout. Writers go on meanwhile.
+	var stalled []*client.SampleStream
+	for _, shm := range []bool{false, true} {
+		st, err := c.SampleStream(ctx, "cp", &client.SampleRequest{BatchSize: 256}, &client.StreamOptions{Depth: 8, SharedMemory: shm})
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	// And one in shared memory that takes no batch: the server fills the
-	// arena's ring and waits for it.
-	stalledShm, err := c.SampleStream(ctx, "cp", &client.SampleRequest{BatchSize: 256}, &client.StreamOptions{Depth: 8, SharedMemory: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stalledShm.Close()
-	for i := range 50 {
-		if _, err := c.Extend(ctx, "cp", "writer", steps(seqToks(int64(i)*16, 16), make([]bool, 16), nil)); err != nil {
-			t.Fatalf("extend %d next to a stalled stream: %v", i, err)
+		defer st.Close()
+		stalled = append(stalled, st)
+		for i := range 50 {
+			if _, err := c.Extend(ctx, "cp", "writer", steps(seqToks(int64(i)*16, 16), make([]bool, 16), nil)); err != nil {
+				t.Fatalf("extend %d next to a stalled stream (shared memory %v): %v", i, shm, err)
+			}
 		}
 	}
 	waitFor(t, "the stalled streams to time out", func() bool { return streamsGauge(t, c) == "0" })
 	// The stalled clients then find their streams cut short (after the
 	// batches the server drew before it stalled).
-	for _, st := range []*client.SampleStream{stalled, stalledShm} {
-		for {
-			b, err := st.Next()
-			if err != nil {
-				if !errors.Is(err, io.ErrUnexpectedEOF) && !isConnReset(err) {
-					t.Fatalf("stalled stream ended with %v, want an unexpected EOF", err)
-				}
-				break
-			}
-			b.Release()
-		}
+	for _, st := range stalled {
+		drainCut(t, st, "a stalled stream", (*client.Batch).Release)
 		st.Close()
 	}
 	waitFor(t, "the streams' goroutines to exit", func() bool {
@@ -437,6 +412,22 @@ func TestSampleStreamFreesWhatItHolds(t *testing.T) {
 	})
 	if err := c.Health(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// drainCut reads st until the server cuts it short (an unexpected EOF or a
+// reset connection), handing each batch before that to take.
+func drainCut(t *testing.T, st *client.SampleStream, what string, take func(*client.Batch)) {
+	t.Helper()
+	for {
+		b, err := st.Next()
+		if err != nil {
+			if !errors.Is(err, io.ErrUnexpectedEOF) && !isConnReset(err) {
+				t.Fatalf("%s ended with %v, want an unexpected EOF", what, err)
+			}
+			return
+		}
+		take(b)
 	}
 }
 
