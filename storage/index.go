@@ -6,8 +6,8 @@ import (
 	"math"
 	"math/bits"
 	"math/rand/v2"
-	"runtime"
 	"runtime/debug"
+	"unsafe"
 )
 
 // Trajectory is the index entry of one live trajectory: the seqs of its live
@@ -652,24 +652,36 @@ func (s *slotBits) put(slot int64, on bool) {
 // Rows is Row for every seq of seqs, into metas (len(seqs) long).
 //
 // A sample's rows are scattered over the ring, so each record is a cache
-// miss. Row after Row, the CPU overlaps only the few misses its reorder
-// window reaches; a first pass that only loads a byte of every cache line
-// of every row lets it have dozens in flight, and the second pass then
-// reads from cache. In a memory buffer the record shares its row with the
-// small fields (the row group), so the gather that follows finds those in
-// cache too.
+// miss: a first pass asks for every row's lines (prefetchRows) and loads
+// what nextOf reads of the index (touchNext), so that their misses are
+// served together (see prefetch.go), and the second pass reads them. In a
+// memory buffer the record shares its row with the small fields (the row
+// group), so the gather that follows finds those in cache too, and the
+// next row's line (the next observation of compact rows) is asked for as
+// soon as its seq is known, so that its miss is served while the rest of
+// the sample runs.
 func (v Index) Rows(seqs []int64, metas []RowMeta) {
 	b := v.b
 	span := int64(recordSize)
 	if b.group != nil {
 		span = b.recPitch
 	}
-	sum := touchRows(b.recs, seqs, b.capacity, b.recPitch, span)
-	sum += v.ix.touchNext(seqs)
-	keepLoads(sum)
+	prefetchRows(b.recs, seqs, b.capacity, b.recPitch, span)
+	keepLoads(v.ix.touchNext(seqs))
 	wc := b.writeCount.Load()
+	if b.group == nil {
+		for i, seq := range seqs {
+			v.rowInto(seq, wc, &metas[i])
+		}
+		return
+	}
 	for i, seq := range seqs {
-		v.rowInto(seq, wc, &metas[i])
+		m := &metas[i]
+		// A slice's next row is mostly the slice's next row, asked for
+		// already.
+		if v.rowInto(seq, wc, m) && m.NextSeq >= 0 && (i+1 == len(seqs) || seqs[i+1] != m.NextSeq) {
+			prefetchLine(unsafe.Pointer(&b.recs[(m.NextSeq%b.capacity)*b.recPitch]))
+		}
 	}
 }
 
@@ -690,51 +702,6 @@ func (ix *index) touchNext(seqs []int64) int64 {
 		if w := slot >> 6; w < int64(len(kw)) {
 			sum += int64(kw[w] & 1)
 		}
-	}
-	return sum
-}
-
-// keepLoads uses the sum of a prefetch pass's loads, so that the compiler
-// keeps them (unused loads are dead code to it), without a shared write
-// that concurrent samplers would contend for: the branch is never taken.
-func keepLoads(sum int64) {
-	if sum == math.MinInt64 {
-		runtime.KeepAlive(sum)
-	}
-}
-
-// touchRows loads one byte of every cache line of the first span bytes of
-// each row of seqs (seqs < 0 skipped) in data, whose rows are pitch apart,
-// and returns their sum. The loop is short so that the CPU keeps many of
-// its cache misses in flight at once (what a prefetch instruction would
-// do; Go has none).
-func touchRows(data []byte, seqs []int64, capacity, pitch, span int64) int64 {
-	var sum int64
-	for _, seq := range seqs {
-		if seq >= 0 {
-			off := (seq % capacity) * pitch
-			sum += touchLines(data[off : off+span])
-		}
-	}
-	return sum
-}
-
-// touchSlots is touchRows for slots (slots < 0 skipped).
-func touchSlots(data []byte, slots []int64, pitch, span int64) int64 {
-	var sum int64
-	for _, slot := range slots {
-		if slot >= 0 {
-			sum += touchLines(data[slot*pitch : slot*pitch+span])
-		}
-	}
-	return sum
-}
-
-// touchLines loads one byte of each 64-byte cache line b spans.
-func touchLines(b []byte) int64 {
-	sum := int64(b[len(b)-1])
-	for k := 0; k < len(b); k += 64 {
-		sum += int64(b[k])
 	}
 	return sum
 }
