@@ -694,3 +694,31 @@ func TestReuseMatchesFreshSelections(t *testing.T) {
 		}
 	}
 }
+
+// TestWeightMatchesPow: weight's exp/log form gives the float32 of
+// math.Pow's (q/q_min)^-beta to within one unit in the last place, over
+// ratios from 1 to 10^12 and the betas in use (0 to 1).
+func TestWeightMatchesPow(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	worst := 0.0
+	for range 200000 {
+		qmin := math.Exp(rng.Float64()*20 - 10)
+		q := qmin * math.Pow(10, rng.Float64()*12)
+		beta := rng.Float64()
+		if rng.IntN(10) == 0 {
+			beta = float64(rng.IntN(2)) // 0 and 1 exactly
+		}
+		want := float32(math.Pow(q/qmin, -beta))
+		got := weight(q, qmin, beta)
+		ulp := math.Nextafter32(want, float32(math.Inf(1))) - want
+		if d := math.Abs(float64(got - want)); d > float64(ulp) {
+			t.Fatalf("weight(%g, %g, %g) = %v, math.Pow gives %v", q, qmin, beta, got, want)
+		} else if d/float64(ulp) > worst {
+			worst = d / float64(ulp)
+		}
+	}
+	if got := weight(3.5, 3.5, 0.4); got != 1 {
+		t.Errorf("the rarest row's weight is %v, want exactly 1", got)
+	}
+	t.Logf("largest difference: %.2f ulp", worst)
+}
