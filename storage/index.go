@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"runtime/debug"
 	"unsafe"
+
+	"github.com/rbdb/rbd/internal/prefetch"
 )
 
 // Trajectory is the index entry of one live trajectory: the seqs of its live
@@ -680,7 +682,7 @@ func (v Index) Rows(seqs []int64, metas []RowMeta) {
 		// A slice's next row is mostly the slice's next row, asked for
 		// already.
 		if v.rowInto(seq, wc, m) && m.NextSeq >= 0 && (i+1 == len(seqs) || seqs[i+1] != m.NextSeq) {
-			prefetchLine(unsafe.Pointer(&b.recs[(m.NextSeq%b.capacity)*b.recPitch]))
+			prefetch.Line(unsafe.Pointer(&b.recs[(m.NextSeq%b.capacity)*b.recPitch]))
 		}
 	}
 }

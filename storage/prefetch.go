@@ -4,6 +4,8 @@ import (
 	"math"
 	"runtime"
 	"unsafe"
+
+	"github.com/rbdb/rbd/internal/prefetch"
 )
 
 // Samples read rows at random places in rings of up to 10^7 rows, so
@@ -11,7 +13,7 @@ import (
 // are served one after another. Two kinds of pass ask for a sample's lines
 // before it reads them, so that dozens of misses are served at once:
 //
-//   - A prefetch pass (prefetchRows, prefetchLine) runs the CPU's prefetch
+//   - A prefetch pass (prefetchRows) runs the CPU's prefetch
 //     instruction on each line. It does not hold up the instructions
 //     after it until the line arrives, so the work after the pass runs
 //     while the misses are served. It is used where a sample first asks
@@ -35,7 +37,7 @@ func prefetchRows(data []byte, seqs []int64, capacity, pitch, span int64) {
 		// CartPole row group, 64-byte file records).
 		for _, seq := range seqs {
 			if seq >= 0 {
-				prefetchLine(unsafe.Pointer(&data[(seq%capacity)*pitch]))
+				prefetch.Line(unsafe.Pointer(&data[(seq%capacity)*pitch]))
 			}
 		}
 		return
@@ -49,7 +51,7 @@ func prefetchRows(data []byte, seqs []int64, capacity, pitch, span int64) {
 }
 
 // prefetchSpan prefetches every cache line b spans (b not empty).
-func prefetchSpan(b []byte) { eachLine(b, prefetchLine) }
+func prefetchSpan(b []byte) { eachLine(b, prefetch.Line) }
 
 // eachLine calls fn with a pointer into each cache line b spans (b not
 // empty), in order: b[0], then the first byte of every further line.

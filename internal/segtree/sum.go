@@ -3,6 +3,9 @@ package segtree
 import (
 	"fmt"
 	"math"
+	"unsafe"
+
+	"github.com/rbdb/rbd/internal/prefetch"
 )
 
 // SumTree keeps sums of non-negative leaf values for proportional sampling.
@@ -107,7 +110,10 @@ func (t *SumTree) Find(mass float64) int {
 // those flushes, not the loads, had set the pace (256 finds in a 10^5-leaf
 // tree took 23 µs with the branch, 8 without; BenchmarkSumTreeFindBatch).
 // Find keeps its branch: a lone descent gains from the CPU running ahead
-// down the guessed child.
+// down the guessed child. Below prefetchLevel each step prefetches the
+// descent's next pair of nodes, so that the next level's pass finds them
+// arriving (in a 10^7-leaf tree 256 finds took 37-42 µs, with the
+// prefetches 18-19).
 func (t *SumTree) FindBatch(masses []float64, out []int) {
 	if len(out) != len(masses) {
 		panic(fmt.Sprintf("tree: FindBatch with %d masses and %d outputs", len(masses), len(out)))
@@ -126,6 +132,23 @@ func (t *SumTree) FindBatch(masses []float64, out []int) {
 		out[j] = 1
 	}
 	for level := 1; level < t.size; level <<= 1 {
+		if level >= prefetchLevel && level<<1 < t.size {
+			// Nodes this deep are cache misses: ask for each descent's
+			// next pair as soon as it is known.
+			for j, k := range out {
+				k <<= 1
+				left, right := nodes[k], nodes[k+1]
+				m := masses[j]
+				step := b2i(!(m < left)) & b2i(right != 0)
+				masses[j] = m - left*float64(step)
+				k += step
+				out[j] = k
+				if c := 2 * k; c < len(nodes) {
+					prefetch.Line(unsafe.Pointer(&nodes[c]))
+				}
+			}
+			continue
+		}
 		for j, k := range out {
 			k <<= 1
 			left, right := nodes[k], nodes[k+1]
@@ -159,3 +182,7 @@ func b2i(b bool) int {
 	}
 	return i
 }
+
+// prefetchLevel is the first level whose nodes FindBatch prefetches: the
+// levels above it (8 Ki nodes, 64 KiB) stay in cache between descents.
+const prefetchLevel = 1 << 15
