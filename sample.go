@@ -406,8 +406,9 @@ func (d *drawn) sliceProbabilities(ix storage.Index, p *plan) {
 func (b *Buffer) gatherAt(ix *storage.Index, seqs []int64, cols []storage.Column, dst [][]byte) (bool, error) {
 	var missing []int
 	var err error
+	var ms [64]int // missing rows (next rows of done rows are -1) without an allocation
 	if ix != nil {
-		missing, err = ix.CopyIndexed(seqs, cols, dst)
+		missing, err = ix.CopyIndexed(seqs, cols, dst, ms[:0])
 	} else {
 		missing, err = b.Gather(seqs, cols, dst, nil)
 	}

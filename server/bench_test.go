@@ -272,13 +272,13 @@ func BenchmarkHTTPSample(b *testing.B) {
 
 // bnFill creates a compact memory buffer "bench" of capacity rows of
 // workload w in db and fills it.
-func bnFill(b *testing.B, db *rbd.DB, w bnWorkload, capacity int) {
+func bnFill(b testing.TB, db *rbd.DB, w bnWorkload, capacity int) {
 	b.Helper()
 	bnFillSpec(b, db, w, capacity, bnSpec(w, capacity, "memory"))
 }
 
 // bnFillSpec is bnFill with a spec of the caller's (for workload w's rows).
-func bnFillSpec(b *testing.B, db *rbd.DB, w bnWorkload, capacity int, specJSON string) {
+func bnFillSpec(b testing.TB, db *rbd.DB, w bnWorkload, capacity int, specJSON string) {
 	b.Helper()
 	spec, err := storage.ParseSpec([]byte(specJSON))
 	if err != nil {

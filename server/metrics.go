@@ -1,6 +1,7 @@
 package server
 
 import (
+	"net/http"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -68,8 +69,26 @@ func newMetrics(reg *prometheus.Registry, db *rbd.DB, bud *budget, streams *atom
 }
 
 func (m *metrics) observe(endpoint string, code int, d time.Duration) {
-	m.requests.WithLabelValues(endpoint, strconv.Itoa(code)).Inc()
+	m.requests.WithLabelValues(endpoint, statusLabel(code)).Inc()
 	m.duration.WithLabelValues(endpoint).Observe(d.Seconds())
+}
+
+// statusLabel is strconv.Itoa(code) without an allocation for the codes
+// the server answers most (every request is counted).
+func statusLabel(code int) string {
+	switch code {
+	case http.StatusOK:
+		return "200"
+	case http.StatusNoContent:
+		return "204"
+	case http.StatusBadRequest:
+		return "400"
+	case http.StatusNotFound:
+		return "404"
+	case http.StatusServiceUnavailable:
+		return "503"
+	}
+	return strconv.Itoa(code)
 }
 
 // bufferCollector reports each buffer's state at scrape time, so the

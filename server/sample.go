@@ -53,7 +53,9 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	defer batch.Release() // the answer is written by then: its memory serves the next sample
-	tensors := s.answerTensors(b, batch)
+	// The answer's tensor list lives on the stack.
+	var small [16]codec.Tensor
+	tensors := s.answerTensors(b, batch, small[:0])
 	return s.writeTensors(w, r, tensors, batch.Metadata)
 }
 
@@ -73,11 +75,11 @@ func (s *Server) readSampleRequest(w http.ResponseWriter, r *http.Request) (*rbd
 	return req, err
 }
 
-// answerTensors counts a drawn batch in the metrics and returns its
-// tensors as the answer encodes them (aliasing the batch's memory).
-func (s *Server) answerTensors(b *rbd.Buffer, batch *rbd.Batch) []codec.Tensor {
+// answerTensors counts a drawn batch in the metrics and appends its
+// tensors to dst as the answer encodes them (aliasing the batch's memory).
+func (s *Server) answerTensors(b *rbd.Buffer, batch *rbd.Batch, dst []codec.Tensor) []codec.Tensor {
 	s.countSampled(b, batch)
-	return batchTensors(batch)
+	return appendBatchTensors(dst, batch)
 }
 
 // countSampled counts a batch's real rows (not padding) and its policy age.
@@ -132,14 +134,44 @@ func (s *Server) writeTensors(w http.ResponseWriter, r *http.Request, tensors []
 	if wantsJSON(r) {
 		return s.writeJSONTensors(w, tensors, jsonMetadata(meta))
 	}
-	hdr, total, err := codec.SafetensorsHeader(tensors, meta)
+	hp := s.answerHeaders.get()
+	hdr, total, err := codec.AppendSafetensorsHeader(*hp, tensors, meta)
+	defer s.answerHeaders.put(hp, hdr)
 	if err != nil {
 		return err
 	}
-	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Length", strconv.FormatInt(total, 10))
+	// Assigned, not Set: the values are shared and never changed, and Set
+	// would allocate a slice for each.
+	h := w.Header()
+	h["Content-Type"] = octetStream
+	h["Content-Length"] = s.lengthValue(total)
 	return ignoreWriteErr(s.writeEncoded(w, nil, hdr, tensors, total))
 }
+
+// octetStream is the Content-Type of binary answers, as a header value.
+var octetStream = []string{"application/octet-stream"}
+
+// lengthValue is a Content-Length header value and the length it says.
+type lengthValue struct {
+	n int64
+	v []string
+}
+
+// lengthValue returns the Content-Length header value for n bytes, from
+// s.contentLengths when it holds it (the values are shared and never
+// changed).
+func (s *Server) lengthValue(n int64) []string {
+	slot := &s.contentLengths[n&15]
+	if lv := slot.Load(); lv != nil && lv.n == n {
+		return lv.v
+	}
+	lv := &lengthValue{n: n, v: []string{strconv.FormatInt(n, 10)}}
+	slot.Store(lv)
+	return lv.v
+}
+
+// maxPooledHeader bounds the safetensors header buffers kept for reuse.
+const maxPooledHeader = 16 << 10
 
 // writeEncoded writes prefix (a stream frame's length word, or nothing),
 // a safetensors header and the tensors' bytes, total bytes after prefix.

@@ -161,6 +161,15 @@ type Server struct {
 	// sampleBodies holds the buffers sample request bodies are read into
 	// (readSampleRequest), up to bodyStartCap each.
 	sampleBodies bodyPool
+	// answerHeaders holds the buffers single answers' safetensors headers
+	// are built in (writeTensors), up to maxPooledHeader each.
+	answerHeaders bodyPool
+	// contentLengths keeps Content-Length values of recent single
+	// answers, by their length mod 16: a learner asks for the same shape
+	// every time, so its answers' lengths differ by a few bytes at most
+	// (the metadata's digits), and the values need not be formatted and
+	// allocated again.
+	contentLengths [16]atomic.Pointer[lengthValue]
 	// requests remembers parsed sample request bodies.
 	requests requestCache
 }
@@ -170,7 +179,7 @@ func New(db *rbd.DB, opts *Options) *Server {
 	o := opts.withDefaults()
 	s := &Server{db: db, opts: o, log: o.Logger, mux: http.NewServeMux(), budget: newBudget(o.MaxMemory, o.BusyWait),
 		stopping: make(chan struct{})}
-	s.bodies.max, s.sampleBodies.max = maxPooledBody, bodyStartCap
+	s.bodies.max, s.sampleBodies.max, s.answerHeaders.max = maxPooledBody, bodyStartCap, maxPooledHeader
 	s.metrics = newMetrics(o.Registry, db, s.budget, &s.streams)
 	s.SetTokens(o.Tokens)
 	s.route("GET /v1/health", "health", s.health)

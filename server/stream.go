@@ -388,7 +388,8 @@ func (s *Server) writeFrame(w http.ResponseWriter, rc *http.ResponseController, 
 // length (uint64). A batch larger than a slot (a longer header than the
 // first batch's, say) travels inline as an ordinary frame.
 func (s *Server) writeArenaFrame(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, ar *arena, b *rbd.Buffer, batch *rbd.Batch, flush bool) error {
-	tensors := s.answerTensors(b, batch)
+	var small [16]codec.Tensor
+	tensors := s.answerTensors(b, batch, small[:0])
 	hdr, total, err := codec.SafetensorsHeader(tensors, batch.Metadata)
 	if err != nil {
 		return err

@@ -408,7 +408,7 @@ func benchCopyIndexed(b *testing.B, buf *Buffer, cols []Column, seqs []int64, wi
 			if meta != nil {
 				ix.Rows(list, meta)
 			}
-			missing, err = ix.CopyIndexed(list, cols, dst)
+			missing, err = ix.CopyIndexed(list, cols, dst, missing[:0])
 		}); rerr != nil {
 			return nil, rerr
 		}

@@ -66,7 +66,7 @@ func TestCopyIndexedMatchesGather(t *testing.T) {
 			var gotMissing []int
 			wantMetas, gotMetas := make([]RowMeta, len(seqs)), make([]RowMeta, len(seqs))
 			if err := b.ReadIndex(func(ix Index) {
-				gotMissing, err = ix.CopyIndexed(seqs, cols, got)
+				gotMissing, err = ix.CopyIndexed(seqs, cols, got, nil)
 				for i, seq := range seqs {
 					wantMetas[i], _ = ix.Row(seq)
 				}
@@ -118,7 +118,7 @@ func TestCopyIndexedMatchesGather(t *testing.T) {
 		c, _ := b.Column("observation")
 		var err error
 		if rerr := b.ReadIndex(func(ix Index) {
-			_, err = ix.CopyIndexed([]int64{0}, []Column{c}, [][]byte{make([]byte, c.RowBytes)})
+			_, err = ix.CopyIndexed([]int64{0}, []Column{c}, [][]byte{make([]byte, c.RowBytes)}, nil)
 		}); rerr != nil {
 			t.Fatal(rerr)
 		}

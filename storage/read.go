@@ -189,12 +189,13 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 // holds: a writer evicts a row from the index, under the lock ReadIndex
 // holds, before it touches the row's slot, so an indexed row cannot change
 // while it is copied and no stamp has to be checked twice. Rows that are
-// not indexed (padding seqs < 0 included) are zero-filled and listed in
-// missing. A sample of small rows copies this way, in the same critical
+// not indexed (padding seqs < 0 included) are zero-filled and their
+// positions appended to missing (the caller's scratch, possibly nil),
+// which is returned. A sample of small rows copies this way, in the same critical
 // section as its draw: for a few kilobytes the stamp checks of Gather cost
 // more than the copy. Compressed columns are refused (their reads may
 // decompress a chunk: too long to make writers wait).
-func (v Index) CopyIndexed(seqs []int64, cols []Column, dst [][]byte) (missing []int, err error) {
+func (v Index) CopyIndexed(seqs []int64, cols []Column, dst [][]byte, missing []int) ([]int, error) {
 	b := v.b
 	if len(dst) != len(cols) {
 		return nil, fmt.Errorf("copy %q: %d columns, %d destinations", b.name, len(cols), len(dst))
@@ -230,8 +231,8 @@ func (v Index) CopyIndexed(seqs []int64, cols []Column, dst [][]byte) (missing [
 	var recs []record
 	if hasTail(cols) {
 		// Tails are gathered for the few done rows of a batch: records
-		// for up to 16 of them live on the stack.
-		var rsmall [16]record
+		// for up to 32 of them live on the stack.
+		var rsmall [32]record
 		if len(seqs) <= len(rsmall) {
 			recs = rsmall[:len(seqs)]
 		} else {
