@@ -29,17 +29,18 @@ const (
 	requestCacheMaxBody = 1 << 10
 )
 
-// parse returns the request body encodes: a copy of the remembered one
-// when this body was seen before. The copy shares what the request points
-// to (Seed, Keys, NextState, ...), which nothing on the sample path writes.
-func (c *requestCache) parse(body []byte) (*rbd.SampleRequest, error) {
+// parse sets *dst to the request body encodes: a copy of the remembered
+// one when this body was seen before (the caller's own, usually on its
+// stack). The copy shares what the request points to (Seed, Keys,
+// NextState, ...), which nothing on the sample path writes.
+func (c *requestCache) parse(body []byte, dst *rbd.SampleRequest) error {
 	c.mu.RLock()
 	req, ok := c.m[string(body)] // no allocation: the compiler looks up without converting
 	c.mu.RUnlock()
 	if !ok {
 		var err error
 		if req, err = rbd.ParseSampleRequest(body); err != nil {
-			return nil, err
+			return err
 		}
 		if len(body) <= requestCacheMaxBody {
 			c.mu.Lock()
@@ -50,6 +51,6 @@ func (c *requestCache) parse(body []byte) (*rbd.SampleRequest, error) {
 			c.mu.Unlock()
 		}
 	}
-	cp := *req
-	return &cp, nil
+	*dst = *req
+	return nil
 }

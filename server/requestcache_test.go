@@ -22,7 +22,8 @@ func TestRequestCacheParsesLikeTheParser(t *testing.T) {
 			t.Fatal(err)
 		}
 		for round := range 3 { // a miss, then hits
-			got, err := c.parse([]byte(body))
+			got := new(rbd.SampleRequest)
+			err := c.parse([]byte(body), got)
 			if err != nil {
 				t.Fatalf("%s, round %d: %v", body, round, err)
 			}
@@ -54,7 +55,7 @@ func TestRequestCacheRemembersOnlyWhatParsed(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var c requestCache
 			for range 2 { // an error is found again, not remembered
-				_, err := c.parse([]byte(tc.body))
+				err := c.parse([]byte(tc.body), new(rbd.SampleRequest))
 				if tc.wantErr == "" && err != nil {
 					t.Fatal(err)
 				}
@@ -73,7 +74,8 @@ func TestRequestCacheIsBounded(t *testing.T) {
 	var c requestCache
 	for i := range 3 * requestCacheEntries {
 		body := fmt.Sprintf(`{"batch_size": 8, "seed": %d}`, i) // a seed per request
-		req, err := c.parse([]byte(body))
+		req := new(rbd.SampleRequest)
+		err := c.parse([]byte(body), req)
 		if err != nil || *req.Seed != uint64(i) {
 			t.Fatalf("body %d: %v, %+v", i, err, req)
 		}

@@ -31,8 +31,8 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 		}
 		return s.sampleStream(w, r, b, body, transport)
 	}
-	req, err := s.readSampleRequest(w, r)
-	if err != nil {
+	var req rbd.SampleRequest
+	if err := s.readSampleRequest(w, r, &req); err != nil {
 		return err
 	}
 	if req.TimeoutMS > 0 {
@@ -44,7 +44,7 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx := r.Context()
 	l := leaseOf(w)
-	batch, err := b.Sample(ctx, req, &rbd.SampleOptions{MaxResponseBytes: s.opts.MaxResponse, MaxTimeout: s.opts.MaxWait,
+	batch, err := b.Sample(ctx, &req, &rbd.SampleOptions{MaxResponseBytes: s.opts.MaxResponse, MaxTimeout: s.opts.MaxWait,
 		Reserve: func(n int64) error { return l.grow(ctx, n, "the sample answer") }, Stop: s.stopping})
 	if err != nil {
 		if ctx.Err() != nil {
@@ -61,18 +61,18 @@ func (s *Server) sample(w http.ResponseWriter, r *http.Request) error {
 
 // readSampleRequest reads and parses a single sample request's body. The
 // body is read into pooled memory: it is garbage once parsed.
-func (s *Server) readSampleRequest(w http.ResponseWriter, r *http.Request) (*rbd.SampleRequest, error) {
+func (s *Server) readSampleRequest(w http.ResponseWriter, r *http.Request, req *rbd.SampleRequest) error {
 	if err := isJSONBody(r); err != nil {
-		return nil, err
+		return err
 	}
 	bp := s.sampleBodies.get()
 	body, err := readBodyInto(w, r, *bp)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	req, err := s.requests.parse(body)
+	err = s.requests.parse(body, req)
 	s.sampleBodies.put(bp, body)
-	return req, err
+	return err
 }
 
 // answerTensors counts a drawn batch in the metrics and appends its

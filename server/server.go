@@ -170,6 +170,8 @@ type Server struct {
 	// (the metadata's digits), and the values need not be formatted and
 	// allocated again.
 	contentLengths [16]atomic.Pointer[lengthValue]
+	// writers holds *statusWriter for reuse (wrap).
+	writers sync.Pool
 	// requests remembers parsed sample request bodies.
 	requests requestCache
 }
@@ -282,8 +284,18 @@ func (s *Server) wrap(name string, h http.Handler) http.Handler {
 	}
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		w := &statusWriter{ResponseWriter: rw, lease: lease{b: s.budget}}
-		defer w.lease.release() // runs last: the answer is written by then
+		w, _ := s.writers.Get().(*statusWriter)
+		if w == nil {
+			w = new(statusWriter)
+		}
+		*w = statusWriter{ResponseWriter: rw, lease: lease{b: s.budget}}
+		defer func() { // runs last: the answer is written by then
+			w.lease.release()
+			// net/http forbids using a ResponseWriter once its handler
+			// has returned, so the wrapper can serve the next request.
+			*w = statusWriter{}
+			s.writers.Put(w)
+		}()
 		defer func() {
 			if p := recover(); p != nil {
 				if p == http.ErrAbortHandler {
