@@ -201,9 +201,7 @@ func (b *Buffer) Sample(ctx context.Context, req *SampleRequest, opts *SampleOpt
 			return nil, fmt.Errorf("sample %q: %w", b.Name(), err)
 		}
 		if ok {
-			if p.nstep != nil {
-				nstepReturns(p, d, g)
-			}
+			transform(p, d, g)
 			grant.Refund(int64(p.rows - len(d.sel.Seqs)))
 			batch := b.encode(p, d, g)
 			b.recycleGathered(g)
@@ -642,6 +640,15 @@ func (b *Buffer) gatherWindows(d *drawn, g *gathered, ix *storage.Index) (bool, 
 	g.origReward = append(g.alloc(b, len(orig))[:0], orig...)
 	g.nstepReward = append(g.alloc(b, len(orig))[:0], orig...)
 	return true, nil
+}
+
+// transform applies the sample-time transforms that work on gathered
+// rows: n-step returns. (Next-state reconstruction is part of the gather,
+// which copies each row's next observation from the row after it.)
+func transform(p *plan, d *drawn, g *gathered) {
+	if p.nstep != nil {
+		nstepReturns(p, d, g)
+	}
 }
 
 // nstepReturns turns the gathered windows into discounted returns, steps to
