@@ -470,6 +470,32 @@ func BenchmarkSampleWithoutNextState(b *testing.B) {
 	}
 }
 
+// BenchmarkSampleMemmap is BenchmarkSample's uniform and slice draws from
+// memory-mapped buffers, whose row records, stamps and fields are in
+// separate files and tables (no row group): each row is several cache
+// misses, not one.
+//
+// go test . -run '^$' -bench BenchmarkSampleMemmap -benchtime 2s -count 3 -cpu 2
+func BenchmarkSampleMemmap(b *testing.B) {
+	dir := b.TempDir() // removed after the cache's buffers are closed
+	cache := newSbenchCache(b)
+	for _, kind := range []string{sampler.Uniform, sampler.Slice} {
+		for _, rows := range []int64{1e5, 1e7} {
+			b.Run(fmt.Sprintf("sampler=%s/rows=%s", kind, sbenchRowsLabel(rows)), func(b *testing.B) {
+				if testing.Short() && rows > 1e5 {
+					b.Skip("-short: 10^7 rows take about 1.5 GB of files")
+				}
+				buf := cache.get(b, dir, sbenchConfig{rows: rows, kind: storage.KindMemmap})
+				req := &SampleRequest{Sampler: kind, BatchSize: sbenchBatch}
+				if sampler.IsSlice(kind) {
+					req = &SampleRequest{Sampler: kind, NumSlices: sbenchSlices, SliceLen: sbenchSliceLen}
+				}
+				sbenchRun(b, buf, req)
+			})
+		}
+	}
+}
+
 // BenchmarkSliceR2D2 draws R2D2-shaped batches, 64 slices of 80 steps
 // (strict: only the trajectories with 80 rows or more qualify, about 18%),
 // with next-state reconstruction, without and with 5-step returns.
