@@ -669,11 +669,23 @@ func (v Index) Rows(seqs []int64, metas []RowMeta) {
 		span = b.recPitch
 	}
 	prefetchRows(b.recs, seqs, b.capacity, b.recPitch, span)
+	if b.group == nil {
+		// The stamps are in a table of their own.
+		for _, seq := range seqs {
+			if seq >= 0 {
+				b.stamps.prefetch(seq % b.capacity)
+			}
+		}
+	}
 	keepLoads(v.ix.touchNext(seqs))
 	wc := b.writeCount.Load()
 	if b.group == nil {
 		for i, seq := range seqs {
-			v.rowInto(seq, wc, &metas[i])
+			m := &metas[i]
+			// The copy checks the next row's stamp: ask for it now.
+			if v.rowInto(seq, wc, m) && m.NextSeq >= 0 && (i+1 == len(seqs) || seqs[i+1] != m.NextSeq) {
+				b.stamps.prefetch(m.NextSeq % b.capacity)
+			}
 		}
 		return
 	}

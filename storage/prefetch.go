@@ -13,17 +13,20 @@ import (
 // are served one after another. Two kinds of pass ask for a sample's lines
 // before it reads them, so that dozens of misses are served at once:
 //
-//   - A prefetch pass (prefetchRows) runs the CPU's prefetch
-//     instruction on each line. It does not hold up the instructions
-//     after it until the line arrives, so the work after the pass runs
-//     while the misses are served. It is used where a sample first asks
-//     for its rows (Index.Rows), and a prefetch never faults, so a pass
-//     over a mapping truncated underneath does no harm.
+//   - A prefetch pass (prefetchRows, prefetchSlots) runs the CPU's
+//     prefetch instruction on each line. It does not hold up the
+//     instructions after it until the line arrives, so the work after
+//     the pass runs while the misses are served. It is used where a sample
+//     first reaches lines: its rows' records and stamps and its next
+//     rows' lines (Index.Rows), and the columns outside a row group
+//     (touchColumns). A prefetch never faults, so a pass over a mapping
+//     truncated underneath does no harm.
 //   - A touch pass (touchRows, touchSlots) loads a byte of each line and
-//     waits for them. The passes that follow the first one read lines
-//     that are mostly in cache already; there a load that hits costs less
-//     than collecting prefetches (measured: 256-row samples from 10^5
-//     rows 10% slower with every pass a prefetch pass, docs/performance.md).
+//     waits for them. The passes over lines an earlier pass asked for (a
+//     row group's lines, again for the copy) find them mostly in cache;
+//     there a load that hits costs less than a prefetch call (measured:
+//     256-row samples from 10^5 rows 10% slower with every pass a
+//     prefetch pass, docs/performance.md).
 
 // prefetchRows prefetches the first span bytes of the row of each seq
 // (seqs < 0 skipped) in data, whose rows are pitch bytes apart in a ring
@@ -32,9 +35,7 @@ func prefetchRows(data []byte, seqs []int64, capacity, pitch, span int64) {
 	if len(data) == 0 {
 		return
 	}
-	if span <= 64 && pitch%64 == 0 && uintptr(unsafe.Pointer(&data[0]))%64 == 0 {
-		// Every row starts a line and fits in it (a memory buffer's
-		// CartPole row group, 64-byte file records).
+	if oneLine(data, pitch, span) {
 		for _, seq := range seqs {
 			if seq >= 0 {
 				prefetch.Line(unsafe.Pointer(&data[(seq%capacity)*pitch]))
@@ -48,6 +49,33 @@ func prefetchRows(data []byte, seqs []int64, capacity, pitch, span int64) {
 			prefetchSpan(data[off : off+span])
 		}
 	}
+}
+
+// prefetchSlots is prefetchRows for slots (slots < 0 skipped).
+func prefetchSlots(data []byte, slots []int64, pitch, span int64) {
+	if len(data) == 0 {
+		return
+	}
+	one := oneLine(data, pitch, span)
+	for _, slot := range slots {
+		if slot >= 0 {
+			if one {
+				prefetch.Line(unsafe.Pointer(&data[slot*pitch]))
+			} else {
+				prefetchSpan(data[slot*pitch : slot*pitch+span])
+			}
+		}
+	}
+}
+
+// oneLine reports whether every row of data (pitch bytes apart, span
+// bytes each from its start) lies in one cache line: data starts a line,
+// rows start lines or pack them evenly (a pitch dividing 64 or a multiple
+// of it) and fit. Most small rows do: a memory buffer's CartPole row
+// group, 64-byte file records, columns of 1 to 64 bytes.
+func oneLine(data []byte, pitch, span int64) bool {
+	return span <= min(pitch, 64) && (pitch%64 == 0 || 64%pitch == 0) &&
+		uintptr(unsafe.Pointer(&data[0]))%64 == 0
 }
 
 // prefetchSpan prefetches every cache line b spans (b not empty).

@@ -273,10 +273,12 @@ func (b *Buffer) touchStamps(seqs []int64) {
 }
 
 // touchColumns brings the rows at slots of the small columns among cols
-// into cache ahead of the copy (see touchRows): the columns in the row
-// group in one pass over the span they share, each other one in its own.
-// Large rows are long copies that the hardware prefetcher follows on its
-// own.
+// into cache ahead of the copy (see prefetch.go): the columns in the row
+// group in one touch pass over the span they share (Index.Rows asked for
+// those lines already), each other one in a prefetch pass of its own
+// (their first reach: in a memmap buffer of 10^7 rows this made uniform
+// samples 2.4 times faster). Large rows are long copies that the hardware
+// prefetcher follows on its own.
 func (b *Buffer) touchColumns(cols []Column, slots []int64) {
 	var sum int64
 	lo, hi := int64(math.MaxInt64), int64(0) // the row group's span
@@ -287,7 +289,7 @@ func (b *Buffer) touchColumns(cols []Column, slots []int64) {
 		case c.Tail && b.tailIx != nil:
 			// Tails are not at the slots (tailIndex), and few rows have one.
 		case c.c.cz < 0 && c.RowBytes <= rowGroupMaxField:
-			sum += touchSlots(c.c.data, slots, c.c.pitch(), int64(c.RowBytes))
+			prefetchSlots(c.c.data, slots, c.c.pitch(), int64(c.RowBytes))
 		}
 	}
 	if hi > 0 {

@@ -3,6 +3,8 @@ package storage
 import (
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/rbdb/rbd/internal/prefetch"
 )
 
 // stampTable holds, per ring slot, the seq of the complete row in it or -1
@@ -73,6 +75,17 @@ func (t *stampTable) Load(slot int64) int64 {
 		return -1
 	}
 	return (*p)[slot&stampPageMask].Load()
+}
+
+// prefetch asks for slot's stamp ahead of a Load (see prefetch.go).
+func (t *stampTable) prefetch(slot int64) {
+	if t.rows != nil {
+		prefetch.Line(unsafe.Pointer(t.inRow(slot)))
+		return
+	}
+	if p := t.pages[slot>>stampPageBits].Load(); p != nil {
+		prefetch.Line(unsafe.Pointer(&(*p)[slot&stampPageMask]))
+	}
 }
 
 // page returns slot's page, allocating it (every stamp -1) if needed. Two
