@@ -430,15 +430,22 @@ func sbenchRowsLabel(n int64) string {
 //
 // go test . -run '^$' -bench BenchmarkSample -benchtime 2s -count 3 -cpu 2
 func BenchmarkSample(b *testing.B) {
+	sbenchKinds(b, storage.KindMemory, sampler.Kinds, []int64{1e3, 1e5, 1e7}, "-short: 10^7 rows take about 2 GB and a few seconds to fill")
+}
+
+// sbenchKinds runs BenchmarkSample's draws (256 rows, or 8 slices of 32)
+// for each sampler kind and capacity, from buffers of storage kind sk;
+// -short skips capacities above 10^5 with skipWhy.
+func sbenchKinds(b *testing.B, sk storage.Kind, kinds []string, capacities []int64, skipWhy string) {
 	dir := b.TempDir() // removed after the cache's buffers are closed
 	cache := newSbenchCache(b)
-	for _, kind := range sampler.Kinds {
-		for _, rows := range []int64{1e3, 1e5, 1e7} {
+	for _, kind := range kinds {
+		for _, rows := range capacities {
 			b.Run(fmt.Sprintf("sampler=%s/rows=%s", kind, sbenchRowsLabel(rows)), func(b *testing.B) {
 				if testing.Short() && rows > 1e5 {
-					b.Skip("-short: 10^7 rows take about 2 GB and a few seconds to fill")
+					b.Skip(skipWhy)
 				}
-				buf := cache.get(b, dir, sbenchConfig{rows: rows, kind: storage.KindMemory})
+				buf := cache.get(b, dir, sbenchConfig{rows: rows, kind: sk})
 				req := &SampleRequest{Sampler: kind, BatchSize: sbenchBatch}
 				if sampler.IsSlice(kind) {
 					req = &SampleRequest{Sampler: kind, NumSlices: sbenchSlices, SliceLen: sbenchSliceLen}
@@ -477,23 +484,7 @@ func BenchmarkSampleWithoutNextState(b *testing.B) {
 //
 // go test . -run '^$' -bench BenchmarkSampleMemmap -benchtime 2s -count 3 -cpu 2
 func BenchmarkSampleMemmap(b *testing.B) {
-	dir := b.TempDir() // removed after the cache's buffers are closed
-	cache := newSbenchCache(b)
-	for _, kind := range []string{sampler.Uniform, sampler.Slice} {
-		for _, rows := range []int64{1e5, 1e7} {
-			b.Run(fmt.Sprintf("sampler=%s/rows=%s", kind, sbenchRowsLabel(rows)), func(b *testing.B) {
-				if testing.Short() && rows > 1e5 {
-					b.Skip("-short: 10^7 rows take about 1.5 GB of files")
-				}
-				buf := cache.get(b, dir, sbenchConfig{rows: rows, kind: storage.KindMemmap})
-				req := &SampleRequest{Sampler: kind, BatchSize: sbenchBatch}
-				if sampler.IsSlice(kind) {
-					req = &SampleRequest{Sampler: kind, NumSlices: sbenchSlices, SliceLen: sbenchSliceLen}
-				}
-				sbenchRun(b, buf, req)
-			})
-		}
-	}
+	sbenchKinds(b, storage.KindMemmap, []string{sampler.Uniform, sampler.Slice}, []int64{1e5, 1e7}, "-short: 10^7 rows take about 1.5 GB of files")
 }
 
 // BenchmarkSliceR2D2 draws R2D2-shaped batches, 64 slices of 80 steps

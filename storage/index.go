@@ -7,9 +7,6 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"runtime/debug"
-	"unsafe"
-
-	"github.com/rbdb/rbd/internal/prefetch"
 )
 
 // Trajectory is the index entry of one live trajectory: the seqs of its live
@@ -670,7 +667,8 @@ func (v Index) Rows(seqs []int64, metas []RowMeta) {
 	}
 	prefetchRows(b.recs, seqs, b.capacity, b.recPitch, span)
 	if b.group == nil {
-		// The stamps are in a table of their own.
+		// The stamps are in a table of their own (in a row group, each is
+		// in its row's first line, asked for already).
 		for _, seq := range seqs {
 			if seq >= 0 {
 				b.stamps.prefetch(seq % b.capacity)
@@ -679,22 +677,13 @@ func (v Index) Rows(seqs []int64, metas []RowMeta) {
 	}
 	keepLoads(v.ix.touchNext(seqs))
 	wc := b.writeCount.Load()
-	if b.group == nil {
-		for i, seq := range seqs {
-			m := &metas[i]
-			// The copy checks the next row's stamp: ask for it now.
-			if v.rowInto(seq, wc, m) && m.NextSeq >= 0 && (i+1 == len(seqs) || seqs[i+1] != m.NextSeq) {
-				b.stamps.prefetch(m.NextSeq % b.capacity)
-			}
-		}
-		return
-	}
 	for i, seq := range seqs {
 		m := &metas[i]
-		// A slice's next row is mostly the slice's next row, asked for
-		// already.
+		// The copy reads the next row's stamp (in a row group, its line
+		// with the next observation): ask for it now. A slice's next row
+		// is mostly the slice's next row, asked for already.
 		if v.rowInto(seq, wc, m) && m.NextSeq >= 0 && (i+1 == len(seqs) || seqs[i+1] != m.NextSeq) {
-			prefetch.Line(unsafe.Pointer(&b.recs[(m.NextSeq%b.capacity)*b.recPitch]))
+			b.stamps.prefetch(m.NextSeq % b.capacity)
 		}
 	}
 }

@@ -191,9 +191,9 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 // while it is copied and no stamp has to be checked twice. Rows that are
 // not indexed (padding seqs < 0 included) are zero-filled and their
 // positions appended to missing (the caller's scratch, possibly nil),
-// which is returned. A sample of small rows copies this way, in the same critical
-// section as its draw: for a few kilobytes the stamp checks of Gather cost
-// more than the copy. Compressed columns are refused (their reads may
+// which is returned. A sample of small rows copies this way, in the same
+// critical section as its draw: for a few kilobytes the stamp checks of
+// Gather cost more than the copy. Compressed columns are refused (their reads may
 // decompress a chunk: too long to make writers wait).
 func (v Index) CopyIndexed(seqs []int64, cols []Column, dst [][]byte, missing []int) ([]int, error) {
 	b := v.b
