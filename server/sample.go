@@ -144,7 +144,7 @@ func (s *Server) writeTensors(w http.ResponseWriter, r *http.Request, tensors []
 	// would allocate a slice for each.
 	h := w.Header()
 	h["Content-Type"] = octetStream
-	h["Content-Length"] = s.lengthValue(total)
+	h["Content-Length"] = s.contentLength(total)
 	return ignoreWriteErr(s.writeEncoded(w, nil, hdr, tensors, total))
 }
 
@@ -157,10 +157,10 @@ type lengthValue struct {
 	v []string
 }
 
-// lengthValue returns the Content-Length header value for n bytes, from
+// contentLength returns the Content-Length header value for n bytes, from
 // s.contentLengths when it holds it (the values are shared and never
 // changed).
-func (s *Server) lengthValue(n int64) []string {
+func (s *Server) contentLength(n int64) []string {
 	slot := &s.contentLengths[n&15]
 	if lv := slot.Load(); lv != nil && lv.n == n {
 		return lv.v

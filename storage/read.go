@@ -276,8 +276,8 @@ func (b *Buffer) touchStamps(seqs []int64) {
 // into cache ahead of the copy (see prefetch.go): the columns in the row
 // group in one touch pass over the span they share (Index.Rows asked for
 // those lines already), each other one in a prefetch pass of its own
-// (their first reach: in a memmap buffer of 10^7 rows this made uniform
-// samples 2.4 times faster). Large rows are long copies that the hardware
+// (their first reach: in a memmap buffer of 10^7 rows uniform samples went
+// from 56-58 to 30 µs with it). Large rows are long copies that the hardware
 // prefetcher follows on its own.
 func (b *Buffer) touchColumns(cols []Column, slots []int64) {
 	var sum int64

@@ -184,5 +184,7 @@ func b2i(b bool) int {
 }
 
 // prefetchLevel is the first level whose nodes FindBatch prefetches: the
-// levels above it (8 Ki nodes, 64 KiB) stay in cache between descents.
+// levels above it (up to 16 Ki nodes, 128 KiB) stay in cache between
+// descents. (From 8 Ki nodes on, a 10^5-leaf tree's batches were 5%
+// slower; from 32 Ki on, within noise.)
 const prefetchLevel = 1 << 15
