@@ -510,6 +510,7 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 		le.PutUint64(rb[recSeq:], uint64(writingMarker(rec.Seq)))
 	}
 	var crc uint32
+	staged := 0 // bytes in b.crcScratch not yet checksummed
 	for i, c := range b.cols {
 		if c.cz >= 0 {
 			continue // in a chunk already
@@ -519,8 +520,20 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 		// Mutable fields stay out of the checksum: updates rewrite them
 		// in place and leave the record alone.
 		if b.persistent && !c.field.Mutable {
-			crc = crc32.Update(crc, castagnoli, src)
+			if staged+len(src) > len(b.crcScratch) {
+				crc = crc32.Update(crc, castagnoli, b.crcScratch[:staged])
+				staged = 0
+			}
+			if len(src) > len(b.crcScratch) {
+				crc = crc32.Update(crc, castagnoli, src)
+				continue
+			}
+			copyField(b.crcScratch[staged:], src)
+			staged += len(src)
 		}
+	}
+	if staged > 0 {
+		crc = crc32.Update(crc, castagnoli, b.crcScratch[:staged])
 	}
 	if b.tailIx != nil {
 		b.tailIx.begin(rec.Seq)
@@ -558,6 +571,10 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 	b.stamps.Store(slot, rec.Seq)
 	b.store.crash.at("after-meta")
 }
+
+// crcScratchSize bounds the field bytes a row stages for its checksum at
+// once; larger fields are checksummed where they are.
+const crcScratchSize = 256
 
 // copyField is copy(dst, src) for one row of a field. The fields of small
 // rows are 1 to 16 bytes: moved as fixed-size words they cost a load and a
