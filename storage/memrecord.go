@@ -123,25 +123,25 @@ func (b *Buffer) putMemRecord(slot int64, r *record) {
 // r.DataCRC are left alone: the stamp is the one, memory rows have no
 // other).
 func (b *Buffer) memRecord(seq int64, r *record) {
-	slot := seq % b.capacity
+	r.TrajID, r.Step, r.PrevSeq, r.Env, r.PolicyVersion, r.Flags = b.memFields(seq%b.capacity, seq)
+}
+
+// memFields decodes the memory record of slot, which holds seq.
+func (b *Buffer) memFields(slot, seq int64) (traj, step, prev, env, version int64, flags uint32) {
 	rb := b.recs[slot*b.recPitch : slot*b.recPitch+memRecordSize]
 	le := binary.LittleEndian
-	r.TrajID = int64(le.Uint64(rb[mrecTraj:]))
+	traj = int64(le.Uint64(rb[mrecTraj:]))
 	ef := le.Uint32(rb[mrecEnvFlags:])
-	flags := ef >> memEnvBits
-	r.Flags = flags &^ flagWide
+	flags = ef >> memEnvBits
 	if flags&flagWide != 0 {
 		w := b.wide.get(slot)
-		r.Step, r.PrevSeq, r.Env, r.PolicyVersion = w.Step, w.PrevSeq, w.Env, w.PolicyVersion
-		return
+		return traj, w.Step, w.PrevSeq, w.Env, w.PolicyVersion, flags &^ flagWide
 	}
-	r.Step = int64(le.Uint32(rb[mrecStep:]))
-	r.PrevSeq = -1
+	prev = -1
 	if d := le.Uint32(rb[mrecPrev:]); d != 0 {
-		r.PrevSeq = seq - int64(d)
+		prev = seq - int64(d)
 	}
-	r.Env = int64(ef & (1<<memEnvBits - 1))
-	r.PolicyVersion = int64(le.Uint32(rb[mrecVersion:]))
+	return traj, int64(le.Uint32(rb[mrecStep:])), prev, int64(ef & (1<<memEnvBits - 1)), int64(le.Uint32(rb[mrecVersion:])), flags
 }
 
 // compactRecords reports whether the buffer's records are memory records

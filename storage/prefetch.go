@@ -29,23 +29,23 @@ import (
 //     prefetch pass, docs/performance.md).
 
 // prefetchRows prefetches the first span bytes of the row of each seq
-// (seqs < 0 skipped) in data, whose rows are pitch bytes apart in a ring
-// of capacity slots.
-func prefetchRows(data []byte, seqs []int64, capacity, pitch, span int64) {
+// (seqs < 0 skipped) in data, whose rows are pitch bytes apart in the ring
+// ring maps seqs to.
+func prefetchRows(data []byte, seqs []int64, ring ringSlots, pitch, span int64) {
 	if len(data) == 0 {
 		return
 	}
 	if oneLine(data, pitch, span) {
 		for _, seq := range seqs {
 			if seq >= 0 {
-				prefetch.Line(unsafe.Pointer(&data[(seq%capacity)*pitch]))
+				prefetch.Line(unsafe.Pointer(&data[ring.of(seq)*pitch]))
 			}
 		}
 		return
 	}
 	for _, seq := range seqs {
 		if seq >= 0 {
-			off := (seq % capacity) * pitch
+			off := ring.of(seq) * pitch
 			prefetchSpan(data[off : off+span])
 		}
 	}
@@ -95,11 +95,11 @@ func eachLine(b []byte, fn func(unsafe.Pointer)) {
 // each row of seqs (seqs < 0 skipped) in data, whose rows are pitch apart,
 // and returns their sum. The loop is short so that the CPU keeps many of
 // its cache misses in flight at once.
-func touchRows(data []byte, seqs []int64, capacity, pitch, span int64) int64 {
+func touchRows(data []byte, seqs []int64, ring ringSlots, pitch, span int64) int64 {
 	var sum int64
 	for _, seq := range seqs {
 		if seq >= 0 {
-			off := (seq % capacity) * pitch
+			off := ring.of(seq) * pitch
 			sum += touchLines(data[off : off+span])
 		}
 	}
