@@ -331,15 +331,16 @@ func (p *plan) resolve(ix storage.Index, sel *sampler.Selection, d *drawn) *draw
 		d.windows = make([][]storage.RowMeta, n)
 	}
 	ix.Rows(sel.Seqs, d.metas) // Seq -1 for padding
-	for i, m := range d.metas {
+	for i := range d.metas {
+		m := &d.metas[i] // not by value: a RowMeta copy per row
 		if p.nstep != nil {
-			if w, ok := transforms.NStep(ix, m, p.nstep.N, p.compact); ok {
+			if w, ok := transforms.NStep(ix, *m, p.nstep.N, p.compact); ok {
 				d.windows[i] = w.Rows
 				d.next[i] = w.Next
 				continue
 			}
 		}
-		d.next[i] = transforms.NextOf(m, p.compact)
+		d.next[i] = transforms.NextOf(*m, p.compact)
 	}
 	return d
 }
@@ -716,11 +717,22 @@ func (b *Buffer) encode(p *plan, d *drawn, g *gathered) *Batch {
 		c, _ := b.Column(k)
 		out.Tensors = append(out.Tensors, Tensor{Name: k, DType: c.DType, Shape: shape(c.Shape), Data: g.stored[k]})
 	}
+	// One pass over the rows' metadata for the id tensors and the policy
+	// ages (through a pointer: ranging by value copied each RowMeta).
 	seqB, trajB, stepB := alloc(8*n), alloc(8*n), alloc(8*n)
-	for i, m := range d.metas {
+	real := 0
+	var ageSum int64
+	for i := range d.metas {
+		m := &d.metas[i]
 		binary.LittleEndian.PutUint64(seqB[8*i:], uint64(m.Seq))
 		binary.LittleEndian.PutUint64(trajB[8*i:], uint64(m.TrajID))
 		binary.LittleEndian.PutUint64(stepB[8*i:], uint64(m.Step))
+		if sel.Seqs[i] >= 0 {
+			real++
+			age := max(0, d.newest-m.PolicyVersion)
+			ageSum += age
+			out.PolicyAgeMax = max(out.PolicyAgeMax, age)
+		}
 	}
 	out.Tensors = append(out.Tensors,
 		Tensor{Name: "seq", DType: storage.Int64, Shape: shape(nil), Data: seqB},
@@ -770,16 +782,6 @@ func (b *Buffer) encode(p *plan, d *drawn, g *gathered) *Batch {
 		out.Metadata["size"] = strconv.FormatInt(d.elig.Rows, 10)
 		out.Metadata["priority_total"] = strconv.FormatFloat(d.elig.PriorityTotal, 'g', -1, 64)
 		out.Metadata["priority_min"] = strconv.FormatFloat(d.elig.PriorityMin, 'g', -1, 64)
-	}
-	real := 0
-	var ageSum int64
-	for i, s := range sel.Seqs {
-		if s >= 0 {
-			real++
-			age := max(0, d.newest-d.metas[i].PolicyVersion)
-			ageSum += age
-			out.PolicyAgeMax = max(out.PolicyAgeMax, age)
-		}
 	}
 	if real > 0 {
 		out.PolicyAgeMean = float64(ageSum) / float64(real)

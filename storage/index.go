@@ -190,6 +190,10 @@ type index struct {
 	recent [recentTrajs]*Trajectory
 	// capacity maps seqs to slots.
 	capacity int64
+	// ring maps seqs to slots without a division (ringSlots), for the
+	// write count (setWriteCount): it changes with the write count, under
+	// imu, so a reader holding imu sees the two agree.
+	ring ringSlots
 }
 
 func (ix *index) init(capacity int64) {
@@ -203,6 +207,7 @@ func (ix *index) init(capacity int64) {
 	ix.nextDelta = nil
 	ix.recent = [recentTrajs]*Trajectory{}
 	ix.capacity = capacity
+	ix.ring = newRingSlots(0, capacity)
 }
 
 // recentTrajs is the size of the write path's lookup cache (a power of 2).
@@ -369,14 +374,16 @@ func (ix *index) next(id, step int64) int64 {
 type Index struct {
 	ix *index
 	b  *Buffer
-	// ring maps seqs to slots without a division (ringSlots), made from
-	// the write count when the Index was.
-	ring ringSlots
 }
 
 // indexOf returns b's Index; the caller holds imu.
-func (b *Buffer) indexOf() Index {
-	return Index{ix: &b.ix, b: b, ring: newRingSlots(b.writeCount.Load(), b.capacity)}
+func (b *Buffer) indexOf() Index { return Index{&b.ix, b} }
+
+// setWriteCount moves the write count, and the index's slot map with it.
+// Callers hold imu, or have the buffer to themselves (opening it).
+func (b *Buffer) setWriteCount(wc int64) {
+	b.ix.ring = newRingSlots(wc, b.capacity)
+	b.writeCount.Store(wc)
 }
 
 // NumTrajectories returns the number of trajectories with live rows.
@@ -448,7 +455,7 @@ func (v Index) rowInto(seq, wc int64, m *RowMeta) bool {
 	// division each had cost a 256-row sample about 0.5 µs).
 	slot := int64(-1)
 	if seq >= 0 && seq < wc && seq >= wc-b.capacity {
-		slot = v.ring.of(seq)
+		slot = v.ix.ring.of(seq)
 	}
 	if slot < 0 || b.stamps.Load(slot) != seq {
 		*m = RowMeta{Seq: -1, TrajID: -1, Step: -1, PrevSeq: -1, NextSeq: -1}
@@ -488,7 +495,7 @@ func (m *RowMeta) setFlags(flags uint32) {
 // short pass, so that their misses overlap (a draw that tests candidates
 // one by one would take them one after another). It only helps where the
 // stamps are in the rows (memory buffers); elsewhere it does nothing.
-func (v Index) Prefetch(seqs []int64) { v.b.touchStamps(seqs, v.ring) }
+func (v Index) Prefetch(seqs []int64) { v.b.touchStamps(seqs, v.ix.ring) }
 
 // PrefetchTrajectories loads what Len and AppendSeqs read of each of ts
 // (nil entries skipped) in one pass per level (the trajectory, then its
@@ -525,7 +532,7 @@ func (v Index) PrefetchSlots(slots []uint64) {
 // Row it reads no record.
 func (v Index) Live(seq int64) bool {
 	lo, hi := v.Window()
-	return seq >= lo && seq < hi && v.b.stamps.Load(v.ring.of(seq)) == seq
+	return seq >= lo && seq < hi && v.b.stamps.Load(v.ix.ring.of(seq)) == seq
 }
 
 // NextKnown reports whether seq is an indexed row whose next observation
@@ -542,7 +549,7 @@ func (v Index) NextKnown(seq int64) bool {
 	// Inside the window a slot can only hold that one seq, and a set bit
 	// means the slot's row is indexed (evict clears it before the slot
 	// is reused, under the lock the caller holds).
-	return seq >= lo && seq < hi && v.ix.known.get(v.ring.of(seq))
+	return seq >= lo && seq < hi && v.ix.known.get(v.ix.ring.of(seq))
 }
 
 // AppendNextKnown appends to dst, in seq order, every seq for which
@@ -684,17 +691,17 @@ func (v Index) Rows(seqs []int64, metas []RowMeta) {
 	if b.group != nil {
 		span = b.recPitch
 	}
-	prefetchRows(b.recs, seqs, v.ring, b.recPitch, span)
+	prefetchRows(b.recs, seqs, v.ix.ring, b.recPitch, span)
 	if b.group == nil {
 		// The stamps are in a table of their own (in a row group, each is
 		// in its row's first line, asked for already).
 		for _, seq := range seqs {
 			if seq >= 0 {
-				b.stamps.prefetch(v.ring.of(seq))
+				b.stamps.prefetch(v.ix.ring.of(seq))
 			}
 		}
 	}
-	keepLoads(v.ix.touchNext(seqs, v.ring))
+	keepLoads(v.ix.touchNext(seqs, v.ix.ring))
 	wc := b.writeCount.Load()
 	for i, seq := range seqs {
 		m := &metas[i]
@@ -702,7 +709,7 @@ func (v Index) Rows(seqs []int64, metas []RowMeta) {
 		// with the next observation): ask for it now. A slice's next row
 		// is mostly the slice's next row, asked for already.
 		if v.rowInto(seq, wc, m) && m.NextSeq >= 0 && (i+1 == len(seqs) || seqs[i+1] != m.NextSeq) {
-			b.stamps.prefetch(v.ring.of(m.NextSeq))
+			b.stamps.prefetch(v.ix.ring.of(m.NextSeq))
 		}
 	}
 }

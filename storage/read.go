@@ -222,7 +222,7 @@ func (v Index) CopyIndexed(seqs []int64, cols []Column, dst [][]byte, missing []
 		for _, seq := range seqs {
 			slot := int64(-1)
 			if seq >= 0 && seq < wc && seq >= lo {
-				slot = v.ring.of(seq)
+				slot = v.ix.ring.of(seq)
 			}
 			slots = append(slots, slot)
 		}
@@ -243,7 +243,7 @@ func (v Index) CopyIndexed(seqs []int64, cols []Column, dst [][]byte, missing []
 		for j, seq := range seqs {
 			slot := int64(-1)
 			if seq >= 0 && seq < wc && seq >= lo {
-				if s := v.ring.of(seq); b.stamps.Load(s) == seq {
+				if s := v.ix.ring.of(seq); b.stamps.Load(s) == seq {
 					slot = s
 				}
 			}

@@ -254,7 +254,7 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 			}
 		}
 	}
-	b.writeCount.Store(wc)
+	b.setWriteCount(wc)
 	b.sync.durable = durable
 
 	// Continue open trajectories only after a clean close: after a crash

@@ -4,9 +4,10 @@ package storage
 // for the seqs near a write count: a 64-bit division costs about as much
 // as the rest of a sample's work on a cached row, and a 256-row sample
 // took several per row (drawn, prefetched, checked, decoded, copied).
-// Rows, CopyIndexed, Live and NextKnown map through the one their Index
-// took at ReadIndex (256-row CartPole samples 2-5% faster for each
-// division per row taken out: docs/performance.md).
+// Rows, CopyIndexed, Live and NextKnown map through the index's, which
+// moves with the write count under the index lock (256-row CartPole
+// samples 2-5% faster for each division per row taken out:
+// docs/performance.md).
 type ringSlots struct {
 	base     int64 // the largest multiple of capacity at most the write count
 	capacity int64

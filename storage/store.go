@@ -225,7 +225,7 @@ func (s *Store) openBuffer(e catalogEntry) (*Buffer, int64, error) {
 		if !s.snapAt.IsZero() {
 			wc = e.state.WriteCount
 		}
-		b.writeCount.Store(wc)
+		b.setWriteCount(wc)
 		b.seqRes.Store(wc)
 		b.sync.durable = wc
 		return b, -1, nil

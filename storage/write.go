@@ -454,7 +454,7 @@ func (b *Buffer) publish(recs []record, first, written, end int64, stream string
 		}
 		envs = nil
 	}
-	b.writeCount.Store(end)
+	b.setWriteCount(end)
 	return envs
 }
 
