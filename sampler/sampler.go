@@ -216,6 +216,21 @@ func admits(ix storage.Index, p Params, seq int64) bool {
 	return ok && p.Eligible(ix, m)
 }
 
+// admitAll appends to dst the seqs among cands that admits would take, in
+// cands' order (seqs < 0 never): without an Eligible function, in one call
+// into the index for the whole block.
+func admitAll(ix storage.Index, p Params, dst, cands []int64) []int64 {
+	if p.Eligible == nil {
+		return ix.AppendLive(dst, cands, p.NextKnown)
+	}
+	for _, seq := range cands {
+		if seq >= 0 && admits(ix, p, seq) {
+			dst = append(dst, seq)
+		}
+	}
+	return dst
+}
+
 // rejectionBudget bounds the random tries before a sampler falls back to an
 // exact scan, so a store that is mostly ineligible costs O(n) once instead
 // of an unbounded loop.
@@ -239,11 +254,7 @@ func drawUniform(ix storage.Index, p Params, rng *rand.Rand) (*Selection, error)
 			ix.Prefetch(cand)
 		}
 		tries -= len(cand)
-		for _, seq := range cand {
-			if admits(ix, p, seq) {
-				sel.Seqs = append(sel.Seqs, seq)
-			}
-		}
+		sel.Seqs = admitAll(ix, p, sel.Seqs, cand)
 	}
 	if len(sel.Seqs) == p.BatchSize {
 		return sel, nil
@@ -315,11 +326,9 @@ func drawPrioritized(ix storage.Index, p Params, rng *rand.Rand) (*Selection, er
 			ix.Prefetch(found[:k]) // admits reads the rows (see drawUniform)
 		}
 		tries -= k
-		for _, seq := range found[:k] {
-			if !admits(ix, p, seq) {
-				continue
-			}
-			sel.Seqs = append(sel.Seqs, seq)
+		start := len(sel.Seqs)
+		sel.Seqs = admitAll(ix, p, sel.Seqs, found[:k])
+		for _, seq := range sel.Seqs[start:] {
 			sel.Weights = append(sel.Weights, weight(ix.PriorityQ(seq), qmin, p.Beta))
 		}
 	}
@@ -400,13 +409,16 @@ func (s *State) drawWithoutReplacement(ix storage.Index, p Params, rng *rand.Ran
 		e.perm.AtBatch(e.cursor, block)
 		e.cursor += uint64(len(block))
 		ix.PrefetchSlots(block) // SlotSeq reads each slot's stamp
-		for _, slot := range block {
-			// Slots, not seqs: a full ring keeps its epoch while rows are
-			// overwritten in place, and each slot is visited once.
-			seq := ix.SlotSeq(int64(slot))
-			if seq >= 0 && admits(ix, p, seq) {
-				sel.Seqs = append(sel.Seqs, seq)
+		// Slots, not seqs: a full ring keeps its epoch while rows are
+		// overwritten in place, and each slot is visited once.
+		for len(block) > 0 {
+			var small [256]int64
+			seqs := small[:0]
+			for _, slot := range block[:min(len(block), len(small))] {
+				seqs = append(seqs, ix.SlotSeq(int64(slot)))
 			}
+			block = block[len(seqs):]
+			sel.Seqs = admitAll(ix, p, sel.Seqs, seqs)
 		}
 	}
 	// Skip what cannot be returned ahead, so the batch that takes the

@@ -552,6 +552,30 @@ func (v Index) NextKnown(seq int64) bool {
 	return seq >= lo && seq < hi && v.ix.known.get(v.ix.ring.of(seq))
 }
 
+// AppendLive appends to dst the seqs among cands that are Live
+// (nextKnown false) or NextKnown (true), in cands' order: one call for a
+// block of candidates, where a call per candidate cost a 256-row draw
+// about 0.5 µs.
+func (v Index) AppendLive(dst, cands []int64, nextKnown bool) []int64 {
+	lo, hi := v.Window()
+	ring := v.ix.ring
+	if nextKnown && v.b.spec.CompactObs {
+		bits := &v.ix.known
+		for _, seq := range cands {
+			if seq >= lo && seq < hi && bits.get(ring.of(seq)) {
+				dst = append(dst, seq)
+			}
+		}
+		return dst
+	}
+	for _, seq := range cands {
+		if seq >= lo && seq < hi && v.b.stamps.Load(ring.of(seq)) == seq {
+			dst = append(dst, seq)
+		}
+	}
+	return dst
+}
+
 // AppendNextKnown appends to dst, in seq order, every seq for which
 // NextKnown is true. In a compact_obs buffer it reads the index's bits a
 // 64-slot word at a time, so listing the few eligible rows of a mostly

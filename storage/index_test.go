@@ -41,6 +41,25 @@ func checkIndex(t *testing.T, b *Buffer, when string) {
 		if got := v.AppendNextKnown([]int64{-7}); !slices.Equal(got, append([]int64{-7}, known...)) {
 			t.Fatalf("%s: AppendNextKnown = %v, want %v", when, got, known)
 		}
+		// AppendLive filters a shuffled block as Live and NextKnown do one
+		// seq at a time, keeping the block's order.
+		var cands []int64
+		for seq := lo - 3; seq < hi+3; seq++ {
+			cands = append(cands, seq)
+		}
+		shuffle := rand.New(rand.NewPCG(uint64(hi), 9))
+		shuffle.Shuffle(len(cands), func(i, j int) { cands[i], cands[j] = cands[j], cands[i] })
+		for _, nk := range []bool{false, true} {
+			want := []int64{-7}
+			for _, seq := range cands {
+				if (nk && v.NextKnown(seq)) || (!nk && v.Live(seq)) {
+					want = append(want, seq)
+				}
+			}
+			if got := v.AppendLive([]int64{-7}, cands, nk); !slices.Equal(got, want) {
+				t.Fatalf("%s: AppendLive(next known %v) = %v, one at a time %v", when, nk, got, want)
+			}
+		}
 		for seq := lo - 3; seq < hi+3; seq++ {
 			want := nextKnownFromRow(v, seq, b.spec.CompactObs)
 			if got := v.NextKnown(seq); got != want {
