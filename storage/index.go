@@ -555,7 +555,7 @@ func (v Index) NextKnown(seq int64) bool {
 // AppendLive appends to dst the seqs among cands that are Live
 // (nextKnown false) or NextKnown (true), in cands' order: one call for a
 // block of candidates, where a call per candidate cost a 256-row draw
-// about 0.5 µs.
+// about 1 µs.
 func (v Index) AppendLive(dst, cands []int64, nextKnown bool) []int64 {
 	lo, hi := v.Window()
 	ring := v.ix.ring
@@ -725,7 +725,7 @@ func (v Index) Rows(seqs []int64, metas []RowMeta) {
 			}
 		}
 	}
-	keepLoads(v.ix.touchNext(seqs, v.ix.ring))
+	keepLoads(v.ix.touchNext(seqs))
 	wc := b.writeCount.Load()
 	for i, seq := range seqs {
 		m := &metas[i]
@@ -741,14 +741,14 @@ func (v Index) Rows(seqs []int64, metas []RowMeta) {
 // touchNext loads what nextOf reads for seqs (a bit and a next distance
 // per row, at random places in arrays of 1/8 and 2 bytes a slot), so that
 // in large rings their misses overlap too.
-func (ix *index) touchNext(seqs []int64, ring ringSlots) int64 {
+func (ix *index) touchNext(seqs []int64) int64 {
 	var sum int64
 	nd, kw := ix.nextDelta, ix.known.words
 	for _, seq := range seqs {
 		if seq < 0 {
 			continue
 		}
-		slot := ring.of(seq)
+		slot := ix.ring.of(seq)
 		if slot < int64(len(nd)) {
 			sum += int64(nd[slot])
 		}
