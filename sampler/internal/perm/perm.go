@@ -101,9 +101,9 @@ func (p Perm) At(i uint64) uint64 {
 
 // AtBatch sets dst[j] = At(start+j) for every j (start+len(dst) must be at
 // most N). A Feistel evaluation is a chain of dependent multiplies, so one
-// At at a time leaves the CPU waiting on each; AtBatch walks four indices
-// through the rounds side by side, whose chains are independent and
-// overlap. The values are At's, bit for bit.
+// At at a time leaves the CPU waiting on each; AtBatch walks several
+// indices through the rounds side by side (lanes), whose chains are
+// independent and overlap. The values are At's, bit for bit.
 func (p Perm) AtBatch(start uint64, dst []uint64) {
 	if uint64(len(dst)) > p.n || start > p.n-uint64(len(dst)) {
 		panic(fmt.Sprintf("perm: indices [%d,%d) out of range [0,%d)", start, start+uint64(len(dst)), p.n))
@@ -114,49 +114,69 @@ func (p Perm) AtBatch(start uint64, dst []uint64) {
 		}
 		return
 	}
-	// Four lanes, each walking one index to its value; a lane that is
-	// done (its walk left the domain no more) writes it and takes the
-	// next index, so no lane idles while another walks on.
-	var x [4]uint64 // the lanes' values, mid-walk
-	var at [4]int   // the lanes' positions in dst, -1 when idle
-	next := 0
+	// Each lane walks one index to its value; a lane that is done (its
+	// walk left the domain no more) writes it and takes the next index,
+	// so no lane idles while another walks on.
+	var x [lanes]uint64 // the lanes' values, mid-walk
+	var at [lanes]int   // the lanes' positions in dst, -1 when idle
+	next, busy := 0, 0
 	for l := range at {
 		at[l] = -1
 		if next < len(dst) {
 			at[l], x[l] = next, start+uint64(next)
 			next++
+			busy++
 		}
 	}
-	for at[0] >= 0 || at[1] >= 0 || at[2] >= 0 || at[3] >= 0 {
-		x[0], x[1], x[2], x[3] = p.feistel4(x[0], x[1], x[2], x[3])
+	for busy > 0 {
+		p.feistelLanes(&x)
 		for l := range at {
 			if at[l] < 0 || x[l] >= p.n {
 				continue // idle, or walking on
 			}
 			dst[at[l]] = x[l]
 			at[l] = -1
+			busy--
 			if next < len(dst) {
 				at[l], x[l] = next, start+uint64(next)
 				next++
+				busy++
 			}
 		}
 	}
 }
 
-// feistel4 is feistel of four values, round by round together.
-func (p Perm) feistel4(x0, x1, x2, x3 uint64) (uint64, uint64, uint64, uint64) {
+// lanes is how many walks AtBatch takes through the rounds together: a
+// round's chain (two multiplies) is about ten cycles long, and eight
+// independent ones keep the multiplier busy where four left it idle half
+// the time (BenchmarkAtBatch: 256 indices of 10^5 in 4.6 µs with four).
+const lanes = 8
+
+// feistelLanes is feistel of each of x, round by round together (each
+// lane in variables of its own: in arrays, every round went through
+// memory and the lanes overlapped less).
+func (p Perm) feistelLanes(x *[lanes]uint64) {
 	h, m := p.half, p.mask
-	l0, r0 := x0>>h, x0&m
-	l1, r1 := x1>>h, x1&m
-	l2, r2 := x2>>h, x2&m
-	l3, r3 := x3>>h, x3&m
+	l0, r0 := x[0]>>h, x[0]&m
+	l1, r1 := x[1]>>h, x[1]&m
+	l2, r2 := x[2]>>h, x[2]&m
+	l3, r3 := x[3]>>h, x[3]&m
+	l4, r4 := x[4]>>h, x[4]&m
+	l5, r5 := x[5]>>h, x[5]&m
+	l6, r6 := x[6]>>h, x[6]&m
+	l7, r7 := x[7]>>h, x[7]&m
 	for _, k := range p.keys {
 		l0, r0 = r0, (l0^mix(r0^k))&m
 		l1, r1 = r1, (l1^mix(r1^k))&m
 		l2, r2 = r2, (l2^mix(r2^k))&m
 		l3, r3 = r3, (l3^mix(r3^k))&m
+		l4, r4 = r4, (l4^mix(r4^k))&m
+		l5, r5 = r5, (l5^mix(r5^k))&m
+		l6, r6 = r6, (l6^mix(r6^k))&m
+		l7, r7 = r7, (l7^mix(r7^k))&m
 	}
-	return l0<<h | r0, l1<<h | r1, l2<<h | r2, l3<<h | r3
+	x[0], x[1], x[2], x[3] = l0<<h|r0, l1<<h|r1, l2<<h|r2, l3<<h|r3
+	x[4], x[5], x[6], x[7] = l4<<h|r4, l5<<h|r5, l6<<h|r6, l7<<h|r7
 }
 
 // feistel applies the balanced network to x in [0, 4^half). Each round maps
