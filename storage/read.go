@@ -144,9 +144,9 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 	}
 	var damaged []error
 	for j, slot := range slots {
-		// CompareAndSwap, not Load: it is a full barrier, so the copies
-		// above cannot be reordered after this check on weakly ordered CPUs.
-		if slot < 0 || !b.stamps.CompareAndSwap(slot, seqs[j], seqs[j]) || (chunkErrs != nil && chunkErrs[j] == errSlotMoving) {
+		// stillHolds orders the check after the copies above, also on
+		// weakly ordered CPUs.
+		if slot < 0 || !b.stamps.stillHolds(slot, seqs[j]) || (chunkErrs != nil && chunkErrs[j] == errSlotMoving) {
 			missing = append(missing, j)
 			for i, c := range cols {
 				clear(dst[i][j*c.RowBytes : (j+1)*c.RowBytes])
