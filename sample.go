@@ -111,6 +111,9 @@ type drawn struct {
 	metas   []storage.RowMeta
 	next    []transforms.NextSource
 	windows [][]storage.RowMeta // n-step only
+	// winRows holds the rows of every window, one array for the batch
+	// (windows are slices of it).
+	winRows []storage.RowMeta
 	// elig and prob are set for return_prob: what the draw was taken over,
 	// and each row's probability of being drawn.
 	elig *storage.Eligibility
@@ -318,7 +321,8 @@ func (b *Buffer) recycle(d *drawn) {
 	if d == nil {
 		return
 	}
-	*d = drawn{metas: d.metas[:0], next: d.next[:0], selStore: d.selStore}
+	clear(d.windows) // no stale window outlives its draw
+	*d = drawn{metas: d.metas[:0], next: d.next[:0], windows: d.windows[:0], winRows: d.winRows[:0], selStore: d.selStore}
 	b.drawns.Put(d)
 }
 
@@ -328,13 +332,19 @@ func (p *plan) resolve(ix storage.Index, sel *sampler.Selection, d *drawn) *draw
 	d.sel, d.newest = sel, ix.NewestPolicyVersion()
 	d.metas, d.next = sized(d.metas, n), sized(d.next, n)
 	if p.nstep != nil {
-		d.windows = make([][]storage.RowMeta, n)
+		d.windows = sized(d.windows, n)
+		clear(d.windows)
+		// Room for every window at its longest, so that appending never
+		// moves the array under the windows already cut from it.
+		d.winRows = slices.Grow(d.winRows[:0], n*p.nstep.N)
 	}
 	ix.Rows(sel.Seqs, d.metas) // Seq -1 for padding
 	for i := range d.metas {
 		m := &d.metas[i] // not by value: a RowMeta copy per row
 		if p.nstep != nil {
-			if w, ok := transforms.NStep(ix, *m, p.nstep.N, p.compact); ok {
+			var w transforms.Window
+			var ok bool
+			if w, d.winRows, ok = transforms.NStepAppend(ix, *m, p.nstep.N, p.compact, d.winRows); ok {
 				d.windows[i] = w.Rows
 				d.next[i] = w.Next
 				continue
@@ -620,7 +630,7 @@ func (b *Buffer) gatherNext(p *plan, d *drawn, g *gathered, ix *storage.Index) (
 // 1-step rewards as next.original_reward.
 func (b *Buffer) gatherWindows(d *drawn, g *gathered, ix *storage.Index) (bool, error) {
 	rc, _ := b.Column("next.reward")
-	var flat []int64
+	flat := make([]int64, 0, len(d.winRows))
 	for _, w := range d.windows {
 		for _, m := range w {
 			flat = append(flat, m.Seq)

@@ -58,15 +58,24 @@ type Window struct {
 // with a known bootstrap). ok is false when m's next observation is not
 // known itself.
 func NStep(ix storage.Index, m storage.RowMeta, n int, compact bool) (w Window, ok bool) {
+	w, _, ok = NStepAppend(ix, m, n, compact, make([]storage.RowMeta, 0, n))
+	return w, ok
+}
+
+// NStepAppend is NStep with the window's rows appended to buf, which it
+// returns grown: w.Rows is the appended part, so the windows of a batch can
+// share one array (an allocation per window cost an R2D2 n-step batch
+// 5,000 allocations). Nothing is appended when ok is false.
+func NStepAppend(ix storage.Index, m storage.RowMeta, n int, compact bool, buf []storage.RowMeta) (w Window, out []storage.RowMeta, ok bool) {
 	next := NextOf(m, compact)
 	if !next.Known() {
-		return Window{}, false
+		return Window{}, buf, false
 	}
-	w.Rows = make([]storage.RowMeta, 1, n)
-	w.Rows[0] = m
+	start := len(buf)
+	buf = append(buf, m)
 	w.Next = next
 	last := m
-	for len(w.Rows) < n && !last.Done && last.NextSeq >= 0 {
+	for len(buf)-start < n && !last.Done && last.NextSeq >= 0 {
 		nm, live := ix.Row(last.NextSeq)
 		if !live {
 			break
@@ -75,11 +84,12 @@ func NStep(ix storage.Index, m storage.RowMeta, n int, compact bool) (w Window, 
 		if !nn.Known() {
 			break
 		}
-		w.Rows = append(w.Rows, nm)
+		buf = append(buf, nm)
 		w.Next = nn
 		last = nm
 	}
-	return w, true
+	w.Rows = buf[start:len(buf):len(buf)]
+	return w, buf, true
 }
 
 // Discount returns the n-step return sum_j gamma^j r_j and gamma^k.
