@@ -321,7 +321,6 @@ func (b *Buffer) recycle(d *drawn) {
 	if d == nil {
 		return
 	}
-	clear(d.windows) // no stale window outlives its draw
 	*d = drawn{metas: d.metas[:0], next: d.next[:0], windows: d.windows[:0], winRows: d.winRows[:0], selStore: d.selStore}
 	b.drawns.Put(d)
 }
@@ -333,7 +332,7 @@ func (p *plan) resolve(ix storage.Index, sel *sampler.Selection, d *drawn) *draw
 	d.metas, d.next = sized(d.metas, n), sized(d.next, n)
 	if p.nstep != nil {
 		d.windows = sized(d.windows, n)
-		clear(d.windows)
+		clear(d.windows) // a reused array holds the last draw's windows
 		// Room for every window at its longest, so that appending never
 		// moves the array under the windows already cut from it.
 		d.winRows = slices.Grow(d.winRows[:0], n*p.nstep.N)

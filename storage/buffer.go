@@ -128,8 +128,9 @@ type Buffer struct {
 	reservingAhead atomic.Bool
 	recScratch     [recordSize]byte // a record being built, guarded by wmu
 	// crcScratch holds a row's checksummed field bytes side by side
-	// while it is written (guarded by wmu): one checksum call over them
-	// costs 6 ns where a call per field cost 36 for a CartPole row.
+	// while it is written (guarded by wmu): staged and checksummed in one
+	// call a CartPole row takes 15 ns, a call per field 35
+	// (BenchmarkRowChecksum).
 	crcScratch [crcScratchSize]byte
 	recBatch   []record // the records of the extend being written (batchRecords), guarded by wmu
 

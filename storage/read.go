@@ -98,14 +98,15 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 	// by column (one tight loop per field width), then re-check every
 	// stamp. A row whose stamp changed in between was overwritten while we
 	// copied it and is reported missing.
-	b.touchStamps(seqs, newRingSlots(b.writeCount.Load(), b.capacity))
 	wc := b.writeCount.Load()
 	lo := wc - b.capacity
+	ring := newRingSlots(wc, b.capacity)
+	b.touchStamps(seqs, ring)
 	slots := make([]int64, len(seqs))
 	for j, seq := range seqs {
 		slots[j] = -1
 		if seq >= 0 && seq < wc && seq >= lo {
-			if slot := seq % b.capacity; b.stamps.Load(slot) == seq {
+			if slot := ring.of(seq); b.stamps.Load(slot) == seq {
 				slots[j] = slot
 			}
 		}

@@ -146,10 +146,10 @@ func (p Perm) AtBatch(start uint64, dst []uint64) {
 	}
 }
 
-// lanes is how many walks AtBatch takes through the rounds together: a
-// round's chain (two multiplies) is about ten cycles long, and eight
-// independent ones keep the multiplier busy where four left it idle half
-// the time (BenchmarkAtBatch: 256 indices of 10^5 in 4.6 µs with four).
+// lanes is how many walks AtBatch takes through the rounds together: each
+// round is a chain of two dependent multiplies, and more independent
+// chains overlap more (BenchmarkAtBatch/batch=true, 256 indices of 10^5:
+// 9.4-9.6 µs with four lanes, 7.8-8.0 µs with eight).
 const lanes = 8
 
 // feistelLanes is feistel of each of x, round by round together (each
