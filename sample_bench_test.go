@@ -65,12 +65,16 @@ type sbenchConfig struct {
 	rows  int64 // capacity; rows + rows/8 are written
 	atari bool  // uint8[84,84,4] observations instead of CartPole's float32[4]
 	kind  storage.Kind
+	runs  bool // a memory buffer with run records (row_meta "runs")
 }
 
 func (c sbenchConfig) String() string {
 	shape := "cartpole"
 	if c.atari {
 		shape = "atari"
+	}
+	if c.runs {
+		shape += "/runs"
 	}
 	return fmt.Sprintf("%s/%s/%d", shape, c.kind, c.rows)
 }
@@ -96,6 +100,9 @@ func sbenchSpec(c sbenchConfig) storage.Spec {
 	}
 	if !c.atari {
 		s.Priority = &storage.PriorityOptions{Alpha: 0.6, Eps: 1e-6}
+	}
+	if c.runs {
+		s.RowMetaLayout = storage.RowMetaRuns
 	}
 	if c.kind != storage.KindMemory {
 		s.Durability = storage.DurabilityNone // the OS writes back; nothing to wait for
@@ -415,6 +422,39 @@ func sbenchRowsLabel(n int64) string {
 // go test . -run '^$' -bench BenchmarkSample -benchtime 2s -count 3 -cpu 2
 func BenchmarkSample(b *testing.B) {
 	sbenchKinds(b, storage.KindMemory, sampler.Kinds, []int64{1e3, 1e5, 1e7}, "-short: 10^7 rows take about 2 GB and a few seconds to fill")
+}
+
+// BenchmarkSampleRunMeta is BenchmarkSample's draws for the uniform and
+// slice samplers, from memory buffers with run records (row_meta "runs":
+// a 48-byte CartPole row where the default layout takes 64) next to the
+// default layout, so that the cost of the second cache line a row is
+// measured in one run.
+//
+// go test . -run '^$' -bench BenchmarkSampleRunMeta -benchtime 1s -count 3
+func BenchmarkSampleRunMeta(b *testing.B) {
+	dir := b.TempDir() // removed after the cache's buffers are closed
+	cache := newSbenchCache(b)
+	for _, kind := range []string{"uniform", "slice"} {
+		for _, rows := range []int64{1e5, 1e7} {
+			for _, runs := range []bool{false, true} {
+				layout := "row"
+				if runs {
+					layout = "runs"
+				}
+				b.Run(fmt.Sprintf("sampler=%s/rows=%s/row_meta=%s", kind, sbenchRowsLabel(rows), layout), func(b *testing.B) {
+					if testing.Short() && rows > 1e5 {
+						b.Skip("-short: 10^7 rows take about 2 GB and a few seconds to fill")
+					}
+					buf := cache.get(b, dir, sbenchConfig{rows: rows, kind: storage.KindMemory, runs: runs})
+					req := &SampleRequest{Sampler: kind, BatchSize: sbenchBatch}
+					if sampler.IsSlice(kind) {
+						req = &SampleRequest{Sampler: kind, NumSlices: sbenchSlices, SliceLen: sbenchSliceLen}
+					}
+					sbenchRun(b, buf, req)
+				})
+			}
+		}
+	}
 }
 
 // sbenchKinds runs BenchmarkSample's draws (256 rows, or 8 slices of 32)

@@ -37,7 +37,8 @@ type Info struct {
 	DiskBytes int64 `json:"disk_bytes"`
 	// RowMetaBytes is what one slot's row metadata takes: 64 for the
 	// file record of memmap and compressed buffers, the 32-byte record
-	// plus row-group padding for memory buffers.
+	// (16 with "row_meta": "runs", run records not counted) plus
+	// row-group padding for memory buffers.
 	RowMetaBytes int64 `json:"row_meta_bytes"`
 	// ChunkCache counts decoded-chunk cache lookups of compressed buffers.
 	ChunkCache *CacheStats `json:"chunk_cache,omitempty"`

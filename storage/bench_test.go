@@ -210,6 +210,23 @@ func BenchmarkExtend(b *testing.B) {
 	}
 }
 
+// BenchmarkExtendRunMeta is BenchmarkExtend's memory buffers with run
+// records (row_meta "runs"), next to the default layout: what placing each
+// row in its trajectory's run costs a writer.
+//
+// go test ./storage -run '^$' -bench BenchmarkExtendRunMeta -benchtime 1s -count 3
+func BenchmarkExtendRunMeta(b *testing.B) {
+	for _, shape := range benchShapes {
+		for _, layout := range []RowMetaLayout{RowMetaPerRow, RowMetaRuns} {
+			b.Run(fmt.Sprintf("row=%s/row_meta=%s", shape.name, layout), func(b *testing.B) {
+				spec := shape.spec(KindMemory, "", shape.capacity)
+				spec.RowMetaLayout = layout
+				benchExtend(b, spec, shape.episode, 1)
+			})
+		}
+	}
+}
+
 func benchExtend(b *testing.B, spec Spec, episode, writers int) {
 	src := newBenchBatches(spec, episode)
 	buf := benchBuffer(b, spec, src)

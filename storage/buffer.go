@@ -86,9 +86,10 @@ type Buffer struct {
 	// wide holds the values of the memory records that do not fit their
 	// 32-bit slots (see memRecordSize); empty in real workloads.
 	wide     wideRecords
-	doneCol  int // index of next.done in cols
-	termCol  int // index of next.terminated, -1 if absent
-	truncCol int // index of next.truncated, -1 if absent
+	runs     *runTable // a memory buffer's run records (memruns.go)
+	doneCol  int       // index of next.done in cols
+	termCol  int       // index of next.terminated, -1 if absent
+	truncCol int       // index of next.truncated, -1 if absent
 
 	// stamps holds the seq of the complete row in each slot (see
 	// stampTable): readers use it as a seqlock, so they never return a torn
@@ -470,9 +471,9 @@ func (b *Buffer) smallFields() []*column {
 }
 
 // interleaveSmallFields gives a memory buffer one anonymous region for its
-// row records and small fields, row after row: the 32-byte memory record
-// (memRecordSize), then each small field at its offset, padded to
-// rowGroupPitch. A sample reads a row's record (trajectory, step, flags)
+// row records and small fields, row after row: the memory record (32 bytes,
+// or 16 with run records: memrecord.go), then each small field at its
+// offset, padded to rowGroupPitch. A sample reads a row's record (trajectory, step, flags)
 // and then its fields; row-major, those share a cache line (a CartPole
 // row is exactly one) instead of one line in each of seven regions. With
 // copyOld, the records and fields move there from the mappings they are in
@@ -484,7 +485,8 @@ func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 	for _, c := range group {
 		fieldBytes += int64(c.rowBytes)
 	}
-	pitch := rowGroupPitch(fieldBytes)
+	recBytes := memRecordBytes(b.spec)
+	pitch := rowGroupPitch(recBytes, fieldBytes)
 	r, err := mmapfile.Anonymous(b.capacity * pitch)
 	if err != nil {
 		return fmt.Errorf("buffer %q row group: %w", b.name, err)
@@ -496,13 +498,22 @@ func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 			copy(dst[slot*pitch:slot*pitch+rb], src[slot*rb:(slot+1)*rb])
 		}
 	}
+	var runs *runTable
+	if recBytes == memRunRecordSize {
+		if runs, err = newRunTable(b.capacity); err != nil {
+			return errors.Join(fmt.Errorf("buffer %q: %w", b.name, err), r.Close())
+		}
+	}
 	fileRecs, meta := b.recs, b.meta
-	b.meta, b.recs, b.recPitch = nil, r.Bytes(), pitch
+	b.meta, b.recs, b.recPitch, b.runs = nil, r.Bytes(), pitch, runs
 	if copyOld {
 		b.wide = wideRecords{}
-		for slot := range b.capacity {
-			seq := b.stamps.Load(slot)
-			if seq < 0 {
+		// Oldest row first, so that each trajectory's rows continue
+		// their runs (runs layout) as when they were written.
+		wc := b.writeCount.Load()
+		for seq := max(0, wc-b.capacity); seq < wc; seq++ {
+			slot := seq % b.capacity
+			if b.stamps.Load(slot) != seq {
 				continue // no live row: nothing reads this record
 			}
 			var rec record
@@ -513,7 +524,7 @@ func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 		errs = append(errs, meta.Close())
 	}
 	b.stamps.inRows(r.Bytes(), pitch)
-	off := int64(memRecordSize)
+	off := recBytes
 	for _, c := range group {
 		data := r.Bytes()[off:]
 		if copyOld {
@@ -537,7 +548,8 @@ func (b *Buffer) unmap() error {
 	}
 	if b.group != nil {
 		errs = append(errs, b.group.Close())
-		b.group, b.recs, b.recPitch = nil, nil, recordSize
+		errs = append(errs, b.runs.close())
+		b.group, b.recs, b.recPitch, b.runs = nil, nil, recordSize, nil
 		b.wide = wideRecords{}
 		b.stamps = newStampTable(b.capacity) // its stamps were in the group
 		b.tailIx = nil

@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"cmp"
 	"errors"
 	"slices"
 	"testing"
@@ -354,6 +355,7 @@ func TestMemoryRowGroup(t *testing.T) {
 	}{
 		{"cartpole", KindMemory, nil, []string{"observation", "action", "next.reward", "next.done", "next.terminated", "next.truncated"}, 64}, // a 32-byte record and 31 bytes of fields, padded to a cache line
 		{"image stays a column", KindMemory, []Field{image}, []string{"observation", "action", "next.reward", "next.done", "next.terminated", "next.truncated"}, 64},
+		{"cartpole with run records", KindMemory, nil, []string{"observation", "action", "next.reward", "next.done", "next.terminated", "next.truncated"}, 48}, // a 16-byte record and 31 bytes of fields
 		{"memmap keeps columns", KindMemmap, nil, nil, 0},
 	}
 	for _, tc := range cases {
@@ -362,6 +364,9 @@ func TestMemoryRowGroup(t *testing.T) {
 			defer s.Close()
 			spec := testSpec(tc.kind, 50, true)
 			spec.Fields = append(spec.Fields, tc.extra...)
+			if tc.pitch == 48 {
+				spec.RowMetaLayout = RowMetaRuns
+			}
 			b := mustCreate(t, s, "b", spec)
 			for _, c := range b.cols {
 				want := int64(0)
@@ -375,7 +380,7 @@ func TestMemoryRowGroup(t *testing.T) {
 			if (b.group != nil) != (len(tc.grouped) > 0) {
 				t.Errorf("row group region %v, want one: %v", b.group != nil, len(tc.grouped) > 0)
 			}
-			if want := max(tc.pitch, recordSize); b.recPitch != want {
+			if want := cmp.Or(tc.pitch, recordSize); b.recPitch != want {
 				t.Errorf("records %d bytes apart, want %d", b.recPitch, want)
 			}
 			rows := make([]row, 60) // the ring wraps

@@ -726,6 +726,9 @@ func (v Index) Rows(seqs []int64, metas []RowMeta) {
 		}
 	}
 	keepLoads(v.ix.touchNext(seqs))
+	if b.runs != nil {
+		b.prefetchRuns(seqs, v.ix.ring)
+	}
 	wc := b.writeCount.Load()
 	for i, seq := range seqs {
 		m := &metas[i]

@@ -15,6 +15,11 @@ const (
 	// (24 bytes a run, a run per two rows when rows arrive irregularly;
 	// usually a run per trajectory) and the next distance (4 bytes).
 	indexBytesPerRow = 12 + 4
+	// runBytesPerRow is the run records (RowMetaRuns) at the same rate
+	// as the index's runs: a 64-byte run record, its reference count and
+	// a free-list entry per two rows. Real workloads have a run per
+	// trajectory (about 1 B a row for CartPole-like episodes).
+	runBytesPerRow = (runRecordSize + 4 + 4) / 2
 )
 
 // fullMemoryBytes estimates what a buffer of spec holds in memory once
@@ -37,7 +42,10 @@ func fullMemoryBytes(spec Spec) int64 {
 				perRow = satAdd(perRow, rb)
 			}
 		}
-		perRow = satAdd(perRow, rowGroupPitch(group))
+		perRow = satAdd(perRow, rowGroupPitch(memRecordBytes(spec), group))
+		if spec.RowMetaLayout == RowMetaRuns {
+			perRow += runBytesPerRow
+		}
 		if spec.CompactObs {
 			for _, k := range spec.ObsKeys {
 				if f, ok := spec.Field(k); ok {

@@ -6,26 +6,34 @@ import (
 	"sync"
 )
 
-// A memory buffer's row record lives in its row group (anonymous memory,
-// never written to disk as such) and takes 32 bytes instead of the file
-// record's 64, its stamp included. A file record carries what crash
-// recovery needs: its own seq (the writing marker), a data checksum and a
-// record checksum. A memory buffer has no crash to recover from; its stamp
-// (the seqlock word, see stampTable) is the first 8 bytes of the record,
-// so a sample's stamp check reads the cache line the record and the small
-// fields are in. The rest is narrowed to what real rows use: step, the
-// distance back to prev_seq and policy_version in 32 bits, env in 24 and
-// the flags in 8. A row whose values do not fit (a previous row 2^32 seqs
-// back, a step or version outside [0, 2^32), an env outside [0, 2^24))
-// keeps them in the buffer's wideRecords, and its record says so with
-// flagWide.
+// A memory buffer's row records live in its row group (anonymous memory,
+// never written to disk as such), its stamp first. A file record carries
+// what crash recovery needs: its own seq (the writing marker), a data
+// checksum and a record checksum. A memory buffer has no crash to recover
+// from; its stamp (the seqlock word, see stampTable) is the first 8 bytes
+// of the record, so a sample's stamp check reads the cache line the record
+// and the small fields are in. Two layouts (Spec.RowMetaLayout):
+//
+//   - "row" (the default): a 32-byte record narrowed to what real rows
+//     use: traj_id, then step, the distance back to prev_seq and
+//     policy_version in 32 bits, env in 24 and the flags in 8.
+//   - "runs": a 16-byte record naming the row's run (memruns.go), which
+//     holds what the consecutive rows of a trajectory share.
+//
+// A row whose values fit neither (a previous row 2^32 seqs back, a step
+// or version outside [0, 2^32), an env outside [0, 2^24) in the row
+// layout; no free run handle in the runs layout) keeps them in the
+// buffer's wideRecords, and its record says so with flagWide.
 //
 // Checkpoints turn these records back into file records (checkpoint.go);
 // restoring one turns the file records into these (interleaveSmallFields).
 const (
-	memRecordSize = 32
+	memRecordSize    = 32 // the row layout
+	memRunRecordSize = 16 // the runs layout
 
-	mrecStamp    = 0  // i64 stamp (seq+1, 0: none), owned by stampTable
+	mrecStamp = 0 // i64 stamp (seq+1, 0: none), owned by stampTable, both layouts
+
+	// The row layout.
 	mrecTraj     = 8  // i64 traj_id
 	mrecStep     = 16 // u32 step
 	mrecPrev     = 20 // u32 seq - prev_seq; 0 for prev_seq -1
@@ -34,15 +42,20 @@ const (
 
 	memEnvBits = 24
 
-	// flagWide marks a memory record whose step, prev_seq, env and
-	// policy_version are in the buffer's wideRecords. It is bit 7 of the
-	// record's flag byte (file records never carry it: their flag bits
-	// 4-31 must be 0).
-	flagWide = 1 << 7
+	// The runs layout.
+	mrecRun  = 8  // u32: run handle in the low memRunBits bits, flags above
+	mrecOff  = 12 // u16 offset of the row in its run
+	mrecDist = 14 // u16 seq - prev_seq, for rows past their run's first
+
+	// flagWide marks a memory record whose values are in the buffer's
+	// wideRecords. It is bit 4 of the record's flags (file records never
+	// carry it: their flag bits 4-31 must be 0).
+	flagWide = 1 << 4
 )
 
-// wideMeta is what a memory record holds in narrow slots when it fits.
-type wideMeta struct{ Step, PrevSeq, Env, PolicyVersion int64 }
+// wideMeta is what a memory record holds in narrow slots (or its run)
+// when it fits.
+type wideMeta struct{ TrajID, Step, PrevSeq, Env, PolicyVersion int64 }
 
 // wideRecords holds the wideMeta of the memory rows flagged flagWide, by
 // slot. Writers (holding the buffer's wmu) change it; readers look up a
@@ -87,7 +100,7 @@ func (w *wideRecords) get(slot int64) wideMeta {
 }
 
 // narrowFits reports whether r's step, prev_seq, env and policy_version
-// fit a memory record's narrow slots.
+// fit the row layout's narrow slots.
 func narrowFits(r *record) bool {
 	const most = math.MaxUint32
 	d := r.Seq - r.PrevSeq
@@ -97,8 +110,12 @@ func narrowFits(r *record) bool {
 }
 
 // putMemRecord writes r (with r.Seq set) as slot's memory record, all but
-// the stamp. Called by writers only.
+// the stamp. Called by writers only, after the slot's stamp is voided.
 func (b *Buffer) putMemRecord(slot int64, r *record) {
+	if b.runs != nil {
+		b.putRunRecord(slot, r)
+		return
+	}
 	rb := b.recs[slot*b.recPitch : slot*b.recPitch+memRecordSize]
 	le := binary.LittleEndian
 	le.PutUint64(rb[mrecTraj:], uint64(r.TrajID))
@@ -114,7 +131,7 @@ func (b *Buffer) putMemRecord(slot int64, r *record) {
 		b.wide.drop(slot)
 		return
 	}
-	b.wide.set(slot, wideMeta{Step: r.Step, PrevSeq: r.PrevSeq, Env: r.Env, PolicyVersion: r.PolicyVersion})
+	b.wide.set(slot, wideMeta{TrajID: r.TrajID, Step: r.Step, PrevSeq: r.PrevSeq, Env: r.Env, PolicyVersion: r.PolicyVersion})
 	clear(rb[mrecStep:mrecEnvFlags])
 	le.PutUint32(rb[mrecEnvFlags:], (r.Flags|flagWide)<<memEnvBits)
 }
@@ -128,6 +145,9 @@ func (b *Buffer) memRecord(seq int64, r *record) {
 
 // memFields decodes the memory record of slot, which holds seq.
 func (b *Buffer) memFields(slot, seq int64) (traj, step, prev, env, version int64, flags uint32) {
+	if b.runs != nil {
+		return b.runFields(slot, seq)
+	}
 	rb := b.recs[slot*b.recPitch : slot*b.recPitch+memRecordSize]
 	le := binary.LittleEndian
 	traj = int64(le.Uint64(rb[mrecTraj:]))
@@ -142,6 +162,14 @@ func (b *Buffer) memFields(slot, seq int64) (traj, step, prev, env, version int6
 		prev = seq - int64(d)
 	}
 	return traj, int64(le.Uint32(rb[mrecStep:])), prev, int64(ef & (1<<memEnvBits - 1)), int64(le.Uint32(rb[mrecVersion:])), flags
+}
+
+// memRecordBytes is the size of a memory record in a buffer of spec.
+func memRecordBytes(spec Spec) int64 {
+	if spec.RowMetaLayout == RowMetaRuns {
+		return memRunRecordSize
+	}
+	return memRecordSize
 }
 
 // compactRecords reports whether the buffer's records are memory records
@@ -175,17 +203,23 @@ func (b *Buffer) checkedRecord(seq int64) (record, bool) {
 }
 
 // rowGroupPitch is the bytes per row of a memory buffer's row group whose
-// small fields take fieldBytes a row: the record and the fields, rounded
-// up to a multiple of 8 and, when that fits a cache line, to a power of
-// two, so that no row straddles two lines (a sample's row costs one cache
-// miss, not two).
-func rowGroupPitch(fieldBytes int64) int64 {
-	p := (memRecordSize + fieldBytes + 7) &^ 7
-	if p <= 64 {
-		for q := int64(8); ; q <<= 1 {
-			if q >= p {
-				return q
-			}
+// records take recBytes and small fields fieldBytes a row, rounded up to a
+// multiple of 8 and, when that fits a cache line, to 16, 32, 48 or 64.
+// Pitches of 16, 32 and 64 never put a row across two lines (a sample's
+// row costs one cache miss, not two); at 48 half the rows straddle two,
+// which the runs layout accepts for a quarter less memory (compact
+// CartPole: 16 + 31 bytes; its samples are measured by
+// BenchmarkSampleRunMeta). The row layout keeps its rows in one line: its
+// pitches are 32 or 64 below a line.
+func rowGroupPitch(recBytes, fieldBytes int64) int64 {
+	p := (recBytes + fieldBytes + 7) &^ 7
+	steps := []int64{16, 32, 64}
+	if recBytes == memRunRecordSize {
+		steps = []int64{16, 32, 48, 64}
+	}
+	for _, q := range steps {
+		if q >= p {
+			return q
 		}
 	}
 	return p

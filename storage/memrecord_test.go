@@ -3,28 +3,34 @@ package storage
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"math"
+	"math/rand/v2"
 	"path/filepath"
 	"testing"
 )
 
 // TestMemoryRecordsMatchFileRecords writes the same batches into a memory
-// buffer (32-byte memory records) and a memmap buffer (64-byte file
-// records, the reference) and compares every live row's metadata, while
-// the ring goes round three times so that rows with values too wide for a
-// memory record overwrite narrow ones and the other way round. Then the
-// memory buffer goes through a hot checkpoint (memory records out as file
-// records) and is opened again (file records back in as memory records).
+// buffer (memory records of both layouts) and a memmap buffer (64-byte
+// file records, the reference) and compares every live row's metadata,
+// while the ring goes round three times with envs and versions at the
+// extremes of int64: in the row layout rows with values too wide for a
+// memory record overwrite narrow ones and the other way round; in the runs
+// layout runs break, continue across batches and are released and reused.
+// Then the memory buffer goes through a hot checkpoint (memory records out
+// as file records) and is opened again (file records back in as memory
+// records).
 func TestMemoryRecordsMatchFileRecords(t *testing.T) {
+	for _, layout := range []RowMetaLayout{RowMetaPerRow, RowMetaRuns} {
+		t.Run(string(layout), func(t *testing.T) { testMemoryRecordsMatchFileRecords(t, layout) })
+	}
+}
+
+func testMemoryRecordsMatchFileRecords(t *testing.T, layout RowMetaLayout) {
 	const capacity = 24
 	envs := []int64{0, -5, 1 << 40, 7, 1<<memEnvBits - 1, 1 << memEnvBits, math.MinInt64, 3}
 	versions := []int64{0, 1 << 33, 3, math.MaxUint32, math.MaxUint32 + 1, 9, math.MaxInt64, 1}
-	// Two stores: trajectory ids are counted per store.
-	s, fs := openStore(t, t.TempDir()), openStore(t, t.TempDir())
-	defer s.Close()
-	defer fs.Close()
-	mem := mustCreate(t, s, "mem", testSpec(KindMemory, capacity, true))
-	file := mustCreate(t, fs, "file", testSpec(KindMemmap, capacity, true))
+	mem, file := memAndFileBuffers(t, capacity, layout)
 
 	compare := func(t *testing.T, got, want *Buffer) {
 		t.Helper()
@@ -76,19 +82,27 @@ func TestMemoryRecordsMatchFileRecords(t *testing.T) {
 			mustExtend(t, b, "actor", batch)
 		}
 		compare(t, mem, file)
+		if layout == RowMetaRuns {
+			checkRuns(t, mem)
+			continue
+		}
 		// Every wide live row has its entry; entries of overwritten
 		// wide rows are gone (a slot holds one row at a time).
 		if got, want := len(mem.wide.m), wideLive(mem); got != want {
 			t.Fatalf("after batch %d: %d wide entries, %d live rows are wide", round, got, want)
 		}
 	}
-	if wideLive(mem) == 0 {
+	if layout == RowMetaPerRow && wideLive(mem) == 0 {
 		t.Fatal("the test wrote no wide row that is still live")
+	}
+	metaBytes := int64(64 - 31)
+	if layout == RowMetaRuns {
+		metaBytes = 48 - 31
 	}
 	for _, c := range []struct {
 		b    *Buffer
 		want int64
-	}{{mem, 64 - 31}, {file, recordSize}} {
+	}{{mem, metaBytes}, {file, recordSize}} {
 		info, err := c.b.Info()
 		if err != nil || info.RowMetaBytes != c.want {
 			t.Errorf("%s: row_meta_bytes %d (%v), want %d", c.b.Name(), info.RowMetaBytes, err, c.want)
@@ -111,6 +125,12 @@ func TestMemoryRecordsMatchFileRecords(t *testing.T) {
 		t.Error("a restored memory buffer should hold memory records and dense tails")
 	}
 	compare(t, restored, file)
+	if layout == RowMetaRuns {
+		if restored.runs == nil {
+			t.Fatal("the restored buffer has no run records")
+		}
+		checkRuns(t, restored)
+	}
 	if err := cs.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -118,6 +138,33 @@ func TestMemoryRecordsMatchFileRecords(t *testing.T) {
 	if err != nil || !rep.OK() {
 		t.Fatalf("verify of the checkpoint: %v, %+v", err, rep)
 	}
+}
+
+// memAndFileBuffers creates a memory buffer of the given layout and a
+// memmap buffer (the reference) with the same spec otherwise, each in a
+// store of its own (trajectory ids are counted per store, and the two
+// must hand out the same ones). The stores close with the test.
+func memAndFileBuffers(t *testing.T, capacity int64, layout RowMetaLayout) (mem, file *Buffer) {
+	s, fs := openStore(t, t.TempDir()), openStore(t, t.TempDir())
+	t.Cleanup(func() { s.Close(); fs.Close() })
+	spec := testSpec(KindMemory, capacity, true)
+	spec.RowMetaLayout = layout
+	return mustCreate(t, s, "mem", spec), mustCreate(t, fs, "file", testSpec(KindMemmap, capacity, true))
+}
+
+// putReadBack writes want as the memory record of its slot, reads it back
+// and compares, and returns the slot. The caller holds b.wmu.
+func putReadBack(t *testing.T, b *Buffer, want record) int64 {
+	t.Helper()
+	slot := want.Seq % b.capacity
+	b.putMemRecord(slot, &want)
+	var got record
+	b.memRecord(want.Seq, &got)
+	got.Seq = want.Seq
+	if got != want {
+		t.Errorf("seq %d: wrote %+v, read %+v", want.Seq, want, got)
+	}
+	return slot
 }
 
 // TestMemoryRecordFarPrev covers the wide values no test can write
@@ -140,14 +187,7 @@ func TestMemoryRecordFarPrev(t *testing.T) {
 	b.wmu.Lock()
 	defer b.wmu.Unlock()
 	for _, want := range cases {
-		slot := want.Seq % b.capacity
-		b.putMemRecord(slot, &want)
-		var got record
-		b.memRecord(want.Seq, &got)
-		got.Seq = want.Seq
-		if got != want {
-			t.Errorf("seq %d: wrote %+v, read %+v", want.Seq, want, got)
-		}
+		slot := putReadBack(t, b, want)
 		if _, wide := b.wide.m[slot]; wide == narrowFits(&want) {
 			t.Errorf("seq %d: wide entry %v, want %v", want.Seq, wide, !narrowFits(&want))
 		}
@@ -159,22 +199,205 @@ func TestMemoryRecordFarPrev(t *testing.T) {
 	}
 }
 
+// checkRuns holds a memory buffer's run table to its rows: every handle's
+// reference count is the number of slots whose record names it (live or
+// not: a slot keeps its reference until it is written again), released
+// handles have none and are each free once, the live count is right, and
+// every open run is live and belongs to its trajectory.
+func checkRuns(t *testing.T, b *Buffer) {
+	t.Helper()
+	rt := b.runs
+	named := make([]uint32, len(rt.refs))
+	for slot := range b.capacity {
+		w := binary.LittleEndian.Uint32(b.recs[slot*b.recPitch+mrecRun:])
+		if h := w & memRunMask; h != 0 {
+			if int(h) >= len(named) {
+				t.Fatalf("slot %d names handle %d, only %d handed out", slot, h, len(named))
+			}
+			named[h]++
+		}
+	}
+	var live int64
+	free := map[uint32]bool{}
+	for _, h := range rt.free {
+		if free[h] || rt.refs[h] != 0 {
+			t.Fatalf("handle %d freed twice or with %d references", h, rt.refs[h])
+		}
+		free[h] = true
+	}
+	for h := 1; h < len(rt.refs); h++ {
+		if rt.refs[h] != named[h] {
+			t.Fatalf("handle %d: %d references counted, %d slots name it", h, rt.refs[h], named[h])
+		}
+		if rt.refs[h] > 0 {
+			live++
+		} else if !free[uint32(h)] {
+			t.Fatalf("handle %d has no reference and is not free: leaked", h)
+		}
+	}
+	if live != rt.live || live > b.capacity {
+		t.Fatalf("%d runs live, the table counts %d (capacity %d)", live, rt.live, b.capacity)
+	}
+	for _, o := range rt.recent {
+		if o != nil && rt.open[o.traj] != o {
+			t.Fatalf("the open-run cache holds trajectory %d's run %d, which is not open", o.traj, o.handle)
+		}
+	}
+	for traj, o := range rt.open {
+		if o.traj != traj {
+			t.Fatalf("trajectory %d's open run says trajectory %d", traj, o.traj)
+		}
+		if rt.refs[o.handle] == 0 {
+			t.Fatalf("trajectory %d continues released run %d", traj, o.handle)
+		}
+		if got := int64(binary.LittleEndian.Uint64(rt.recs[int64(o.handle)*runRecordSize+runTraj:])); got != traj {
+			t.Fatalf("trajectory %d continues run %d of trajectory %d", traj, o.handle, got)
+		}
+	}
+}
+
+// TestMemoryRecordRuns writes records straight into a memory buffer's
+// slots and reads each back: values no Extend writes in reasonable time
+// (a previous row 2^17 seqs back, a step of 2^34, versions and envs at
+// the ends of int64), runs that continue, break on a changed env or
+// version or a far prev, and a table with room for one run, so that rows
+// beyond it keep wide values and go back to runs when one is free.
+func TestMemoryRecordRuns(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	defer s.Close()
+	spec := testSpec(KindMemory, 4, true)
+	spec.RowMetaLayout = RowMetaRuns
+	b := mustCreate(t, s, "m", spec)
+	const far = 1 << 33
+	cases := []struct {
+		rec  record
+		wide bool
+	}{
+		{rec: record{Seq: far, TrajID: 12, Step: 1 << 34, PrevSeq: 5, Env: math.MinInt64, Flags: flagTerminated | flagHasTail, PolicyVersion: math.MaxInt64}},
+		// Continues trajectory 12's run: offset 1, distance 1.
+		{rec: record{Seq: far + 1, TrajID: 12, Step: 1<<34 + 1, PrevSeq: far, Env: math.MinInt64, PolicyVersion: math.MaxInt64}},
+		// A second trajectory: the one-run table is full.
+		{rec: record{Seq: far + 2, TrajID: 13, Step: 0, PrevSeq: -1, Env: 2, PolicyVersion: 4}, wide: true},
+		// Over slot 0 (trajectory 12's first row): the run lives on in
+		// slot 1, so trajectory 13 is still wide.
+		{rec: record{Seq: far + 4, TrajID: 13, Step: 1, PrevSeq: far + 2, Env: 2, Flags: flagDone | flagTruncated, PolicyVersion: 4}, wide: true},
+		// Over slot 1: run 1 is released, and taken by the next row.
+		{rec: record{Seq: far + 5, TrajID: 14, Step: 7, PrevSeq: far + 5 - (1 << 17), Env: 1, Flags: flagDone, PolicyVersion: -3}},
+	}
+	b.wmu.Lock()
+	defer b.wmu.Unlock()
+	b.runs.recs = b.runs.recs[:2*runRecordSize] // handle 1 only
+	for _, c := range cases {
+		slot := putReadBack(t, b, c.rec)
+		if _, wide := b.wide.m[slot]; wide != c.wide {
+			t.Errorf("seq %d: wide entry %v, want %v", c.rec.Seq, wide, c.wide)
+		}
+		checkRuns(t, b)
+	}
+	if len(b.wide.m) != 2 || b.wide.n != 2 {
+		t.Errorf("wide entries %v (n=%d), want slots 2 and 0", b.wide.m, b.wide.n)
+	}
+	// Far prevs and changed versions and envs each start a run.
+	b.runs.recs = b.runs.region.Bytes()
+	base := int64(far + 8)
+	rows := []record{
+		{Seq: base, TrajID: 20, Step: 0, PrevSeq: -1, Env: 1, PolicyVersion: 1},
+		{Seq: base + 1, TrajID: 20, Step: 1, PrevSeq: base, Env: 1, PolicyVersion: 2},     // version changed
+		{Seq: base + 2, TrajID: 20, Step: 2, PrevSeq: base + 1, Env: 3, PolicyVersion: 2}, // env changed
+		{Seq: base + 3, TrajID: 20, Step: 3, PrevSeq: base + 2, Env: 3, PolicyVersion: 2}, // continues
+	}
+	var handles []uint32
+	for i := range rows {
+		slot := rows[i].Seq % b.capacity
+		b.putMemRecord(slot, &rows[i])
+		handles = append(handles, binary.LittleEndian.Uint32(b.recs[slot*b.recPitch+mrecRun:])&memRunMask)
+	}
+	for i := range rows {
+		var got record
+		b.memRecord(rows[i].Seq, &got)
+		got.Seq = rows[i].Seq
+		if got != rows[i] {
+			t.Errorf("seq %d: wrote %+v, read %+v", rows[i].Seq, rows[i], got)
+		}
+	}
+	if handles[0] == handles[1] || handles[1] == handles[2] || handles[2] != handles[3] {
+		t.Errorf("run handles %v: want a new run at each change and the last row continuing the third", handles)
+	}
+	checkRuns(t, b)
+}
+
+// TestRunRecordsProperty writes random interleaved batches from three
+// streams into a small memory buffer with run records and a memmap buffer
+// (the reference: 64-byte file records), with episodes ending, envs and
+// policy versions changing now and then and the ring wrapping many times,
+// and after every batch compares every live row's metadata and holds the
+// run table to its rows (checkRuns). Runs must continue across batches:
+// at the end the buffer has fewer runs than rows.
+func TestRunRecordsProperty(t *testing.T) {
+	const capacity = 64
+	rng := rand.New(rand.NewPCG(11, 12))
+	mem, file := memAndFileBuffers(t, capacity, RowMetaRuns)
+	streams := []string{"a", "b", "c"}
+	version := map[string]int64{}
+	for batchNo := range 300 {
+		stream := streams[rng.IntN(len(streams))]
+		if rng.IntN(5) == 0 {
+			version[stream] += 1 + rng.Int64N(1<<40) // far versions too
+		}
+		rows := make([]row, 1+rng.IntN(20))
+		versions := make([]int64, len(rows))
+		for i := range rows {
+			rows[i] = row{env: rng.Int64N(3), val: float32(batchNo*100 + i), terminated: rng.IntN(20) == 0, final: float32(-i)}
+			versions[i] = version[stream]
+		}
+		for _, b := range []*Buffer{mem, file} {
+			batch := makeBatch(b.spec, rows, true)
+			batch.PolicyVersion = versions
+			mustExtend(t, b, stream, batch)
+		}
+		seqs := file.LiveSeqs(0, capacity)
+		g, w := metas(t, mem, seqs...), metas(t, file, seqs...)
+		for i := range seqs {
+			if g[i] != w[i] {
+				t.Fatalf("batch %d, seq %d: run records read %+v, file record %+v", batchNo, seqs[i], g[i], w[i])
+			}
+		}
+		checkRuns(t, mem)
+	}
+	if live := int64(len(mem.LiveSeqs(0, capacity))); mem.runs.live*2 > live {
+		t.Fatalf("%d runs for %d live rows: runs did not continue", mem.runs.live, live)
+	}
+	if len(mem.runs.refs) > capacity+1 {
+		t.Fatalf("%d run handles handed out for a ring of %d", len(mem.runs.refs)-1, capacity)
+	}
+}
+
 func TestRowGroupPitch(t *testing.T) {
 	cases := []struct {
-		fieldBytes, want int64
+		recBytes, fieldBytes, want int64
 	}{
-		{0, 32},
-		{1, 64},
-		{31, 64}, // compact CartPole: one cache line a row
-		{32, 64},
-		{33, 72},
-		{47, 80}, // CartPole with next.observation
-		{100, 136},
-		{128, 160},
+		{memRecordSize, 0, 32},
+		{memRecordSize, 1, 64},
+		{memRecordSize, 31, 64}, // compact CartPole: one cache line a row
+		{memRecordSize, 32, 64},
+		{memRecordSize, 33, 72},
+		{memRecordSize, 47, 80}, // CartPole with next.observation
+		{memRecordSize, 100, 136},
+		{memRecordSize, 128, 160},
+		{memRunRecordSize, 0, 16},
+		{memRunRecordSize, 1, 32},
+		{memRunRecordSize, 16, 32},
+		{memRunRecordSize, 17, 48},
+		{memRunRecordSize, 31, 48}, // compact CartPole: 16 bytes less
+		{memRunRecordSize, 32, 48},
+		{memRunRecordSize, 33, 64},
+		{memRunRecordSize, 47, 64}, // CartPole with next.observation: one line
+		{memRunRecordSize, 49, 72},
+		{memRunRecordSize, 128, 144},
 	}
 	for _, tc := range cases {
-		if got := rowGroupPitch(tc.fieldBytes); got != tc.want {
-			t.Errorf("rowGroupPitch(%d) = %d, want %d", tc.fieldBytes, got, tc.want)
+		if got := rowGroupPitch(tc.recBytes, tc.fieldBytes); got != tc.want {
+			t.Errorf("rowGroupPitch(%d, %d) = %d, want %d", tc.recBytes, tc.fieldBytes, got, tc.want)
 		}
 	}
 }

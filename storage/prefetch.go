@@ -43,6 +43,18 @@ func prefetchRows(data []byte, seqs []int64, ring ringSlots, pitch, span int64) 
 		}
 		return
 	}
+	if span <= 64 {
+		// A row of a line or less (a 48-byte pitch's rows straddle two
+		// lines every other row): its first and last byte name its lines.
+		for _, seq := range seqs {
+			if seq >= 0 {
+				off := ring.of(seq) * pitch
+				prefetch.Line(unsafe.Pointer(&data[off]))
+				prefetch.Line(unsafe.Pointer(&data[off+span-1]))
+			}
+		}
+		return
+	}
 	for _, seq := range seqs {
 		if seq >= 0 {
 			off := ring.of(seq) * pitch

@@ -484,9 +484,9 @@ type Info struct {
 	// buffers).
 	DiskBytes int64 `json:"disk_bytes"`
 	// RowMetaBytes is what one slot's row metadata takes: the 64-byte
-	// record of a file, or a memory buffer's 32-byte record plus the
-	// padding of its row group (the stamp and index structures on the
-	// heap are not counted).
+	// record of a file, or a memory buffer's 32-byte record (16 with run
+	// records) plus the padding of its row group (the stamp, index
+	// structures and run records are not counted).
 	RowMetaBytes int64 `json:"row_meta_bytes"`
 	// Cache counts lookups in the decoded-chunk cache of compressed
 	// buffers (nil for other kinds).

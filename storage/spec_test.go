@@ -184,6 +184,7 @@ func TestSpecRoundTrip(t *testing.T) {
 		{"design example", specCartPoleJSON},
 		{"defaults only", specDoc(specBaseFields, "")},
 		{"memory", specDoc(specBaseFields, `"storage": "memory"`)},
+		{"memory with run records", specDoc(specBaseFields, `"storage": "memory", "row_meta": "runs"`)},
 		{"uniform priority", specDoc(specBaseFields, `"priority": {"alpha": 0, "eps": 0}`)},
 		{"awkward floats", specDoc(specBaseFields, `"priority": {"alpha": 0.1, "eps": 1.2345678901234567e-300}`)},
 		{"large priority", specDoc(specBaseFields, `"priority": {"alpha": 1e300, "eps": 123456789012345678901234567890}`)},
@@ -298,6 +299,8 @@ func TestSpecEqual(t *testing.T) {
 		{"priority eps", func(s *Spec) { s.Priority.Eps = 1e-5 }, false},
 		{"durability", func(s *Spec) { s.Durability = DurabilityFsync }, false},
 		{"compression", func(s *Spec) { s.Compression = &CompressionOptions{Codec: "zstd", Level: 1} }, false},
+		{"row_meta spelt out", func(s *Spec) { s.RowMetaLayout = RowMetaPerRow }, true},
+		{"row_meta runs", func(s *Spec) { s.RowMetaLayout = RowMetaRuns }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -464,6 +467,9 @@ func TestSpecValidateInvalid(t *testing.T) {
 		{"unknown durability", specDoc(specBaseFields, `"durability": "sometimes"`), []string{"durability"}},
 		{"memory with flush", specDoc(specBaseFields, `"storage": "memory", "durability": "flush"`), []string{"durability"}},
 		{"memory with none", specDoc(specBaseFields, `"storage": "memory", "durability": "none"`), []string{"durability"}},
+		{"unknown row_meta", specDoc(specBaseFields, `"storage": "memory", "row_meta": "columns"`), []string{"row_meta"}},
+		{"run records on memmap", specDoc(specBaseFields, `"row_meta": "runs"`), []string{"row_meta"}},
+		{"row_meta not a string", specDoc(specBaseFields, `"storage": "memory", "row_meta": 1`), []string{"row_meta"}},
 		{"compression on memmap", specDoc(specBaseFields, `"compression": {"codec": "zstd", "level": 3}`), []string{"compression"}},
 		{"compression on memory", specDoc(specBaseFields, `"storage": "memory", "compression": {}`), []string{"compression"}},
 		{"everything at once",
@@ -514,6 +520,8 @@ func TestSpecValidateBoundaries(t *testing.T) {
 		"valid-ish reserved-ish":   specDoc(fields(`"seqs": {"dtype": "int8"}, "next.seq": {"dtype": "int8"}, "valid": {"dtype": "int8"}, "next.original": {"dtype": "int8"}`), ""),
 		"alpha zero eps zero":      specDoc(specBaseFields, `"priority": {"alpha": 0, "eps": 0}`),
 		"memory, no durability":    specDoc(specBaseFields, `"storage": "memory"`),
+		"memory, run records":      specDoc(specBaseFields, `"storage": "memory", "row_meta": "runs"`),
+		"row_meta row on memmap":   specDoc(specBaseFields, `"row_meta": "row"`),
 		"memmap with none":         specDoc(specBaseFields, `"durability": "none"`),
 		"compact without next":     specDoc(specBaseFields, `"compact_obs": true`),
 		"next obs without compact": specDoc(fields(`"next.observation": {"dtype": "float32", "shape": [4]}`), ""),

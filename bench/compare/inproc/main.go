@@ -75,9 +75,10 @@ func (w *workload) done(env, tick int) bool {
 
 const nEnvs = 8
 
-func (w *workload) spec(capacity int64) storage.Spec {
+func (w *workload) spec(capacity int64, rowMeta storage.RowMetaLayout) storage.Spec {
 	return storage.Spec{
 		Capacity: capacity, Storage: storage.KindMemory, CompactObs: true, ObsKeys: []string{"observation"},
+		RowMetaLayout: rowMeta,
 		Fields: []storage.Field{
 			{Name: "observation", DType: w.obsDType, Shape: w.obsShape},
 			{Name: "action", DType: storage.Int64, Shape: []int{}},
@@ -145,14 +146,15 @@ func main() {
 	batchSize := flag.Int("batch", 256, "rows per extend and per sample")
 	seconds := flag.Float64("seconds", 2, "how long to sample")
 	settle := flag.Bool("settle", false, "collect garbage and return freed memory to the OS before each resident-set reading, so bytes_per_transition_rss counts what the buffer holds, not garbage the fill left (tests/resident)")
+	rowMeta := flag.String("row-meta", "row", "the buffer's row_meta: row (32-byte records) or runs (16-byte records and run records)")
 	flag.Parse()
-	if err := run(*name, *capacity, *batchSize, time.Duration(*seconds*float64(time.Second)), *settle); err != nil {
+	if err := run(*name, *capacity, *batchSize, time.Duration(*seconds*float64(time.Second)), *settle, storage.RowMetaLayout(*rowMeta)); err != nil {
 		fmt.Fprintln(os.Stderr, "inproc:", err)
 		os.Exit(1)
 	}
 }
 
-func run(name string, capacity int64, batchSize int, sampleFor time.Duration, settle bool) error {
+func run(name string, capacity int64, batchSize int, sampleFor time.Duration, settle bool, rowMeta storage.RowMetaLayout) error {
 	w, err := newWorkload(name)
 	if err != nil {
 		return err
@@ -171,7 +173,7 @@ func run(name string, capacity int64, batchSize int, sampleFor time.Duration, se
 		debug.FreeOSMemory() // a GC, then freed pages back to the OS
 	}
 	rss0 := rss()
-	buf, _, err := db.CreateBuffer("bench", w.spec(capacity))
+	buf, _, err := db.CreateBuffer("bench", w.spec(capacity, rowMeta))
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,266 @@
+package storage
+
+import (
+	"encoding/binary"
+	"fmt"
+	"github.com/rbdb/rbd/internal/prefetch"
+	"github.com/rbdb/rbd/storage/internal/mmapfile"
+	"unsafe"
+)
+
+// A memory buffer keeps what consecutive rows of a trajectory share in run
+// records instead of in every row's record. A run is a stretch of rows of
+// one trajectory with consecutive steps, one env and one policy_version,
+// each row at most maxRunDist seqs after the one before it (envs
+// interleave), at most maxRunRows long. Its record holds the trajectory,
+// its first step, its first row's prev_seq, the env and the version; a
+// row's record keeps a handle to its run, its offset in it (the step is
+// first step + offset) and, past the first row, its distance back to the
+// row before it. Rows of a CartPole-like workload come in runs of one
+// trajectory's length, so the run records cost about a byte a row where
+// the 32-byte memory records carried those values in every row.
+//
+// Run records live in one anonymous mapping, like the row group: readers
+// copy them without locks and judge what they read by the row's stamp,
+// as they judge the row's fields. A run record is written before the
+// first row that names it and never changes while a live row names it:
+// writers release a run only when the last row naming it is overwritten
+// (reference counts, writers only), and the slot's stamp is voided before
+// that, so a reader that read the old handle sees its row's stamp change.
+// Pages of the mapping become resident only as handles are handed out,
+// and released handles are reused first (a stack), so the table stays
+// as large as the most runs ever live at once.
+const (
+	// runRecordSize is the room a run record takes: its 40 bytes padded
+	// to a cache line, so that reading one costs one miss (runs are
+	// fewer than rows by their length: a CartPole-like run of 30 to 80
+	// rows puts 1-2 bytes a row here).
+	runRecordSize = 64
+
+	runTraj    = 0  // i64 traj_id
+	runStep    = 8  // i64 step of the run's first row
+	runPrev    = 16 // i64 prev_seq of the run's first row (-1: none)
+	runEnv     = 24 // i64 env
+	runVersion = 32 // i64 policy_version
+
+	// memRunBits is the width of the run handle in a memory record's run
+	// word; the flags take the 5 bits above it. Handle 0 names no run.
+	memRunBits = 27
+	memRunMask = 1<<memRunBits - 1
+
+	maxRunRows = 1 << 16 // a row's offset in its run is a u16
+	maxRunDist = 1<<16 - 1
+)
+
+// runTable hands out and releases the run records of a memory buffer.
+// Everything but recs is touched by writers only (holding the buffer's
+// wmu).
+type runTable struct {
+	region *mmapfile.Region
+	recs   []byte // runRecordSize bytes per handle; handle 0 unused
+
+	refs []uint32 // rows naming each handle handed out so far
+	free []uint32 // released handles, reused last in first out
+	live int64    // handles with refs > 0
+
+	// open maps a trajectory to the run its next row may continue.
+	open map[int64]*openRun
+	// recent caches open by the trajectory's low bits: the envs of a
+	// batch write trajectories with nearby ids, row after row, and a map
+	// lookup and update per row cost a third of a CartPole extend.
+	recent [openCacheSize]*openRun
+}
+
+const openCacheSize = 256
+
+// openRun is where a trajectory's last written row left its run.
+type openRun struct {
+	traj              int64
+	handle            uint32
+	off               uint32 // the last row's offset in the run
+	lastSeq, lastStep int64
+	env, version      int64
+}
+
+// newRunTable maps room for the run records of a ring of capacity rows:
+// every slot holds at most one reference, so no more than capacity runs
+// are ever live (handles past 2^27 - 1 do not exist; rows that would need
+// one keep their values in wideRecords).
+func newRunTable(capacity int64) (*runTable, error) {
+	n := min(capacity, memRunMask) + 1
+	r, err := mmapfile.Anonymous(n * runRecordSize)
+	if err != nil {
+		return nil, fmt.Errorf("run records: %w", err)
+	}
+	return &runTable{region: r, recs: r.Bytes(), refs: []uint32{0}, open: map[int64]*openRun{}}, nil
+}
+
+func (t *runTable) close() error {
+	if t == nil {
+		return nil
+	}
+	return t.region.Close()
+}
+
+// openOf returns the open run of traj, or nil.
+func (t *runTable) openOf(traj int64) *openRun {
+	if o := t.recent[traj&(openCacheSize-1)]; o != nil && o.traj == traj {
+		return o
+	}
+	o := t.open[traj]
+	if o != nil {
+		t.recent[traj&(openCacheSize-1)] = o
+	}
+	return o
+}
+
+// closeOpen forgets o, the open run of its trajectory.
+func (t *runTable) closeOpen(o *openRun) {
+	delete(t.open, o.traj)
+	if c := &t.recent[o.traj&(openCacheSize-1)]; *c == o {
+		*c = nil
+	}
+}
+
+// place returns the run and offset of row r (r.Seq set), continuing the
+// open run of r's trajectory when r extends it and starting a run
+// otherwise, and counts the reference. ok is false when no handle is
+// free: the row then names no run.
+func (t *runTable) place(r *record) (handle, off uint32, ok bool) {
+	o := t.openOf(r.TrajID)
+	if o != nil && r.PrevSeq == o.lastSeq && r.Step == o.lastStep+1 && r.Seq-r.PrevSeq <= maxRunDist &&
+		o.off+1 < maxRunRows && r.Env == o.env && r.PolicyVersion == o.version {
+		o.off++
+		o.lastSeq, o.lastStep = r.Seq, r.Step
+		t.refs[o.handle]++
+		handle, off = o.handle, o.off
+		if r.Flags&flagDone != 0 {
+			t.closeOpen(o) // nothing follows a trajectory's last row
+		}
+		return handle, off, true
+	}
+	if o != nil {
+		t.closeOpen(o)
+	}
+	h, ok := t.alloc()
+	if !ok {
+		return 0, 0, false
+	}
+	rb := t.recs[int64(h)*runRecordSize : int64(h+1)*runRecordSize]
+	le := binary.LittleEndian
+	le.PutUint64(rb[runTraj:], uint64(r.TrajID))
+	le.PutUint64(rb[runStep:], uint64(r.Step))
+	le.PutUint64(rb[runPrev:], uint64(r.PrevSeq))
+	le.PutUint64(rb[runEnv:], uint64(r.Env))
+	le.PutUint64(rb[runVersion:], uint64(r.PolicyVersion))
+	t.refs[h] = 1
+	t.live++
+	if r.Flags&flagDone == 0 {
+		o := &openRun{traj: r.TrajID, handle: h, lastSeq: r.Seq, lastStep: r.Step, env: r.Env, version: r.PolicyVersion}
+		t.open[r.TrajID] = o
+		t.recent[r.TrajID&(openCacheSize-1)] = o
+	}
+	return h, 0, true
+}
+
+func (t *runTable) alloc() (uint32, bool) {
+	if n := len(t.free); n > 0 {
+		h := t.free[n-1]
+		t.free = t.free[:n-1]
+		return h, true
+	}
+	h := len(t.refs)
+	if int64(h+1)*runRecordSize > int64(len(t.recs)) {
+		return 0, false
+	}
+	t.refs = append(t.refs, 0)
+	return uint32(h), true
+}
+
+// release drops a row's reference to handle (0: none). The last one frees
+// the run, and the trajectory can no longer continue it.
+func (t *runTable) release(handle uint32) {
+	if handle == 0 {
+		return
+	}
+	if t.refs[handle]--; t.refs[handle] != 0 {
+		return
+	}
+	t.live--
+	t.free = append(t.free, handle)
+	traj := int64(binary.LittleEndian.Uint64(t.recs[int64(handle)*runRecordSize+runTraj:]))
+	if o := t.openOf(traj); o != nil && o.handle == handle {
+		t.closeOpen(o)
+	}
+}
+
+// prefetchRuns asks for the run records the memory records of seqs (< 0
+// skipped) name. A run record is a second, dependent miss per row in a
+// large ring: read one row at a time, the misses would be served one
+// after another. The records' own lines were asked for before.
+func (b *Buffer) prefetchRuns(seqs []int64, ring ringSlots) {
+	recs, runs, pitch := b.recs, b.runs.recs, b.recPitch
+	for _, seq := range seqs {
+		if seq < 0 {
+			continue
+		}
+		w := binary.LittleEndian.Uint32(recs[ring.of(seq)*pitch+mrecRun:])
+		if at := int64(w&memRunMask) * runRecordSize; at < int64(len(runs)) {
+			prefetch.Line(unsafe.Pointer(&runs[at]))
+		}
+	}
+}
+
+// putRunRecord writes r (with r.Seq set) as slot's runs-layout record and
+// releases the run the slot's previous row named. Called by writers only,
+// after the slot's stamp is voided.
+func (b *Buffer) putRunRecord(slot int64, r *record) {
+	rb := b.recs[slot*b.recPitch : slot*b.recPitch+memRunRecordSize]
+	le := binary.LittleEndian
+	b.runs.release(le.Uint32(rb[mrecRun:]) & memRunMask)
+	h, off, ok := b.runs.place(r)
+	if !ok {
+		b.wide.set(slot, wideMeta{TrajID: r.TrajID, Step: r.Step, PrevSeq: r.PrevSeq, Env: r.Env, PolicyVersion: r.PolicyVersion})
+		le.PutUint32(rb[mrecRun:], (r.Flags|flagWide)<<memRunBits)
+		le.PutUint32(rb[mrecOff:], 0)
+		return
+	}
+	b.wide.drop(slot)
+	var dist uint16
+	if off > 0 {
+		dist = uint16(r.Seq - r.PrevSeq) // place keeps it within maxRunDist
+	}
+	le.PutUint32(rb[mrecRun:], h|r.Flags<<memRunBits)
+	le.PutUint16(rb[mrecOff:], uint16(off))
+	le.PutUint16(rb[mrecDist:], dist)
+}
+
+// runFields decodes the runs-layout record of slot, which holds seq. A
+// record read while a writer replaces it may name a run being rewritten,
+// or none: the caller's stamp check drops what it returns then, and a
+// handle outside the table reads as zeros rather than faulting.
+func (b *Buffer) runFields(slot, seq int64) (traj, step, prev, env, version int64, flags uint32) {
+	rb := b.recs[slot*b.recPitch : slot*b.recPitch+memRunRecordSize]
+	le := binary.LittleEndian
+	w := le.Uint32(rb[mrecRun:])
+	flags = w >> memRunBits
+	if flags&flagWide != 0 {
+		v := b.wide.get(slot)
+		return v.TrajID, v.Step, v.PrevSeq, v.Env, v.PolicyVersion, flags &^ flagWide
+	}
+	at := int64(w&memRunMask) * runRecordSize
+	recs := b.runs.recs
+	if at+runRecordSize > int64(len(recs)) {
+		return 0, 0, -1, 0, 0, flags
+	}
+	run := recs[at : at+runRecordSize]
+	off := int64(le.Uint16(rb[mrecOff:]))
+	traj, step = int64(le.Uint64(run[runTraj:])), int64(le.Uint64(run[runStep:]))+off
+	env, version = int64(le.Uint64(run[runEnv:])), int64(le.Uint64(run[runVersion:]))
+	if off == 0 {
+		prev = int64(le.Uint64(run[runPrev:]))
+	} else {
+		prev = seq - int64(le.Uint16(rb[mrecDist:]))
+	}
+	return traj, step, prev, env, version, flags
+}
