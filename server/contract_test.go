@@ -444,6 +444,12 @@ func ctCases(t *testing.T) []ctCase {
 			body: []byte(strings.Replace(ctCartPole, `"action"`, `"next.observation": {"dtype": "float32", "shape": [4]}, "action"`, 1)), want: 400},
 		{name: "create durability on memory", method: "PUT", path: "/v1/buffers/x", ctype: js,
 			body: []byte(strings.Replace(ctCartPole, `"storage": "memory"`, `"storage": "memory", "durability": "none"`, 1)), want: 400},
+		{name: "create with run records", method: "PUT", path: "/v1/buffers/runs", ctype: js,
+			body: []byte(strings.Replace(ctCartPole, `"storage": "memory"`, `"storage": "memory", "row_meta": "runs"`, 1)), want: 201},
+		{name: "create run records on memmap", method: "PUT", path: "/v1/buffers/x", ctype: js,
+			body: []byte(strings.Replace(ctCartPole, `"storage": "memory"`, `"storage": "memmap", "row_meta": "runs"`, 1)), want: 400},
+		{name: "create unknown row_meta", method: "PUT", path: "/v1/buffers/x", ctype: js,
+			body: []byte(strings.Replace(ctCartPole, `"storage": "memory"`, `"storage": "memory", "row_meta": "columns"`, 1)), want: 400, invalid: true},
 		{name: "create name with ..", method: "PUT", path: "/v1/buffers/a..b", ctype: js, body: []byte(ctCartPole), want: 400, invalid: true},
 		{name: "create name starting with -", method: "PUT", path: "/v1/buffers/-x", ctype: js, body: []byte(ctCartPole), want: 400, invalid: true},
 		{name: "create as image", method: "PUT", path: "/v1/buffers/x", ctype: "image/png", body: []byte(ctCartPole), want: 415, invalid: true},
@@ -479,6 +485,8 @@ func ctCases(t *testing.T) []ctCase {
 		{name: "extend shutting down", shut: true, method: "POST", path: "/v1/buffers/cp/extend", ctype: bin, body: ctRows(t, 1), want: 503, code: "shutting_down"},
 
 		// sample
+		{name: "extend run records", method: "POST", path: "/v1/buffers/runs/extend?stream=actor-0", ctype: bin, body: ctRows(t, 5), want: 200},
+		{name: "sample run records", method: "POST", path: "/v1/buffers/runs/sample", ctype: js, accept: js, body: []byte(`{"batch_size": 4, "seed": 1}`), want: 200},
 		{name: "sample safetensors", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, body: []byte(`{"batch_size": 8, "seed": 0}`), want: 200},
 		{name: "sample Accept vnd.safetensors", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, accept: st, body: []byte(`{"batch_size": 2}`), want: 200},
 		{name: "sample JSON, every key", method: "POST", path: "/v1/buffers/cp/sample", ctype: js, accept: js, body: []byte(everyKey), want: 200},
