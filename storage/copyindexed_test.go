@@ -2,6 +2,7 @@ package storage
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"slices"
 	"testing"
@@ -18,15 +19,20 @@ func TestCopyIndexedMatchesGather(t *testing.T) {
 		kind     Kind
 		capacity int64
 		rows     int // written, so the ring wraps
+		layout   RowMetaLayout
 	}{
-		{KindMemory, 64, 150},
-		{KindMemmap, 64, 150},
-		{KindMemory, 1000, 300}, // not wrapped
+		{KindMemory, 64, 150, ""},
+		{KindMemmap, 64, 150, ""},
+		{KindMemory, 1000, 300, ""}, // not wrapped
+		{KindMemory, 64, 150, RowMetaRuns},
+		// More run records than runsInCache: Rows prefetches them.
+		{KindMemory, 40_000, 45_000, RowMetaRuns},
 	} {
-		t.Run(fmt.Sprintf("%s/cap=%d", tc.kind, tc.capacity), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/cap=%d/row_meta=%s", tc.kind, tc.capacity, cmp.Or(tc.layout, RowMetaPerRow)), func(t *testing.T) {
 			s := openStore(t, t.TempDir())
 			defer s.Close()
 			spec := testSpec(tc.kind, tc.capacity, true)
+			spec.RowMetaLayout = tc.layout
 			b := mustCreate(t, s, "copy", spec)
 			var rows []row
 			for i := range tc.rows {
@@ -36,6 +42,9 @@ func TestCopyIndexedMatchesGather(t *testing.T) {
 			// column has rows with and without one.
 			for i := 0; i < len(rows); i += 50 {
 				mustExtend(t, b, "s", makeBatch(spec, rows[i:min(i+50, len(rows))], i%100 == 0))
+			}
+			if tc.capacity > 10_000 && b.runs.handedOut.Load()*runRecordSize <= runsInCache {
+				t.Fatalf("%d run records, not more than runsInCache", b.runs.handedOut.Load())
 			}
 			wc := int64(tc.rows)
 			seqs := []int64{-1, 0, 1, wc - tc.capacity - 1, wc + 5}

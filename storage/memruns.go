@@ -3,9 +3,11 @@ package storage
 import (
 	"encoding/binary"
 	"fmt"
+	"sync/atomic"
+	"unsafe"
+
 	"github.com/rbdb/rbd/internal/prefetch"
 	"github.com/rbdb/rbd/storage/internal/mmapfile"
-	"unsafe"
 )
 
 // A memory buffer keeps what consecutive rows of a trajectory share in run
@@ -60,8 +62,11 @@ type runTable struct {
 	recs   []byte // runRecordSize bytes per handle; handle 0 unused
 
 	refs []uint32 // rows naming each handle handed out so far
-	free []uint32 // released handles, reused last in first out
-	live int64    // handles with refs > 0
+	// handedOut is len(refs) for readers: how far into recs run records
+	// have ever been written.
+	handedOut atomic.Int64
+	free      []uint32 // released handles, reused last in first out
+	live      int64    // handles with refs > 0
 
 	// open maps a trajectory to the run its next row may continue.
 	open map[int64]*openRun
@@ -174,6 +179,7 @@ func (t *runTable) alloc() (uint32, bool) {
 		return 0, false
 	}
 	t.refs = append(t.refs, 0)
+	t.handedOut.Store(int64(len(t.refs)))
 	return uint32(h), true
 }
 
@@ -194,11 +200,21 @@ func (t *runTable) release(handle uint32) {
 	}
 }
 
+// runsInCache is the size of run table below which prefetchRuns does
+// nothing: a table that small stays in the L2 cache of the CPUs this runs
+// on (1-2 MiB a core), where the pass costs more than the hits it would
+// speed up (uniform samples from 10^5 CartPole rows, 1,400 runs: 4% of a
+// sample).
+const runsInCache = 256 << 10
+
 // prefetchRuns asks for the run records the memory records of seqs (< 0
 // skipped) name. A run record is a second, dependent miss per row in a
 // large ring: read one row at a time, the misses would be served one
 // after another. The records' own lines were asked for before.
 func (b *Buffer) prefetchRuns(seqs []int64, ring ringSlots) {
+	if b.runs.handedOut.Load()*runRecordSize <= runsInCache {
+		return
+	}
 	recs, runs, pitch := b.recs, b.runs.recs, b.recPitch
 	for _, seq := range seqs {
 		if seq < 0 {
