@@ -15,11 +15,15 @@ const (
 	// (24 bytes a run, a run per two rows when rows arrive irregularly;
 	// usually a run per trajectory) and the next distance (4 bytes).
 	indexBytesPerRow = 12 + 4
-	// runBytesPerRow is the run records (RowMetaRuns) at the same rate
-	// as the index's runs: a 64-byte run record, its reference count and
-	// a free-list entry per two rows. Real workloads have a run per
-	// trajectory (about 1 B a row for CartPole-like episodes).
-	runBytesPerRow = (runRecordSize + 4 + 4) / 2
+	// runBytesPerRow is the run records (RowMetaRuns) at a run per 8
+	// rows: a 64-byte run record, its reference count and a free-list
+	// entry. Counted at worst (a run per row: one-step episodes, or a
+	// policy version that changes every row), a buffer that layout makes
+	// smaller would be refused where the default layout is not; those
+	// workloads are the ones the layout is not for (docs/http-api.md), and
+	// they hold up to 64 bytes a row more than this. CartPole-like
+	// episodes make a run per 30-80 rows, about 1-2 bytes a row.
+	runBytesPerRow = (runRecordSize + 4 + 4) / 8
 )
 
 // fullMemoryBytes estimates what a buffer of spec holds in memory once

@@ -139,6 +139,23 @@ func TestCreateRefusedForMemory(t *testing.T) {
 	}
 }
 
+// TestRunRecordsCountedSmaller: the admission estimate of a memory buffer
+// with run records is below the default layout's for small rows (the
+// layout exists to save memory; counting its run table at worst would
+// refuse it where the default is accepted) and above its row group alone.
+func TestRunRecordsCountedSmaller(t *testing.T) {
+	row := testSpec(KindMemory, 1_000_000, true)
+	runs := row
+	runs.RowMetaLayout = RowMetaRuns
+	r, n := fullMemoryBytes(row), fullMemoryBytes(runs)
+	if n >= r {
+		t.Errorf("run records estimated at %d bytes, the default layout at %d", n, r)
+	}
+	if group := int64(48) * runs.Capacity; n <= group+int64(indexBytesPerRow)*runs.Capacity {
+		t.Errorf("run records estimated at %d bytes, no more than the row group and index (%d)", n, group+int64(indexBytesPerRow)*runs.Capacity)
+	}
+}
+
 // TestIdleBuffersCostNoCPU: a store of many flush-mode buffers that nobody
 // writes does no work at its checkpoints (no sync, no catalog commit, no
 // snapshot). 400 idle buffers once took 10% of a core doing that work. The
