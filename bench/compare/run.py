@@ -3,6 +3,8 @@
   (b) rbd's Python client against `rbd serve` (a memory buffer, compact_obs),
   (c) rbd in-process from Go (bench/compare/inproc),
 printing rows/s, batches/s and bytes held per transition for each, in one run.
+CartPole runs in-process twice: with the default row metadata and with run
+records (a memory buffer's "row_meta": "runs").
 
     /usr/bin/python3 bench/compare/run.py                 # both workloads, ~2 minutes
     /usr/bin/python3 bench/compare/run.py --workloads cartpole --seconds 1
@@ -226,9 +228,13 @@ def main():
         results.append(run_child("numpy", wl, cap, a.seconds))
         with rbdserver.Server() as srv:
             results.append(run_child("client", wl, cap, a.seconds, ["--url", srv.url, "--server-pid", str(srv.proc.pid)]))
-        out = subprocess.run([inproc, "--workload", wl, "--capacity", str(cap), "--seconds", str(a.seconds)],
-                             check=True, capture_output=True, text=True)
-        results.append(json.loads(out.stdout))
+        # Small rows also with run records (row_meta "runs"): less memory a
+        # row, slower samples; images have no use for them.
+        for row_meta in (["row", "runs"] if wl == "cartpole" else ["row"]):
+            out = subprocess.run([inproc, "--workload", wl, "--capacity", str(cap), "--seconds", str(a.seconds),
+                                  "--row-meta", row_meta],
+                                 check=True, capture_output=True, text=True)
+            results.append(json.loads(out.stdout))
     print()
     print("| workload | implementation | add rows/s (fill) | sample batches/s (prefetch thread; stream; shm) | sample GB/s (shm) | held/row | layout/row |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")

@@ -227,8 +227,12 @@ func run(name string, capacity int64, batchSize int, sampleFor time.Duration, se
 		batches++
 	}
 	elapsed := time.Since(start).Seconds()
+	impl := "rbd in-process (Go)"
+	if rowMeta != "" && rowMeta != storage.RowMetaPerRow {
+		impl = fmt.Sprintf("rbd in-process (Go), row_meta %s", rowMeta)
+	}
 	return json.NewEncoder(os.Stdout).Encode(map[string]any{
-		"impl": "rbd in-process (Go)", "workload": name, "rows": info.Size,
+		"impl": impl, "workload": name, "rows": info.Size,
 		"fill_rows_per_s":             float64(rows) / pass[0].Seconds(),
 		"add_rows_per_s":              float64(rows) / pass[1].Seconds(),
 		"sample_batches_per_s":        float64(batches) / elapsed,
