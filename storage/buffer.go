@@ -500,9 +500,7 @@ func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 	}
 	var runs *runTable
 	if recBytes == memRunRecordSize {
-		if runs, err = newRunTable(b.capacity); err != nil {
-			return errors.Join(fmt.Errorf("buffer %q: %w", b.name, err), r.Close())
-		}
+		runs = newRunTable(b.capacity)
 	}
 	fileRecs, meta := b.recs, b.meta
 	b.meta, b.recs, b.recPitch, b.runs = nil, r.Bytes(), pitch, runs

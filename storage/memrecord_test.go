@@ -152,6 +152,39 @@ func memAndFileBuffers(t *testing.T, capacity int64, layout RowMetaLayout) (mem,
 	return mustCreate(t, s, "mem", spec), mustCreate(t, fs, "file", testSpec(KindMemmap, capacity, true))
 }
 
+// TestRunTableMapsAsItGrows: a run table for 10^8 rows maps nothing until
+// a handle is handed out, then a 256 KiB block per 4,096 handles; a table
+// for 10 rows hands out 10 handles from one block.
+func TestRunTableMapsAsItGrows(t *testing.T) {
+	rt := newRunTable(100_000_000)
+	defer rt.close()
+	if len(rt.regions) != 0 {
+		t.Fatalf("%d blocks mapped before any run", len(rt.regions))
+	}
+	for i := range runBlockRuns + 10 {
+		r := record{Seq: int64(i), TrajID: int64(i), PrevSeq: -1, Flags: flagDone}
+		if _, _, ok := rt.place(&r); !ok {
+			t.Fatalf("run %d: no handle", i)
+		}
+	}
+	if len(rt.regions) != 2 || len(rt.regions[0].Bytes()) != runBlockRuns*runRecordSize {
+		t.Fatalf("%d runs: %d blocks mapped, want 2 of %d bytes", runBlockRuns+10, len(rt.regions), runBlockRuns*runRecordSize)
+	}
+	small := newRunTable(10)
+	defer small.close()
+	for i := range 10 {
+		r := record{Seq: int64(i), TrajID: int64(i), PrevSeq: -1, Flags: flagDone}
+		small.place(&r)
+	}
+	r := record{Seq: 10, TrajID: 10, PrevSeq: -1}
+	if _, _, ok := small.place(&r); ok {
+		t.Error("an 11th live run in a table for 10 rows got a handle")
+	}
+	if len(small.regions) != 1 || len(small.blocks) != 1 {
+		t.Errorf("a table for 10 rows has %d blocks, %d mapped", len(small.blocks), len(small.regions))
+	}
+}
+
 // putReadBack writes want as the memory record of its slot, reads it back
 // and compares, and returns the slot. The caller holds b.wmu.
 func putReadBack(t *testing.T, b *Buffer, want record) int64 {
@@ -250,7 +283,7 @@ func checkRuns(t *testing.T, b *Buffer) {
 		if rt.refs[o.handle] == 0 {
 			t.Fatalf("trajectory %d continues released run %d", traj, o.handle)
 		}
-		if got := int64(binary.LittleEndian.Uint64(rt.recs[int64(o.handle)*runRecordSize+runTraj:])); got != traj {
+		if got := int64(binary.LittleEndian.Uint64(rt.rec(o.handle)[runTraj:])); got != traj {
 			t.Fatalf("trajectory %d continues run %d of trajectory %d", traj, o.handle, got)
 		}
 	}
@@ -286,7 +319,8 @@ func TestMemoryRecordRuns(t *testing.T) {
 	}
 	b.wmu.Lock()
 	defer b.wmu.Unlock()
-	b.runs.recs = b.runs.recs[:2*runRecordSize] // handle 1 only
+	limit := b.runs.limit
+	b.runs.limit = 2 // handle 1 only
 	for _, c := range cases {
 		slot := putReadBack(t, b, c.rec)
 		if _, wide := b.wide.m[slot]; wide != c.wide {
@@ -298,7 +332,7 @@ func TestMemoryRecordRuns(t *testing.T) {
 		t.Errorf("wide entries %v (n=%d), want slots 2 and 0", b.wide.m, b.wide.n)
 	}
 	// Far prevs and changed versions and envs each start a run.
-	b.runs.recs = b.runs.region.Bytes()
+	b.runs.limit = limit
 	base := int64(far + 8)
 	rows := []record{
 		{Seq: base, TrajID: 20, Step: 0, PrevSeq: -1, Env: 1, PolicyVersion: 1},

@@ -2,7 +2,7 @@ package storage
 
 import (
 	"encoding/binary"
-	"fmt"
+	"errors"
 	"sync/atomic"
 	"unsafe"
 
@@ -22,16 +22,18 @@ import (
 // trajectory's length, so the run records cost about a byte a row where
 // the 32-byte memory records carried those values in every row.
 //
-// Run records live in one anonymous mapping, like the row group: readers
-// copy them without locks and judge what they read by the row's stamp,
-// as they judge the row's fields. A run record is written before the
+// Run records live in anonymous mappings of runBlockRuns records each,
+// mapped as handles reach them (a table sized for every slot up front
+// would charge capacity x 64 bytes to the commit limit for runs that
+// usually number a thirtieth of the rows). Readers copy them without
+// locks and judge what they read by the row's stamp, as they judge the
+// row's fields. A run record is written before the
 // first row that names it and never changes while a live row names it:
 // writers release a run only when the last row naming it is overwritten
 // (reference counts, writers only), and the slot's stamp is voided before
 // that, so a reader that read the old handle sees its row's stamp change.
-// Pages of the mapping become resident only as handles are handed out,
-// and released handles are reused first (a stack), so the table stays
-// as large as the most runs ever live at once.
+// Released handles are reused first (a stack), so the table stays as
+// large as the most runs ever live at once.
 const (
 	// runRecordSize is the room a run record takes: its 40 bytes padded
 	// to a cache line, so that reading one costs one miss (runs are
@@ -52,18 +54,26 @@ const (
 
 	maxRunRows = 1 << 16 // a row's offset in its run is a u16
 	maxRunDist = 1<<16 - 1
+
+	runBlockBits = 12 // 4,096 run records, 256 KiB, a block
+	runBlockRuns = 1 << runBlockBits
 )
 
 // runTable hands out and releases the run records of a memory buffer.
-// Everything but recs is touched by writers only (holding the buffer's
-// wmu).
+// Everything but blocks and handedOut is touched by writers only (holding
+// the buffer's wmu).
 type runTable struct {
-	region *mmapfile.Region
-	recs   []byte // runRecordSize bytes per handle; handle 0 unused
+	// blocks[i] holds the records of handles [i, i+1) x runBlockRuns,
+	// nil until a handle reaches it. Writers store a block before any
+	// row names a handle in it; a reader that finds nil read a torn
+	// handle.
+	blocks  []atomic.Pointer[runBlock]
+	regions []*mmapfile.Region // the blocks' mappings, to close
+	limit   int64              // handles below limit exist; 0 names no run
 
 	refs []uint32 // rows naming each handle handed out so far
-	// handedOut is len(refs) for readers: how far into recs run records
-	// have ever been written.
+	// handedOut is len(refs) for readers: how many run records have
+	// ever been written.
 	handedOut atomic.Int64
 	free      []uint32 // released handles, reused last in first out
 	live      int64    // handles with refs > 0
@@ -78,6 +88,11 @@ type runTable struct {
 
 const openCacheSize = 256
 
+// runBlock is a block of run records. Blocks are mapped whole (a small
+// table's last one too: untouched pages cost nothing), so that a lookup
+// indexes an array of known length instead of loading a slice's.
+type runBlock [runBlockRuns * runRecordSize]byte
+
 // openRun is where a trajectory's last written row left its run.
 type openRun struct {
 	traj              int64
@@ -87,24 +102,42 @@ type openRun struct {
 	env, version      int64
 }
 
-// newRunTable maps room for the run records of a ring of capacity rows:
-// every slot holds at most one reference, so no more than capacity runs
-// are ever live (handles past 2^27 - 1 do not exist; rows that would need
-// one keep their values in wideRecords).
-func newRunTable(capacity int64) (*runTable, error) {
-	n := min(capacity, memRunMask) + 1
-	r, err := mmapfile.Anonymous(n * runRecordSize)
-	if err != nil {
-		return nil, fmt.Errorf("run records: %w", err)
+// newRunTable returns the run table of a ring of capacity rows: every slot
+// holds at most one reference, so no more than capacity runs are ever
+// live (handles past 2^27 - 1 do not exist; rows that would need one keep
+// their values in wideRecords).
+func newRunTable(capacity int64) *runTable {
+	limit := min(capacity, memRunMask) + 1
+	return &runTable{
+		blocks: make([]atomic.Pointer[runBlock], (limit+runBlockRuns-1)/runBlockRuns),
+		limit:  limit, refs: []uint32{0}, open: map[int64]*openRun{},
 	}
-	return &runTable{region: r, recs: r.Bytes(), refs: []uint32{0}, open: map[int64]*openRun{}}, nil
 }
 
 func (t *runTable) close() error {
 	if t == nil {
 		return nil
 	}
-	return t.region.Close()
+	var errs []error
+	for _, r := range t.regions {
+		errs = append(errs, r.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// rec returns the record of handle, or nil when its block is not mapped
+// (a torn handle read by a reader).
+func (t *runTable) rec(handle uint32) []byte {
+	i := int64(handle >> runBlockBits)
+	if i >= int64(len(t.blocks)) {
+		return nil
+	}
+	b := t.blocks[i].Load()
+	if b == nil {
+		return nil
+	}
+	at := (handle & (runBlockRuns - 1)) * runRecordSize
+	return b[at : at+runRecordSize : at+runRecordSize]
 }
 
 // openOf returns the open run of traj, or nil.
@@ -151,7 +184,7 @@ func (t *runTable) place(r *record) (handle, off uint32, ok bool) {
 	if !ok {
 		return 0, 0, false
 	}
-	rb := t.recs[int64(h)*runRecordSize : int64(h+1)*runRecordSize]
+	rb := t.rec(h)
 	le := binary.LittleEndian
 	le.PutUint64(rb[runTraj:], uint64(r.TrajID))
 	le.PutUint64(rb[runStep:], uint64(r.Step))
@@ -174,12 +207,20 @@ func (t *runTable) alloc() (uint32, bool) {
 		t.free = t.free[:n-1]
 		return h, true
 	}
-	h := len(t.refs)
-	if int64(h+1)*runRecordSize > int64(len(t.recs)) {
+	h := int64(len(t.refs))
+	if h >= t.limit {
 		return 0, false
 	}
+	if blk := &t.blocks[h>>runBlockBits]; blk.Load() == nil {
+		r, err := mmapfile.Anonymous(int64(len(runBlock{})))
+		if err != nil {
+			return 0, false // the row keeps its values in wideRecords
+		}
+		t.regions = append(t.regions, r)
+		blk.Store((*runBlock)(r.Bytes()))
+	}
 	t.refs = append(t.refs, 0)
-	t.handedOut.Store(int64(len(t.refs)))
+	t.handedOut.Store(h + 1)
 	return uint32(h), true
 }
 
@@ -194,7 +235,7 @@ func (t *runTable) release(handle uint32) {
 	}
 	t.live--
 	t.free = append(t.free, handle)
-	traj := int64(binary.LittleEndian.Uint64(t.recs[int64(handle)*runRecordSize+runTraj:]))
+	traj := int64(binary.LittleEndian.Uint64(t.rec(handle)[runTraj:]))
 	if o := t.openOf(traj); o != nil && o.handle == handle {
 		t.closeOpen(o)
 	}
@@ -215,14 +256,14 @@ func (b *Buffer) prefetchRuns(seqs []int64, ring ringSlots) {
 	if b.runs.handedOut.Load()*runRecordSize <= runsInCache {
 		return
 	}
-	recs, runs, pitch := b.recs, b.runs.recs, b.recPitch
+	recs, runs, pitch := b.recs, b.runs, b.recPitch
 	for _, seq := range seqs {
 		if seq < 0 {
 			continue
 		}
 		w := binary.LittleEndian.Uint32(recs[ring.of(seq)*pitch+mrecRun:])
-		if at := int64(w&memRunMask) * runRecordSize; at < int64(len(runs)) {
-			prefetch.Line(unsafe.Pointer(&runs[at]))
+		if run := runs.rec(w & memRunMask); run != nil {
+			prefetch.Line(unsafe.Pointer(&run[0]))
 		}
 	}
 }
@@ -264,12 +305,10 @@ func (b *Buffer) runFields(slot, seq int64) (traj, step, prev, env, version int6
 		v := b.wide.get(slot)
 		return v.TrajID, v.Step, v.PrevSeq, v.Env, v.PolicyVersion, flags &^ flagWide
 	}
-	at := int64(w&memRunMask) * runRecordSize
-	recs := b.runs.recs
-	if at+runRecordSize > int64(len(recs)) {
+	run := b.runs.rec(w & memRunMask)
+	if run == nil {
 		return 0, 0, -1, 0, 0, flags
 	}
-	run := recs[at : at+runRecordSize]
 	off := int64(le.Uint16(rb[mrecOff:]))
 	traj, step = int64(le.Uint64(run[runTraj:])), int64(le.Uint64(run[runStep:]))+off
 	env, version = int64(le.Uint64(run[runEnv:])), int64(le.Uint64(run[runVersion:]))
