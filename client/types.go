@@ -40,6 +40,9 @@ type Info struct {
 	// (16 with "row_meta": "runs", run records not counted) plus
 	// row-group padding for memory buffers.
 	RowMetaBytes int64 `json:"row_meta_bytes"`
+	// RunRecords is how many run records a memory buffer with
+	// "row_meta": "runs" holds (Size / RunRecords rows share each).
+	RunRecords int64 `json:"run_records,omitempty"`
 	// ChunkCache counts decoded-chunk cache lookups of compressed buffers.
 	ChunkCache *CacheStats `json:"chunk_cache,omitempty"`
 	// RateLimit is the rate limiter's live state (nil without one).

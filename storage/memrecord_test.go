@@ -401,6 +401,12 @@ func TestRunRecordsProperty(t *testing.T) {
 	if live := int64(len(mem.LiveSeqs(0, capacity))); mem.runs.live*2 > live {
 		t.Fatalf("%d runs for %d live rows: runs did not continue", mem.runs.live, live)
 	}
+	if info, err := mem.Info(); err != nil || info.RunRecords != mem.runs.live || info.RunRecords == 0 {
+		t.Fatalf("info run_records %d (%v), the table holds %d", info.RunRecords, err, mem.runs.live)
+	}
+	if info, _ := file.Info(); info.RunRecords != 0 {
+		t.Fatalf("a memmap buffer reports %d run records", info.RunRecords)
+	}
 	if len(mem.runs.refs) > capacity+1 {
 		t.Fatalf("%d run handles handed out for a ring of %d", len(mem.runs.refs)-1, capacity)
 	}

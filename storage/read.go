@@ -488,6 +488,11 @@ type Info struct {
 	// records) plus the padding of its row group (the stamp, index
 	// structures and run records are not counted).
 	RowMetaBytes int64 `json:"row_meta_bytes"`
+	// RunRecords is how many run records a memory buffer with
+	// "row_meta": "runs" holds (0 for other buffers): Size / RunRecords
+	// rows share each 64-byte record on average, and a workload whose
+	// runs are a few rows long is better served by the default layout.
+	RunRecords int64 `json:"run_records,omitempty"`
 	// Cache counts lookups in the decoded-chunk cache of compressed
 	// buffers (nil for other kinds).
 	Cache *CacheStats `json:"chunk_cache,omitempty"`
@@ -566,6 +571,9 @@ func (b *Buffer) Info() (Info, error) {
 	b.imu.RUnlock()
 	b.wmu.Lock()
 	info.Streams = len(b.streams)
+	if b.runs != nil {
+		info.RunRecords = b.runs.live // writers change it under wmu
+	}
 	// Counted from the streams, not the index: an open trajectory whose
 	// rows all left the ring has no index entry, yet its stream still
 	// extends it.

@@ -126,6 +126,10 @@ class ClientTest(ServerTest):
             info = self.c.info(name)
             self.assertEqual(info["spec"].get("row_meta", "row"), row_meta)
             self.assertEqual(info["row_meta_bytes"], 64 - 31 if row_meta == "row" else 48 - 31)
+            if row_meta == "runs":  # a run per live episode or piece of one
+                self.assertTrue(0 < info["run_records"] < info["size"], info)
+            else:
+                self.assertNotIn("run_records", info)
             answers[row_meta] = self.c.sample(name, 64, sampler="uniform", seed=5)
         a, b = answers["row"], answers["runs"]
         for key in ("seq", "step", "observation", "next.observation", "next.done"):
