@@ -303,22 +303,28 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 		c := *pos
 		envs[e] = &c
 	}
-	newTraj := 0
-	open := map[int64]bool{}
-	for e := range envs {
-		open[e] = true
+	slots := envSlots{m: envs}
+	for e, pos := range envs {
+		slots.cache(e, pos)
 	}
+	// Which envs have an open trajectory after each row: whether a row
+	// starts a trajectory, and so how many ids to allocate.
+	var open envOpen
+	for e := range envs {
+		open.set(e, true)
+	}
+	newTraj := 0
 	for r := 0; r < p.n; r++ {
 		e := p.envAt(r)
-		if !open[e] {
+		if !open.get(e) {
 			newTraj++
-			open[e] = true
+			open.set(e, true)
 		}
 		if p.flags[r]&flagDone != 0 {
-			open[e] = false
+			open.set(e, false)
 		}
 	}
-	if stream != "" && cur == nil && len(b.streams) >= b.store.opts.maxStreams() && anyOpen(open) {
+	if stream != "" && cur == nil && len(b.streams) >= b.store.opts.maxStreams() && open.any() {
 		return ExtendResult{}, fmt.Errorf("extend %q: stream %q would be the %dth with an open trajectory: %w (close streams that are done, end trajectories with a done row, or raise the limit)",
 			b.name, stream, len(b.streams)+1, ErrTooManyStreams)
 	}
@@ -330,17 +336,17 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	for r := 0; r < p.n; r++ {
 		e := p.envAt(r)
 		seq := first + int64(r)
-		pos := envs[e]
+		pos := slots.get(e)
 		if pos == nil {
 			pos = &streamPos{TrajID: nextID, Step: -1, LastSeq: -1}
 			nextID++
-			envs[e] = pos
+			slots.set(e, pos)
 		}
 		recs[r] = record{Seq: seq, TrajID: pos.TrajID, Step: pos.Step + 1, PrevSeq: pos.LastSeq, Env: e, Flags: p.flags[r], PolicyVersion: p.versionAt(r)}
 		pos.Step++
 		pos.LastSeq = seq
 		if p.flags[r]&flagDone != 0 {
-			delete(envs, e)
+			slots.del(e)
 		}
 	}
 
@@ -679,9 +685,75 @@ func (b *Buffer) Changed() <-chan struct{} {
 	return b.notify
 }
 
-func anyOpen(open map[int64]bool) bool {
-	for _, o := range open {
-		if o {
+// smallEnvs is how many env ids (0 to smallEnvs-1) an extend looks up in
+// arrays rather than maps: real writers number their envs from 0, and a
+// map lookup and update per row was a twentieth of a CartPole extend.
+const smallEnvs = 64
+
+// envSlots is a stream's envs (m, which it keeps current) while an extend
+// plans its rows, with the small env ids also in an array.
+type envSlots struct {
+	small [smallEnvs]*streamPos
+	m     map[int64]*streamPos
+}
+
+func (t *envSlots) cache(e int64, pos *streamPos) {
+	if uint64(e) < smallEnvs {
+		t.small[e] = pos
+	}
+}
+
+func (t *envSlots) get(e int64) *streamPos {
+	if uint64(e) < smallEnvs {
+		return t.small[e]
+	}
+	return t.m[e]
+}
+
+func (t *envSlots) set(e int64, pos *streamPos) {
+	t.m[e] = pos
+	t.cache(e, pos)
+}
+
+func (t *envSlots) del(e int64) {
+	delete(t.m, e)
+	t.cache(e, nil)
+}
+
+// envOpen says which envs have an open trajectory, small ids in a bitmap.
+type envOpen struct {
+	small uint64
+	m     map[int64]bool
+}
+
+func (o *envOpen) get(e int64) bool {
+	if uint64(e) < smallEnvs {
+		return o.small&(1<<e) != 0
+	}
+	return o.m[e]
+}
+
+func (o *envOpen) set(e int64, open bool) {
+	if uint64(e) < smallEnvs {
+		if open {
+			o.small |= 1 << e
+		} else {
+			o.small &^= 1 << e
+		}
+		return
+	}
+	if o.m == nil {
+		o.m = map[int64]bool{}
+	}
+	o.m[e] = open
+}
+
+func (o *envOpen) any() bool {
+	if o.small != 0 {
+		return true
+	}
+	for _, open := range o.m {
+		if open {
 			return true
 		}
 	}
