@@ -126,8 +126,9 @@ func (t *runTable) close() error {
 }
 
 // rec returns the record of handle, or nil when its block is not mapped
-// (a torn handle read by a reader).
-func (t *runTable) rec(handle uint32) []byte {
+// (a torn handle read by a reader). An array pointer, so that reading its
+// fields at constant offsets needs no bounds checks.
+func (t *runTable) rec(handle uint32) *[runRecordSize]byte {
 	i := int64(handle >> runBlockBits)
 	if i >= int64(len(t.blocks)) {
 		return nil
@@ -137,7 +138,7 @@ func (t *runTable) rec(handle uint32) []byte {
 		return nil
 	}
 	at := (handle & (runBlockRuns - 1)) * runRecordSize
-	return b[at : at+runRecordSize : at+runRecordSize]
+	return (*[runRecordSize]byte)(b[at : at+runRecordSize])
 }
 
 // openOf returns the open run of traj, or nil.
@@ -263,7 +264,7 @@ func (b *Buffer) prefetchRuns(seqs []int64, ring ringSlots) {
 		}
 		w := binary.LittleEndian.Uint32(recs[ring.of(seq)*pitch+mrecRun:])
 		if run := runs.rec(w & memRunMask); run != nil {
-			prefetch.Line(unsafe.Pointer(&run[0]))
+			prefetch.Line(unsafe.Pointer(run))
 		}
 	}
 }
