@@ -60,7 +60,7 @@ const (
 	// RowMetaRuns keeps a 16-byte record per row and what the consecutive
 	// rows of a trajectory share in one run record: about 15 bytes a row
 	// less for small rows (a compact CartPole row group 48 bytes, not 64),
-	// and a second cache line per sampled row (256-row samples 7-15%
+	// and a second cache line per sampled row (256-row samples 5-15%
 	// slower at 10^5 rows, 12-35% at 10^7; extends 5-10% slower;
 	// docs/performance.md). Memory buffers only.
 	RowMetaRuns RowMetaLayout = "runs"
