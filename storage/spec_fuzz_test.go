@@ -31,6 +31,7 @@ func FuzzParseSpec(f *testing.F) {
 		specCartPoleJSON,
 		specDoc(specBaseFields, ""),
 		specDoc(specBaseFields, `"storage": "memory", "priority": {"alpha": 0}`),
+		specDoc(specBaseFields, `"storage": "memory", "row_meta": "runs"`),
 		specDoc(specBaseFields, `"priority": {"eps": 1e-300}, "obs_keys": ["observation", "action"], "durability": "fsync"`),
 		specDoc(`"pixels": {"dtype": "uint8", "shape": [3, 84, 84], "frame_stack": {"k": 4, "axis": 0}}, "next.done": {"dtype": "bool"}`,
 			`"storage": "compressed", "compression": {"level": 3}`),
