@@ -78,12 +78,20 @@ func leInt64(b []byte) uint64 {
 // none after, the streams continue where they were at that seq, verify is
 // clean. For every kind; a memory buffer's rows come back into memory.
 func TestCheckpointWhileWriting(t *testing.T) {
-	forEachKind(t, func(t *testing.T, kind Kind) {
+	forEachKind(t, func(t *testing.T, kind Kind) { testCheckpointWhileWriting(t, kind, "") })
+	// Run records: the copy reads memory records and their runs while
+	// writers free and reuse runs; the restore builds runs again.
+	t.Run("memory-runs", func(t *testing.T) { testCheckpointWhileWriting(t, KindMemory, RowMetaRuns) })
+}
+
+func testCheckpointWhileWriting(t *testing.T, kind Kind, layout RowMetaLayout) {
+	{
 		const writers, capacity = 4, 20000
 		s := openStore(t, t.TempDir())
 		defer s.Close()
 		spec := testSpec(kind, capacity, true)
 		spec.Priority = &PriorityOptions{Alpha: 0.6, Eps: 1e-6}
+		spec.RowMetaLayout = layout
 		b := mustCreate(t, s, "b", spec)
 		var stop atomic.Bool
 		// Writers go on while the checkpoint copies, but overwrite at most
@@ -188,7 +196,13 @@ func TestCheckpointWhileWriting(t *testing.T) {
 				t.Errorf("a restored memory buffer kept its checkpoint files: %v", err)
 			}
 		}
-	})
+		if layout == RowMetaRuns {
+			if cb.runs == nil {
+				t.Fatal("the restored buffer has no run records")
+			}
+			checkRuns(t, cb)
+		}
+	}
 }
 
 // TestCheckpointDestinationExists: a checkpoint never writes over a dir.
