@@ -25,7 +25,7 @@ import (
 // slot): the row group's 64 B (a 32-byte memory record, seq stamp
 // included, and 31 bytes of fields: one cache line), next distances
 // (2 B), the dense tails (about 0.1 B a row) and the trajectories. Run
-// records ("runs") hold 53.8 B (2026-11-27): a 48-byte row group (a
+// records ("runs") hold 53.7-54.0 B (2026-11-27): a 48-byte row group (a
 // 16-byte record) and a 64-byte run record per episode.
 func TestResidentBytesPerCartPoleRow(t *testing.T) {
 	if testing.Short() {
