@@ -23,10 +23,12 @@ Samples are uniform batches of 256 rows for --seconds: numpy returns obs,
 action, next_obs, done, reward; rbd returns every field plus the rebuilt
 next observation and seq/traj_id/step. "held/row" is the growth of the
 resident set of the process that holds the data (the server for (b)) while
-the ring fills, divided by the rows; "layout/row" is what the arrays or
+the ring fills, divided by the rows (for (c) read after a collection that
+returns freed memory to the OS, inproc --settle, so that the fill's garbage
+is not counted; the server of (b) is read as it is); "layout/row" is what the arrays or
 columns take by construction (rbd: fields + final observations + the row
 metadata, the info's row_meta_bytes: 64 for a file record, a memory buffer's
-32-byte record plus its row group's padding).
+32-byte record, or 16 with run records, plus its row group's padding).
 """
 
 import argparse
@@ -232,7 +234,7 @@ def main():
         # row, slower samples; images have no use for them.
         for row_meta in (["row", "runs"] if wl == "cartpole" else ["row"]):
             out = subprocess.run([inproc, "--workload", wl, "--capacity", str(cap), "--seconds", str(a.seconds),
-                                  "--row-meta", row_meta],
+                                  "--row-meta", row_meta, "--settle"],
                                  check=True, capture_output=True, text=True)
             results.append(json.loads(out.stdout))
     print()
