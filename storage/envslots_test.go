@@ -24,12 +24,9 @@ func TestEnvSlotsMatchMaps(t *testing.T) {
 			}
 		}
 		envs := map[int64]*streamPos{}
-		for e, p := range refPos {
-			envs[e] = p
-		}
 		slots := envSlots{m: envs}
-		for e, p := range envs {
-			slots.cache(e, p)
+		for e, p := range refPos {
+			slots.set(e, p)
 		}
 		var open envOpen
 		for range 50 {

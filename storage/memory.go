@@ -21,8 +21,8 @@ const (
 	// policy version that changes every row), a buffer that layout makes
 	// smaller would be refused where the default layout is not; those
 	// workloads are the ones the layout is not for (docs/http-api.md), and
-	// they hold up to 64 bytes a row more than this. CartPole-like
-	// episodes make a run per 30-80 rows, about 1-2 bytes a row.
+	// they hold up to 64 bytes a row more than this. Episodes of tens of
+	// steps or more make a run each, a byte or two a row.
 	runBytesPerRow = (runRecordSize + 4 + 4) / 8
 )
 

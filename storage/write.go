@@ -299,18 +299,13 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	// once nothing can fail any more.
 	cur := b.streams[stream]
 	envs := make(map[int64]*streamPos, len(cur))
-	for e, pos := range cur {
-		c := *pos
-		envs[e] = &c
-	}
 	slots := envSlots{m: envs}
-	for e, pos := range envs {
-		slots.cache(e, pos)
-	}
 	// Which envs have an open trajectory after each row: whether a row
 	// starts a trajectory, and so how many ids to allocate.
 	var open envOpen
-	for e := range envs {
+	for e, pos := range cur {
+		c := *pos
+		slots.set(e, &c)
 		open.set(e, true)
 	}
 	newTraj := 0
@@ -686,8 +681,9 @@ func (b *Buffer) Changed() <-chan struct{} {
 }
 
 // smallEnvs is how many env ids (0 to smallEnvs-1) an extend looks up in
-// arrays rather than maps: real writers number their envs from 0, and a
-// map lookup and update per row was a twentieth of a CartPole extend.
+// arrays rather than maps: real writers number their envs from 0, and two
+// map operations per row were measurable (BenchmarkExtend, memory CartPole:
+// 22.0-23.6 µs a batch with maps, 20.1-21.0 with the arrays).
 const smallEnvs = 64
 
 // envSlots is a stream's envs (m, which it keeps current) while an extend
