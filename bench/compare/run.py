@@ -6,6 +6,14 @@ printing rows/s, batches/s and bytes held per transition for each, in one run.
 CartPole runs in-process twice: with the default row metadata and with run
 records (a memory buffer's "row_meta": "runs").
 
+The in-process legs (numpy, Go) run --rounds times, alternating (numpy, Go,
+Go with run records, numpy, ...), and the table prints each figure's median
+over the rounds; "x numpy" is the in-process sample rate divided by the
+numpy ring's of the same round, median [lowest, highest]. On a shared VM a
+single run of either leg swings by 10-20%; pairing the rounds keeps a slow
+minute from deciding the ratio. The Python client runs once (it is slow,
+and its table cells are not ratios).
+
     /usr/bin/python3 bench/compare/run.py                 # both workloads, ~2 minutes
     /usr/bin/python3 bench/compare/run.py --workloads cartpole --seconds 1
 
@@ -198,12 +206,37 @@ def fmt(v, unit=""):
     return "%.3g%s" % (v, unit)
 
 
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def combine(rounds):
+    """One result from the same leg's rounds: the median of every number
+    (each column on its own), the rounds kept under "rounds"."""
+    out = dict(rounds[0])
+    for k, v in rounds[0].items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = median([r[k] for r in rounds])
+    out["rounds"] = rounds
+    return out
+
+
+def ratio_cell(r):
+    xs = r.get("x_numpy")
+    if not xs:
+        return "-"
+    return "%.2fx [%.2f, %.2f]" % (median(xs), min(xs), max(xs))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default="cartpole,atari")
     p.add_argument("--cartpole-capacity", type=int, default=100_000)
     p.add_argument("--atari-capacity", type=int, default=20_000)
     p.add_argument("--seconds", type=float, default=3.0, help="sampling time per measurement")
+    p.add_argument("--rounds", type=int, default=3, help="alternating runs of the in-process legs (medians are printed)")
     p.add_argument("--json", action="store_true", help="print the results as JSON lines too")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--workload", help=argparse.SUPPRESS)
@@ -227,26 +260,46 @@ def main():
     results = []
     for wl in a.workloads.split(","):
         cap = a.cartpole_capacity if wl == "cartpole" else a.atari_capacity
-        results.append(run_child("numpy", wl, cap, a.seconds))
-        with rbdserver.Server() as srv:
-            results.append(run_child("client", wl, cap, a.seconds, ["--url", srv.url, "--server-pid", str(srv.proc.pid)]))
         # Small rows also with run records (row_meta "runs"): less memory a
         # row, slower samples; images have no use for them.
-        for row_meta in (["row", "runs"] if wl == "cartpole" else ["row"]):
-            out = subprocess.run([inproc, "--workload", wl, "--capacity", str(cap), "--seconds", str(a.seconds),
-                                  "--row-meta", row_meta, "--settle"],
-                                 check=True, capture_output=True, text=True)
-            results.append(json.loads(out.stdout))
+        metas = ["row", "runs"] if wl == "cartpole" else ["row"]
+        legs = {"numpy": []}
+        legs.update((m, []) for m in metas)
+        for rnd in range(max(a.rounds, 1)):
+            legs["numpy"].append(run_child("numpy", wl, cap, a.seconds))
+            for row_meta in metas:
+                out = subprocess.run([inproc, "--workload", wl, "--capacity", str(cap), "--seconds", str(a.seconds),
+                                      "--row-meta", row_meta, "--settle"],
+                                     check=True, capture_output=True, text=True)
+                r = json.loads(out.stdout)
+                r["x_numpy"] = [r["sample_batches_per_s"] / legs["numpy"][rnd]["sample_batches_per_s"]]
+                legs[row_meta].append(r)
+        results.append(combine(legs["numpy"]))
+        with rbdserver.Server() as srv:
+            results.append(run_child("client", wl, cap, a.seconds, ["--url", srv.url, "--server-pid", str(srv.proc.pid)]))
+        for row_meta in metas:
+            r = combine(legs[row_meta])
+            r["x_numpy"] = [x["x_numpy"][0] for x in legs[row_meta]]
+            results.append(r)
     print()
-    print("| workload | implementation | add rows/s (fill) | sample batches/s (prefetch thread; stream; shm) | sample GB/s (shm) | held/row | layout/row |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("In-process legs: medians of %d alternating rounds." % max(a.rounds, 1))
+    print()
+    print("| workload | implementation | add rows/s (fill) | sample batches/s (prefetch thread; stream; shm) | x numpy | sample GB/s (shm) | held/row | layout/row |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
         pre, st, sh = r.get("prefetch_batches_per_s"), r.get("stream_batches_per_s"), r.get("shm_batches_per_s")
         gb = "%.2f" % r["sample_gb_per_s"] + (" (%.2f)" % r["shm_gb_per_s"] if sh else "")
-        print("| %s | %s | %s (%s) | %s%s | %s | %s | %s |" % (
+        print("| %s | %s | %s (%s) | %s%s | %s | %s | %s | %s |" % (
             r["workload"], r["impl"], fmt(r["add_rows_per_s"]), fmt(r["fill_rows_per_s"]),
-            fmt(r["sample_batches_per_s"]), " (%s; %s; %s)" % (fmt(pre), fmt(st), fmt(sh)) if pre else "", gb,
-            fmt(r["bytes_per_transition_rss"], "B"), fmt(r["bytes_per_transition_layout"], "B")))
+            fmt(r["sample_batches_per_s"]), " (%s; %s; %s)" % (fmt(pre), fmt(st), fmt(sh)) if pre else "",
+            ratio_cell(r), gb, fmt(r["bytes_per_transition_rss"], "B"), fmt(r["bytes_per_transition_layout"], "B")))
+    if a.rounds > 1:
+        print()
+        print("Rounds (sample batches/s, in order):")
+        for r in results:
+            if "rounds" in r:
+                print("  %s, %s: %s" % (r["workload"], r["impl"],
+                                       ", ".join(fmt(x["sample_batches_per_s"]) for x in r["rounds"])))
     if a.json:
         for r in results:
             print(json.dumps(r))
