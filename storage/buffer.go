@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -90,6 +91,14 @@ type Buffer struct {
 	doneCol  int       // index of next.done in cols
 	termCol  int       // index of next.terminated, -1 if absent
 	truncCol int       // index of next.truncated, -1 if absent
+
+	// rlog and drecs belong to a memmap buffer with row_meta "runs":
+	// rows.meta in format version 2 and its run log (runlog.go). Its
+	// readers and writers use memory records in group, as a memory
+	// buffer's with run records do; drecs are the version 2 file records
+	// (16 bytes a slot), written for crash recovery, read only by it.
+	rlog  *runLog
+	drecs []byte
 
 	// stamps holds the seq of the complete row in each slot (see
 	// stampTable): readers use it as a seqlock, so they never return a torn
@@ -247,6 +256,9 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) (*Buffer, error) {
 	if b.persistent {
 		b.dir = bufferDir(s.dir, name)
 	}
+	if spec.Storage == KindMemmap && spec.RowMetaLayout == RowMetaRuns {
+		b.rlog = newRunLog(b)
+	}
 	for i, f := range spec.Fields {
 		b.colOf[f.Name] = i
 		b.cols = append(b.cols, &column{name: f.Name, file: colFileName(f.Name), role: roleField, field: f, rowBytes: f.RowBytes(), cz: -1})
@@ -370,17 +382,57 @@ func (b *Buffer) createFiles() (retErr error) {
 			return err
 		}
 	}
-	r, err := mmapfile.Create(metaFile(b.dir), headerSize+b.capacity*recordSize)
+	r, err := mmapfile.Create(metaFile(b.dir), headerSize+b.capacity*b.fileRecordSize())
 	if err != nil {
 		return err
 	}
 	b.meta = r
-	copy(r.Bytes(), metaHeader{Version: FormatVersion, RecordSize: recordSize, UID: b.uid, Capacity: uint64(b.capacity), Name: b.name}.encode())
-	b.hdr, b.recs = r.Bytes()[:headerSize], r.Bytes()[headerSize:]
+	copy(r.Bytes(), b.metaHeader().encode())
+	if err := b.mapRecords(r); err != nil {
+		return err
+	}
 	if err := r.SyncRange(0, headerSize); err != nil {
 		return err
 	}
 	return syncDir(b.dir)
+}
+
+// fileRecordSize is the size of a rows.meta record of this buffer.
+func (b *Buffer) fileRecordSize() int64 {
+	if b.rlog != nil {
+		return fileRunRecordSize
+	}
+	return recordSize
+}
+
+// metaHeader is the rows.meta header of this buffer (watermark 0).
+func (b *Buffer) metaHeader() metaHeader {
+	h := metaHeader{Version: FormatVersion, RecordSize: recordSize, UID: b.uid, Capacity: uint64(b.capacity), Name: b.name}
+	if b.rlog != nil {
+		h.Version, h.RecordSize = metaVersionRuns, fileRunRecordSize
+	}
+	return h
+}
+
+// mapRecords points the buffer at the records of r, its rows.meta: file
+// records read and written in place, or, with a run log, version 2
+// records beside memory records in an anonymous region of their own
+// (16 bytes a slot: the stamp, the run handle, the offset and the
+// distance, as in a memory buffer with run records).
+func (b *Buffer) mapRecords(r *mmapfile.Region) error {
+	b.hdr = r.Bytes()[:headerSize]
+	if b.rlog == nil {
+		b.recs = r.Bytes()[headerSize:]
+		return nil
+	}
+	b.drecs = r.Bytes()[headerSize:]
+	g, err := mmapfile.Anonymous(b.capacity * memRunRecordSize)
+	if err != nil {
+		return fmt.Errorf("buffer %q records: %w", b.name, err)
+	}
+	b.group, b.recs, b.recPitch, b.runs = g, g.Bytes(), memRunRecordSize, newRunTable(b.capacity)
+	b.stamps.inRows(g.Bytes(), memRunRecordSize)
+	return nil
 }
 
 // openFiles maps the files of an existing persistent buffer and checks
@@ -421,7 +473,7 @@ func (b *Buffer) openFiles(writable bool) (retErr error) {
 		c.data = r.Bytes()[headerSize:]
 	}
 	path := metaFile(b.dir)
-	r, err := mmapfile.Open(path, headerSize+b.capacity*recordSize, writable)
+	r, err := mmapfile.Open(path, headerSize+b.capacity*b.fileRecordSize(), writable)
 	if err != nil {
 		var se *mmapfile.SizeError
 		if errors.As(err, &se) {
@@ -437,12 +489,15 @@ func (b *Buffer) openFiles(writable bool) (retErr error) {
 	if h.UID != b.uid {
 		return corruptf(path, 16, "file belongs to another buffer (uid %016x, catalog says %016x)", h.UID, b.uid)
 	}
-	if h.RecordSize != recordSize || h.Capacity != uint64(b.capacity) || h.Name != b.name {
-		return corruptf(path, 0, "header describes buffer %q capacity %d record size %d, catalog says %q capacity %d record size %d",
-			h.Name, h.Capacity, h.RecordSize, b.name, b.capacity, recordSize)
+	want := b.metaHeader()
+	if h.Version != want.Version {
+		return corruptf(path, 8, "row-metadata format version %d, but the spec's row_meta %q keeps version %d", h.Version, cmp.Or(b.spec.RowMetaLayout, RowMetaPerRow), want.Version)
 	}
-	b.hdr, b.recs = r.Bytes()[:headerSize], r.Bytes()[headerSize:]
-	return nil
+	if h.RecordSize != want.RecordSize || h.Capacity != uint64(b.capacity) || h.Name != b.name {
+		return corruptf(path, 0, "header describes buffer %q capacity %d record size %d, catalog says %q capacity %d record size %d",
+			h.Name, h.Capacity, h.RecordSize, b.name, b.capacity, want.RecordSize)
+	}
+	return b.mapRecords(r)
 }
 
 func equalInts(a, b []int) bool {
@@ -559,7 +614,10 @@ func (b *Buffer) unmap() error {
 	}
 	if b.meta != nil {
 		errs = append(errs, b.meta.Close())
-		b.meta, b.hdr, b.recs = nil, nil, nil
+		b.meta, b.hdr, b.recs, b.drecs = nil, nil, nil, nil
+	}
+	if b.rlog != nil {
+		errs = append(errs, b.rlog.close())
 	}
 	if b.cs != nil {
 		errs = append(errs, b.cs.closeFiles())

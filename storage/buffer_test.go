@@ -1,7 +1,6 @@
 package storage
 
 import (
-	"cmp"
 	"errors"
 	"slices"
 	"testing"
@@ -309,6 +308,7 @@ func TestCreateBufferSpecConflict(t *testing.T) {
 	bad := spec.Clone()
 	bad.Storage = KindCompressed
 	bad.Durability = DurabilityNone
+	bad.RowMetaLayout = ""
 	if _, _, err := s.CreateBuffer("x", bad); !errors.Is(err, ErrSpecConflict) {
 		t.Errorf("same name, compressed: got %v, want ErrSpecConflict", err)
 	}
@@ -346,17 +346,23 @@ func TestDeleteBuffer(t *testing.T) {
 // that layout.
 func TestMemoryRowGroup(t *testing.T) {
 	image := Field{Name: "pixels", DType: Uint8, Shape: []int{84, 84, 4}}
+	small := []string{"observation", "action", "next.reward", "next.done", "next.terminated", "next.truncated"}
 	cases := []struct {
 		name    string
 		kind    Kind
+		layout  RowMetaLayout
 		extra   []Field
 		grouped []string // fields in the group; the rest have their own column
-		pitch   int64
+		pitch   int64    // the group's row size
+		recs    int64    // bytes from one record to the next
 	}{
-		{"cartpole", KindMemory, nil, []string{"observation", "action", "next.reward", "next.done", "next.terminated", "next.truncated"}, 64}, // a 32-byte record and 31 bytes of fields, padded to a cache line
-		{"image stays a column", KindMemory, []Field{image}, []string{"observation", "action", "next.reward", "next.done", "next.terminated", "next.truncated"}, 64},
-		{"cartpole with run records", KindMemory, nil, []string{"observation", "action", "next.reward", "next.done", "next.terminated", "next.truncated"}, 48}, // a 16-byte record and 31 bytes of fields
-		{"memmap keeps columns", KindMemmap, nil, nil, 0},
+		{"cartpole", KindMemory, RowMetaPerRow, nil, small, 64, 64}, // a 32-byte record and 31 bytes of fields, padded to a cache line
+		{"image stays a column", KindMemory, RowMetaPerRow, []Field{image}, small, 64, 64},
+		{"cartpole with run records", KindMemory, RowMetaRuns, nil, small, 48, 48}, // a 16-byte record and 31 bytes of fields
+		{"memmap keeps columns", KindMemmap, RowMetaPerRow, nil, nil, 0, recordSize},
+		// Memory records beside rows.meta version 2: a region of records
+		// alone.
+		{"memmap with run records keeps columns", KindMemmap, RowMetaRuns, nil, nil, memRunRecordSize, memRunRecordSize},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -364,9 +370,7 @@ func TestMemoryRowGroup(t *testing.T) {
 			defer s.Close()
 			spec := testSpec(tc.kind, 50, true)
 			spec.Fields = append(spec.Fields, tc.extra...)
-			if tc.pitch == 48 {
-				spec.RowMetaLayout = RowMetaRuns
-			}
+			spec.RowMetaLayout = tc.layout
 			b := mustCreate(t, s, "b", spec)
 			for _, c := range b.cols {
 				want := int64(0)
@@ -377,11 +381,11 @@ func TestMemoryRowGroup(t *testing.T) {
 					t.Errorf("field %q: stride %d, want %d", c.name, c.stride, want)
 				}
 			}
-			if (b.group != nil) != (len(tc.grouped) > 0) {
-				t.Errorf("row group region %v, want one: %v", b.group != nil, len(tc.grouped) > 0)
+			if (b.group != nil) != (tc.pitch > 0) {
+				t.Errorf("row group region %v, want one: %v", b.group != nil, tc.pitch > 0)
 			}
-			if want := cmp.Or(tc.pitch, recordSize); b.recPitch != want {
-				t.Errorf("records %d bytes apart, want %d", b.recPitch, want)
+			if b.recPitch != tc.recs {
+				t.Errorf("records %d bytes apart, want %d", b.recPitch, tc.recs)
 			}
 			rows := make([]row, 60) // the ring wraps
 			for i := range rows {

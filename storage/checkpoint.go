@@ -77,7 +77,8 @@ type checkpointState struct {
 	maxPrio float64
 	holes   [][2]int64
 	trajN   int64
-	segs    []segCopy
+	segs    []segCopy // chunk segments (compressed buffers)
+	runSegs []segCopy // run segments (memmap buffers with row_meta "runs")
 }
 
 type segCopy struct {
@@ -126,12 +127,18 @@ func (b *Buffer) Checkpoint(ctx context.Context, dest string, opts *CheckpointOp
 	if b.cs != nil {
 		defer b.cs.unpin()
 	}
+	if b.rlog != nil {
+		defer b.rlog.unpin()
+	}
 	res = CheckpointResult{Buffer: b.name, Dir: dest, WriteCount: st.wc, FirstSeq: max(0, st.wc-b.capacity)}
 	cp := &rowCopier{ctx: ctx, b: b, st: st, progress: o.Progress}
 	if err := cp.run(bdir, &res); err != nil {
 		return res, err
 	}
-	if err := cp.copySegments(bdir, &res); err != nil {
+	if err := cp.copySegments(bdir, cp.st.segs, segName, &res); err != nil {
+		return res, err
+	}
+	if err := cp.copySegments(bdir, cp.st.runSegs, runSegName, &res); err != nil {
 		return res, err
 	}
 	if err := b.writeCheckpointCatalog(dest, st, cp.holes); err != nil {
@@ -186,6 +193,11 @@ func (b *Buffer) captureCheckpoint() checkpointState {
 		}
 		cs.segMu.Unlock()
 	}
+	if b.rlog != nil {
+		// Every piece of a row below wc was appended before the row was
+		// written, so it lies within these sizes.
+		st.runSegs = b.rlog.pin()
+	}
 	return st
 }
 
@@ -231,15 +243,15 @@ func (cp *rowCopier) run(bdir string, res *CheckpointResult) (retErr error) {
 		cp.files = append(cp.files, f)
 		cp.total += (res.WriteCount - res.FirstSeq) * int64(c.rowBytes)
 	}
-	hdr := metaHeader{Version: FormatVersion, RecordSize: recordSize, UID: b.uid, Capacity: uint64(b.capacity), Name: b.name}.encode()
+	hdr := b.metaHeader().encode()
 	putWatermark(hdr, res.WriteCount)
-	meta, err := createAllocated(metaFile(bdir), headerSize+b.capacity*recordSize, hdr)
+	meta, err := createAllocated(metaFile(bdir), headerSize+b.capacity*b.fileRecordSize(), hdr)
 	if err != nil {
 		return err
 	}
 	cp.files = append(cp.files, meta)
-	cp.total += (res.WriteCount - res.FirstSeq) * recordSize
-	for _, s := range cp.st.segs {
+	cp.total += (res.WriteCount - res.FirstSeq) * b.fileRecordSize()
+	for _, s := range slices.Concat(cp.st.segs, cp.st.runSegs) {
 		cp.total += s.size
 	}
 	// Newest first. Writers overwrite the oldest rows first, so the rows
@@ -323,8 +335,14 @@ func (cp *rowCopier) copyBlock(lo, hi int64) (kept, overwritten int64, err error
 			copyCol()
 		}
 	}
+	recordSize := b.fileRecordSize()
 	recs := make([]byte, 0, n*recordSize)
-	if b.compactRecords() {
+	switch {
+	case b.rlog != nil:
+		// Version 2 records as they are: the run segments copied with
+		// them hold their pieces.
+		recs = append(recs, b.drecs[s0*recordSize:(s0+n)*recordSize]...)
+	case b.compactRecords():
 		// A memory buffer's records are memory records: write them as
 		// file records (the stamp check below drops any caught
 		// mid-write; sealRecord adds the data checksum).
@@ -334,7 +352,7 @@ func (cp *rowCopier) copyBlock(lo, hi int64) (kept, overwritten int64, err error
 			b.memRecord(lo+i, &r)
 			encodeRecord(recs[i*recordSize:(i+1)*recordSize], &r)
 		}
-	} else {
+	default:
 		for slot := s0; slot < s0+n; slot++ {
 			recs = append(recs, b.rec(slot)...)
 		}
@@ -407,7 +425,7 @@ func (cp *rowCopier) addHoleRange(lo, hi int64) {
 
 // rowBytes is what one row takes in all the copied files.
 func (cp *rowCopier) rowBytes() int64 {
-	n := int64(recordSize)
+	n := cp.b.fileRecordSize()
 	for _, c := range cp.cols {
 		n += int64(c.rowBytes)
 	}
@@ -421,15 +439,15 @@ func (cp *rowCopier) advance(n int64) {
 	}
 }
 
-// copySegments copies the pinned segments of a compressed buffer up to the
-// sizes they had at the capture: every chunk record of the rows below the
+// copySegments copies pinned segments (of chunks or of runs) up to the
+// sizes they had at the capture: every record of the rows below the
 // checkpoint's seq, none after.
-func (cp *rowCopier) copySegments(bdir string, res *CheckpointResult) error {
-	for _, s := range cp.st.segs {
+func (cp *rowCopier) copySegments(bdir string, segs []segCopy, name func(uint64) string, res *CheckpointResult) error {
+	for _, s := range segs {
 		if err := cp.ctx.Err(); err != nil {
 			return err
 		}
-		path := filepath.Join(bdir, segName(s.no))
+		path := filepath.Join(bdir, name(s.no))
 		out, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 		if err != nil {
 			return err

@@ -46,8 +46,11 @@ const (
 
 func crcOf(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
-// segHeader is the first 64 bytes of a segment file.
+// segHeader is the first 64 bytes of a segment file: a chunk segment
+// (segMagic, FormatVersion) or a run segment (runSegMagic,
+// metaVersionRuns: runlog.go). The zero Magic means segMagic.
 type segHeader struct {
+	Magic   [8]byte
 	Version uint32
 	UID     uint64
 	Number  uint64
@@ -55,7 +58,10 @@ type segHeader struct {
 
 func (h segHeader) encode() []byte {
 	b := make([]byte, segHeaderSize)
-	copy(b, segMagic[:])
+	if h.Magic == ([8]byte{}) {
+		h.Magic = segMagic
+	}
+	copy(b, h.Magic[:])
 	le := binary.LittleEndian
 	le.PutUint32(b[8:], h.Version)
 	le.PutUint64(b[16:], h.UID)
@@ -64,21 +70,25 @@ func (h segHeader) encode() []byte {
 	return b
 }
 
-func decodeSegHeader(path string, b []byte) (segHeader, error) {
+// decodeSegHeader decodes the header of a segment of the family magic,
+// whose files this build writes at version (what names the family in
+// errors).
+func decodeSegHeader(path string, b []byte, magic [8]byte, version uint32, what string) (segHeader, error) {
 	var h segHeader
 	if len(b) < segHeaderSize {
-		return h, corruptf(path, 0, "segment shorter than its %d-byte header", segHeaderSize)
+		return h, corruptf(path, 0, "%s shorter than its %d-byte header", what, segHeaderSize)
 	}
-	if [8]byte(b[:8]) != segMagic {
-		return h, corruptf(path, 0, "not an rbd chunk segment (bad magic %q)", b[:8])
+	if [8]byte(b[:8]) != magic {
+		return h, corruptf(path, 0, "not an rbd %s (bad magic %q)", what, b[:8])
 	}
 	le := binary.LittleEndian
 	if got, want := le.Uint32(b[segHeaderCRCOff:]), crc32.Checksum(b[:segHeaderCRCOff], castagnoli); got != want {
-		return h, corruptf(path, segHeaderCRCOff, "segment header checksum %08x, computed %08x", got, want)
+		return h, corruptf(path, segHeaderCRCOff, "%s header checksum %08x, computed %08x", what, got, want)
 	}
+	h.Magic = magic
 	h.Version = le.Uint32(b[8:])
-	if h.Version != FormatVersion {
-		return h, fmt.Errorf("%s: segment format version %d, this build reads %d: %w", path, h.Version, FormatVersion, ErrVersionMismatch)
+	if h.Version != version {
+		return h, fmt.Errorf("%s: %s format version %d, this build reads %d: %w", path, what, h.Version, version, ErrVersionMismatch)
 	}
 	h.UID = le.Uint64(b[16:])
 	h.Number = le.Uint64(b[24:])

@@ -1030,7 +1030,7 @@ func (cs *chunkStore) load(writable bool) error {
 			f.Close()
 			return fmt.Errorf("read segment: %w", err)
 		}
-		h, err := decodeSegHeader(path, data)
+		h, err := decodeSegHeader(path, data, segMagic, FormatVersion, "chunk segment")
 		if err != nil {
 			f.Close()
 			if len(data) < segHeaderSize && no == nos[len(nos)-1] {

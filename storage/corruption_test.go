@@ -350,15 +350,17 @@ type corruptCase struct {
 	wantFile string
 	wantOff  int64
 	// Open accepts it: the rows lost are not served, and Verify reports
-	// them as problems of the damaged buffer.
-	lost []int64
+	// them as problems of the damaged buffer. lostIn, when set, finds
+	// them in the fixture.
+	lost   []int64
+	lostIn func(t testing.TB, p *pristineStore) []int64
 }
 
-func corruptCases() []corruptCase {
+func corruptCases(layout RowMetaLayout) []corruptCase {
 	const obs = "observation" // float32 [4]: 16-byte rows
 	obsCol := cvBufRel(cvBuf, "f.observation.col")
 	meta := cvBufRel(cvBuf, "rows.meta")
-	return []corruptCase{
+	cases := []corruptCase{
 		// Column files.
 		{name: "column truncated by 1 byte", corrupt: func(d *cvDir) { d.truncate(d.col(obs), d.size(d.col(obs))-1) },
 			wantErr: ErrCorrupt, wantFile: obsCol, wantOff: -1},
@@ -422,40 +424,12 @@ func corruptCases() []corruptCase {
 			wantErr: ErrCorrupt, wantFile: meta, wantOff: -1},
 		{name: "rows.meta magic", corrupt: func(d *cvDir) { d.xor(d.meta(), 0, 0xff) },
 			wantErr: ErrCorrupt, wantFile: meta, wantOff: 0},
-		{name: "rows.meta version bumped", corrupt: func(d *cvDir) { d.putU32(d.meta(), 8, FormatVersion+1, metaHeaderCRCOff) },
+		{name: "rows.meta version bumped", corrupt: func(d *cvDir) { d.putU32(d.meta(), 8, metaVersionRuns+1, metaHeaderCRCOff) },
 			wantErr: ErrVersionMismatch, wantFile: meta},
 		{name: "rows.meta header checksum byte flipped", corrupt: func(d *cvDir) { d.xor(d.meta(), metaHeaderCRCOff, 0x10) },
 			wantErr: ErrCorrupt, wantFile: meta, wantOff: metaHeaderCRCOff},
 		{name: "rows.meta copied from another buffer", corrupt: func(d *cvDir) { d.write(d.meta(), d.p.files[cvBufRel(cvOther, "rows.meta")]) },
 			wantErr: ErrCorrupt, wantFile: meta, wantOff: 16},
-		{name: "rows.meta record size differs", corrupt: func(d *cvDir) { d.putU32(d.meta(), 12, 32, metaHeaderCRCOff) },
-			wantErr: ErrCorrupt, wantFile: meta, wantOff: 0},
-		{name: "rows.meta capacity differs", corrupt: func(d *cvDir) { d.putU32(d.meta(), 24, cvCap*2, metaHeaderCRCOff) },
-			wantErr: ErrCorrupt, wantFile: meta, wantOff: 0},
-		{name: "record traj_id byte flipped", corrupt: func(d *cvDir) { d.xor(d.meta(), recOff(cvSeq)+recTraj, 0x02) },
-			lost: []int64{cvSeq}},
-		{name: "record flags byte flipped", corrupt: func(d *cvDir) { d.xor(d.meta(), recOff(cvDone)+recFlags, byte(flagDone)) },
-			lost: []int64{cvDone}},
-		{name: "record data checksum byte flipped", corrupt: func(d *cvDir) { d.xor(d.meta(), recOff(cvSeq)+recDataCRC+3, 0x40) },
-			lost: []int64{cvSeq}},
-		{name: "record checksum byte flipped", corrupt: func(d *cvDir) { d.xor(d.meta(), recOff(cvSeq)+recCRC, 0x01) },
-			lost: []int64{cvSeq}},
-		{name: "record seq is -1", corrupt: func(d *cvDir) {
-			b := d.read(d.meta())
-			binary.LittleEndian.PutUint64(b[recOff(cvSeq):], ^uint64(0))
-			d.write(d.meta(), b)
-		}, lost: []int64{cvSeq}},
-		// A writing marker, -(seq+2), carries no checksum. With the sign bit
-		// of seq 95 flipped, its record reads as the marker of seq
-		// 2^63-97, which is also in slot 31: one flipped bit must cost
-		// that row, not move the ring 2^63 rows ahead and drop all of them.
-		{name: "record seq sign bit flipped", corrupt: func(d *cvDir) { d.xor(d.meta(), recOff(cvSign)+7, 0x80) },
-			lost: []int64{cvSign}},
-		{name: "record moved to another slot", corrupt: func(d *cvDir) {
-			b := d.read(d.meta())
-			copy(b[recOff(cvSeq+1):recOff(cvSeq+1)+recordSize], b[recOff(cvSeq):recOff(cvSeq)+recordSize])
-			d.write(d.meta(), b)
-		}, wantErr: ErrCorrupt, wantFile: meta, wantOff: recOff(cvSeq + 1)},
 		// The watermark is what tells damage from a crash's torn tail: if it
 		// cannot be read, the damage below it must still be reported, not
 		// mistaken for unacknowledged rows.
@@ -508,12 +482,55 @@ func corruptCases() []corruptCase {
 			})
 		}, wantErr: ErrCorrupt, wantFile: obsCol, wantOff: 16},
 	}
+	if layout == RowMetaRuns {
+		return append(cases, runMetaCases()...)
+	}
+	return append(cases, rowMetaCases()...)
 }
 
-// cvBuild writes the corruption fixture: two buffers of the same spec.
-func cvBuild(compact bool) func(t testing.TB, s *Store) {
+// rowMetaCases damage rows.meta records of format version 1.
+func rowMetaCases() []corruptCase {
+	meta := cvBufRel(cvBuf, "rows.meta")
+	return []corruptCase{
+		{name: "rows.meta says version 2", corrupt: func(d *cvDir) { d.putU32(d.meta(), 8, metaVersionRuns, metaHeaderCRCOff) },
+			wantErr: ErrCorrupt, wantFile: meta, wantOff: 8},
+		{name: "rows.meta record size differs", corrupt: func(d *cvDir) { d.putU32(d.meta(), 12, 32, metaHeaderCRCOff) },
+			wantErr: ErrCorrupt, wantFile: meta, wantOff: 0},
+		{name: "rows.meta capacity differs", corrupt: func(d *cvDir) { d.putU32(d.meta(), 24, cvCap*2, metaHeaderCRCOff) },
+			wantErr: ErrCorrupt, wantFile: meta, wantOff: 0},
+		{name: "record traj_id byte flipped", corrupt: func(d *cvDir) { d.xor(d.meta(), recOff(cvSeq)+recTraj, 0x02) },
+			lost: []int64{cvSeq}},
+		{name: "record flags byte flipped", corrupt: func(d *cvDir) { d.xor(d.meta(), recOff(cvDone)+recFlags, byte(flagDone)) },
+			lost: []int64{cvDone}},
+		{name: "record data checksum byte flipped", corrupt: func(d *cvDir) { d.xor(d.meta(), recOff(cvSeq)+recDataCRC+3, 0x40) },
+			lost: []int64{cvSeq}},
+		{name: "record checksum byte flipped", corrupt: func(d *cvDir) { d.xor(d.meta(), recOff(cvSeq)+recCRC, 0x01) },
+			lost: []int64{cvSeq}},
+		{name: "record seq is -1", corrupt: func(d *cvDir) {
+			b := d.read(d.meta())
+			binary.LittleEndian.PutUint64(b[recOff(cvSeq):], ^uint64(0))
+			d.write(d.meta(), b)
+		}, lost: []int64{cvSeq}},
+		// A writing marker, -(seq+2), carries no checksum. With the sign bit
+		// of seq 95 flipped, its record reads as the marker of seq
+		// 2^63-97, which is also in slot 31: one flipped bit must cost
+		// that row, not move the ring 2^63 rows ahead and drop all of them.
+		{name: "record seq sign bit flipped", corrupt: func(d *cvDir) { d.xor(d.meta(), recOff(cvSign)+7, 0x80) },
+			lost: []int64{cvSign}},
+		{name: "record moved to another slot", corrupt: func(d *cvDir) {
+			b := d.read(d.meta())
+			copy(b[recOff(cvSeq+1):recOff(cvSeq+1)+recordSize], b[recOff(cvSeq):recOff(cvSeq)+recordSize])
+			d.write(d.meta(), b)
+		}, wantErr: ErrCorrupt, wantFile: meta, wantOff: recOff(cvSeq + 1)},
+	}
+}
+
+// cvBuild writes the corruption fixture: two buffers of the same spec,
+// with the row metadata layout given (rows.meta format version 1 or 2).
+func cvBuild(compact bool, layout RowMetaLayout) func(t testing.TB, s *Store) {
 	return func(t testing.TB, s *Store) {
 		spec := testSpec(KindMemmap, cvCap, compact)
+		spec.RowMetaLayout = layout
 		if compact {
 			spec.Priority = &PriorityOptions{Alpha: 0.6, Eps: 1e-6} // adds priority.col
 		}
@@ -530,17 +547,26 @@ func cvBuild(compact bool) func(t testing.TB, s *Store) {
 }
 
 func TestCorruptionTable(t *testing.T) {
+	for _, layout := range []RowMetaLayout{RowMetaPerRow, RowMetaRuns} {
+		t.Run("row_meta="+string(layout), func(t *testing.T) { testCorruptionTable(t, layout) })
+	}
+}
+
+func testCorruptionTable(t *testing.T, layout RowMetaLayout) {
 	for _, compact := range []bool{false, true} {
-		p := pristine(t, fmt.Sprintf("corrupt/compact=%v", compact), cvBuild(compact))
+		p := pristine(t, fmt.Sprintf("corrupt/compact=%v/row_meta=%s", compact, layout), cvBuild(compact, layout))
 		if _, ok := p.rows[cvBuf][cvSeq]; !ok {
 			t.Fatalf("fixture: seq %d is not live", cvSeq)
 		}
 		if r, ok := p.rows[cvBuf][cvDone]; !ok || !r.meta.Done || r.meta.HasTail != compact {
 			t.Fatalf("fixture: seq %d is not a live done row: %+v", cvDone, r.meta)
 		}
-		for _, tc := range corruptCases() {
+		for _, tc := range corruptCases(layout) {
 			if tc.compact && !compact {
 				continue
+			}
+			if tc.lostIn != nil {
+				tc.lost = tc.lostIn(t, p)
 			}
 			t.Run(fmt.Sprintf("compact=%v/%s", compact, tc.name), func(t *testing.T) {
 				t.Parallel()
@@ -565,7 +591,7 @@ func TestCorruptionTable(t *testing.T) {
 // trajectories, and they must still continue once the damage is repaired
 // (say, the file restored from a backup).
 func TestCorruptRefusedOpenLeavesOtherBuffersAlone(t *testing.T) {
-	p := pristine(t, "corrupt/compact=false", cvBuild(false))
+	p := pristine(t, "corrupt/compact=false/row_meta=row", cvBuild(false, RowMetaPerRow))
 	d := &cvDir{t: t, dir: t.TempDir(), p: p}
 	writeTree(t, d.dir, p.files)
 	other := cvBufRel(cvOther, "rows.meta")
@@ -614,7 +640,7 @@ func TestCorruptCatalogPageNoCrash(t *testing.T) {
 		openInChild(dir)
 		return
 	}
-	p := pristine(t, "corrupt/compact=false", cvBuild(false))
+	p := pristine(t, "corrupt/compact=false/row_meta=row", cvBuild(false, RowMetaPerRow))
 	// A small bucket is stored inline, in its parent's leaf, right after
 	// its key: an 8-byte root page id (0 = inline), an 8-byte sequence,
 	// then the inline page (16-byte header, 16-byte element headers).
@@ -884,4 +910,109 @@ func diffMaps(want, got map[string]string) string {
 		}
 	}
 	return sb.String()
+}
+
+// runMetaCases damage rows.meta records of format version 2 and the run
+// log (row_meta "runs").
+func runMetaCases() []corruptCase {
+	meta := cvBufRel(cvBuf, "rows.meta")
+	seg := cvBufRel(cvBuf, runSegName(1))
+	rec := func(seq int64) int64 { return headerSize + seq%cvCap*fileRunRecordSize }
+	return []corruptCase{
+		{name: "rows.meta says version 1", corrupt: func(d *cvDir) { d.putU32(d.meta(), 8, FormatVersion, metaHeaderCRCOff) },
+			wantErr: ErrCorrupt, wantFile: meta, wantOff: 8},
+		{name: "rows.meta record size differs", corrupt: func(d *cvDir) { d.putU32(d.meta(), 12, recordSize, metaHeaderCRCOff) },
+			wantErr: ErrCorrupt, wantFile: meta, wantOff: 0},
+		{name: "record seq byte flipped", corrupt: func(d *cvDir) { d.xor(d.meta(), rec(cvSeq)+frWord, 0x01) },
+			lost: []int64{cvSeq}},
+		{name: "record run delta byte flipped", corrupt: func(d *cvDir) { d.xor(d.meta(), rec(cvSeq)+frWord+6, 0x01) },
+			lost: []int64{cvSeq}},
+		{name: "record offset byte flipped", corrupt: func(d *cvDir) { d.xor(d.meta(), rec(cvSeq)+frOff, 0x01) },
+			lost: []int64{cvSeq}},
+		{name: "record distance byte flipped", corrupt: func(d *cvDir) { d.xor(d.meta(), rec(cvSeq)+frDist, 0x02) },
+			lost: []int64{cvSeq}},
+		{name: "record checksum byte flipped", corrupt: func(d *cvDir) { d.xor(d.meta(), rec(cvSeq)+frCRC+2, 0x10) },
+			lost: []int64{cvSeq}},
+		// The writing bit has no checksum of its own: set on a complete
+		// record it must cost that row, nothing more.
+		{name: "record writing bit set", corrupt: func(d *cvDir) { d.xor(d.meta(), rec(cvSeq)+frWord+5, 0x80) },
+			lost: []int64{cvSeq}},
+		// Bit 46 of the seq residue moves the seq 2^46 away, into the same
+		// slot (the capacity divides 2^46): it must cost that row, not
+		// move the ring 2^46 rows ahead.
+		{name: "record seq bit 46 flipped", corrupt: func(d *cvDir) { d.xor(d.meta(), rec(cvSign)+frWord+5, 0x40) },
+			lost: []int64{cvSign}},
+		{name: "record seq bit 46 and writing bit flipped", corrupt: func(d *cvDir) { d.xor(d.meta(), rec(cvSign)+frWord+5, 0xc0) },
+			lost: []int64{cvSign}},
+		// A version 1 record in the wrong slot refuses the open; a version
+		// 2 record's checksum covers the bytes of its own slot, so a
+		// moved one is a torn record there.
+		{name: "record moved to another slot", corrupt: func(d *cvDir) {
+			b := d.read(d.meta())
+			copy(b[rec(cvSeq+1):rec(cvSeq+1)+fileRunRecordSize], b[rec(cvSeq):rec(cvSeq)+fileRunRecordSize])
+			d.write(d.meta(), b)
+		}, lost: []int64{cvSeq + 1}},
+
+		// The run log.
+		{name: "run segment magic", corrupt: func(d *cvDir) { d.xor(seg, 1, 0x04) },
+			wantErr: ErrCorrupt, wantFile: seg, wantOff: 0},
+		{name: "run segment header checksum byte flipped", corrupt: func(d *cvDir) { d.xor(seg, segHeaderCRCOff, 0x01) },
+			wantErr: ErrCorrupt, wantFile: seg, wantOff: segHeaderCRCOff},
+		{name: "run segment version bumped", corrupt: func(d *cvDir) { d.putU32(seg, 8, metaVersionRuns+1, segHeaderCRCOff) },
+			wantErr: ErrVersionMismatch, wantFile: seg},
+		{name: "run segment copied from another buffer", corrupt: func(d *cvDir) { d.write(seg, d.p.files[cvBufRel(cvOther, runSegName(1))]) },
+			wantErr: ErrCorrupt, wantFile: seg, wantOff: 16},
+		{name: "run segment renumbered", corrupt: func(d *cvDir) {
+			d.write(cvBufRel(cvBuf, runSegName(7)), d.read(seg))
+			if err := os.Remove(d.abs(seg)); err != nil {
+				d.t.Fatal(err)
+			}
+		}, wantErr: ErrCorrupt, wantFile: cvBufRel(cvBuf, runSegName(7)), wantOff: 24},
+		// A damaged run record costs the rows of its piece, and only them.
+		{name: "run record byte flipped", corrupt: func(d *cvDir) {
+			off, _ := cvPiece(d.t, d.p.files[seg], func(p runPiece) bool { return cvSeq >= p.FirstSeq && cvSeq <= p.lastSeq() })
+			d.xor(seg, int64(off)+rlTraj, 0x01)
+		}, lostIn: func(t testing.TB, p *pristineStore) []int64 {
+			_, piece := cvPiece(t, p.files[seg], func(p runPiece) bool { return cvSeq >= p.FirstSeq && cvSeq <= p.lastSeq() })
+			return cvPieceRows(p, piece)
+		}},
+		// A crash cut the last append short (as "mid-runs" does): the
+		// rows of its pieces were never acknowledged, but here they are
+		// below the watermark, so they are damage.
+		{name: "run segment cut in its last record", corrupt: func(d *cvDir) { d.truncate(seg, d.size(seg)-runLogRecordSize/2) },
+			lostIn: func(t testing.TB, p *pristineStore) []int64 {
+				data := p.files[seg]
+				last, _ := decodeRunPiece(data[len(data)-runLogRecordSize:])
+				return cvPieceRows(p, last)
+			}},
+	}
+}
+
+// cvPiece returns the offset in a run segment of the first record that
+// match accepts, and the record.
+func cvPiece(t testing.TB, seg []byte, match func(runPiece) bool) (int, runPiece) {
+	t.Helper()
+	for off := segHeaderSize; off+runLogRecordSize <= len(seg); off += runLogRecordSize {
+		p, why := decodeRunPiece(seg[off : off+runLogRecordSize])
+		if why != "" {
+			t.Fatalf("fixture: run record at %d: %s", off, why)
+		}
+		if match(p) {
+			return off, p
+		}
+	}
+	t.Fatal("fixture: no such run record")
+	return 0, runPiece{}
+}
+
+// cvPieceRows lists the live rows of cvBuf in the fixture that piece holds.
+func cvPieceRows(p *pristineStore, piece runPiece) []int64 {
+	var out []int64
+	for seq, r := range p.rows[cvBuf] {
+		if r.meta.TrajID == piece.TrajID && seq >= piece.FirstSeq && seq <= piece.lastSeq() {
+			out = append(out, seq)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

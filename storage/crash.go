@@ -22,6 +22,9 @@ import (
 //	after-chunk    a chunk record is written, the rows' records not yet
 //	checkpoint-copy  a block of a hot checkpoint's rows is copied, the copy
 //	               not finished
+//	mid-runs       all but half of the last of an extend's run records are
+//	               written (memmap buffers with row_meta "runs")
+//	after-runs     an extend's run records are written, its rows not yet
 type crasher struct {
 	point string
 	left  atomic.Int64

@@ -59,6 +59,9 @@ func crashSpec(kind Kind, capacity int64, blob int, compact bool, dur Durability
 	if kind != KindMemory {
 		s.Durability = dur
 	}
+	if kind == KindMemmap {
+		s.RowMetaLayout = testMemmapRowMeta
+	}
 	return s
 }
 
@@ -68,6 +71,9 @@ func crashSpec(kind Kind, capacity int64, blob int, compact bool, dur Durability
 const (
 	crashFsync = "fs"
 	crashFlush = "fl"
+	// crashFsyncRuns is crashFsync with rows.meta format version 2 and a
+	// run log (row_meta "runs"), whatever RBD_TEST_MEMMAP_ROW_META says.
+	crashFsyncRuns = "rs"
 )
 
 func crashSpecFor(name string) Spec {
@@ -76,6 +82,10 @@ func crashSpecFor(name string) Spec {
 		return crashSpec(KindMemmap, 512, crashBlobBytes, true, DurabilityFsync)
 	case crashFlush:
 		return crashSpec(KindMemmap, 320, crashBlobBytes, false, DurabilityFlush)
+	case crashFsyncRuns:
+		s := crashSpec(KindMemmap, 448, crashBlobBytes, true, DurabilityFsync)
+		s.RowMetaLayout = RowMetaRuns
+		return s
 	}
 	panic("unknown crash buffer " + name)
 }
@@ -1060,7 +1070,7 @@ func TestCrashKillRandom(t *testing.T) {
 	}
 	dir := t.TempDir()
 	rng := rand.New(rand.NewPCG(7, 11))
-	m := newCrashModel(crashFsync, crashFlush)
+	m := newCrashModel(crashFsync, crashFlush, crashFsyncRuns)
 	inflight := 0
 	var failed []int
 	for r := 0; r < rounds; r++ {
@@ -1068,7 +1078,7 @@ func TestCrashKillRandom(t *testing.T) {
 		ok := t.Run(fmt.Sprintf("round%02d", r), func(t *testing.T) {
 			run := crashRunChild(t, crashChildCfg{
 				dir: dir, seed: uint64(r), tokenBase: int64(r+1) << 32,
-				bufs: []string{crashFsync, crashFlush}, intervalMS: 20, killAfter: delay,
+				bufs: []string{crashFsync, crashFlush, crashFsyncRuns}, intervalMS: 20, killAfter: delay,
 			})
 			inflight += len(run.begins) - len(run.acks)
 			m.absorb(t, r, run)
@@ -1082,15 +1092,16 @@ func TestCrashKillRandom(t *testing.T) {
 		}
 	}
 	m.writeAfter(t, dir, rounds)
-	t.Logf("%d rounds, %d rows acknowledged, %d extends in flight at the kills; write counts: fs %d, fl %d",
-		rounds, m.ackedRows, inflight, m.lastWC[crashFsync], m.lastWC[crashFlush])
+	t.Logf("%d rounds, %d rows acknowledged, %d extends in flight at the kills; write counts: fs %d, fl %d, rs %d",
+		rounds, m.ackedRows, inflight, m.lastWC[crashFsync], m.lastWC[crashFlush], m.lastWC[crashFsyncRuns])
 	if len(m.pushedOut) > 0 {
 		t.Logf("acknowledged rows that nothing overwrote but that left the window when the store skipped seqs on reopen: %v", m.pushedOut)
 	}
 	if len(failed) > 0 {
 		t.Errorf("%d of %d rounds failed %v; %d acknowledged rows lost in all", len(failed), rounds, failed, m.lostRows)
 	}
-	if m.lastWC[crashFsync] <= crashSpecFor(crashFsync).Capacity || m.lastWC[crashFlush] <= crashSpecFor(crashFlush).Capacity {
+	if m.lastWC[crashFsync] <= crashSpecFor(crashFsync).Capacity || m.lastWC[crashFlush] <= crashSpecFor(crashFlush).Capacity ||
+		m.lastWC[crashFsyncRuns] <= crashSpecFor(crashFsyncRuns).Capacity {
 		t.Errorf("the rings never wrapped (write counts %v): the test exercised too little", m.lastWC)
 	}
 }
@@ -1114,6 +1125,15 @@ func TestCrashPoints(t *testing.T) {
 		{"after-sync", crashFsync, 40},
 		{"before-commit", crashFlush, 1},
 		{"before-commit", crashFlush, 30},
+		// rows.meta version 2: a row's record, and the run records of an
+		// extend (torn or whole) written before any of its rows.
+		{"after-data", crashFsyncRuns, 700},
+		{"after-meta", crashFsyncRuns, 1},
+		{"after-meta", crashFsyncRuns, 700},
+		{"mid-runs", crashFsyncRuns, 1},
+		{"mid-runs", crashFsyncRuns, 30},
+		{"after-runs", crashFsyncRuns, 30},
+		{"after-sync", crashFsyncRuns, 40},
 	}
 	for i, tc := range cases {
 		t.Run(fmt.Sprintf("%s/%s/%d", tc.point, tc.buf, tc.after), func(t *testing.T) {
@@ -1133,7 +1153,7 @@ func TestCrashPoints(t *testing.T) {
 				t.Fatal("buffer missing after the crash")
 			}
 			wc, durable := st.info.WriteCount, st.info.Durable
-			fsync := tc.buf == crashFsync
+			fsync := crashSpecFor(tc.buf).Durability == DurabilityFsync
 			capacity := crashSpecFor(tc.buf).Capacity
 			// rowsPresent checks that seqs [from, to) of the in-flight
 			// extend e are live with its tokens.
@@ -1162,7 +1182,7 @@ func TestCrashPoints(t *testing.T) {
 				}
 			}
 			switch tc.point {
-			case "after-data", "after-meta", "before-sync", "after-sync":
+			case "after-data", "after-meta", "before-sync", "after-sync", "mid-runs", "after-runs":
 				if len(inflight) != 1 {
 					t.Fatalf("%d extends in flight at %s, want 1", len(inflight), tc.point)
 				}
@@ -1208,6 +1228,23 @@ func TestCrashPoints(t *testing.T) {
 				}
 				if durable != wantDurable {
 					t.Errorf("%s: durable watermark %d, want %d", tc.point, durable, wantDurable)
+				}
+			case "mid-runs", "after-runs":
+				// The extend's run records are in the log (half of the
+				// last one for mid-runs), none of its rows: nothing of it
+				// is live, and the ring has not moved.
+				if len(acks) != tc.after-1 {
+					t.Errorf("%s: %d extends acknowledged, want %d", tc.point, len(acks), tc.after-1)
+				}
+				e := inflight[0]
+				for seq := lastAck; seq < lastAck+int64(e.rows); seq++ {
+					if _, ok := st.live[seq]; ok {
+						t.Errorf("%s: row %d of the extend whose run records were being written is live", tc.point, seq)
+					}
+				}
+				windowFrom(lastAck)
+				if durable != lastAck {
+					t.Errorf("%s: durable watermark %d, want %d", tc.point, durable, lastAck)
 				}
 			case "before-commit":
 				// The N-th checkpoint follows the N-th acknowledged extend.

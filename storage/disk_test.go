@@ -223,6 +223,7 @@ func TestOpenReservesSparseFiles(t *testing.T) {
 	dir := testbin.MountTmpfs(t, 8<<20)
 	s := openStore(t, dir)
 	spec := testSpec(KindMemmap, 20000, true)
+	spec.RowMetaLayout = RowMetaPerRow // 64-byte records: a rows.meta of more than 1 MiB
 	b := mustCreate(t, s, "b", spec)
 	mustExtend(t, b, "s", makeBatch(spec, []row{{val: 1}, {val: 2, terminated: true, final: 3}}, true))
 	if err := s.Close(); err != nil {

@@ -148,8 +148,8 @@ func decodeMetaHeader(path string, b []byte) (metaHeader, error) {
 		return h, corruptf(path, metaHeaderCRCOff, "header checksum %08x, computed %08x", got, want)
 	}
 	h.Version = le.Uint32(b[8:])
-	if h.Version != FormatVersion {
-		return h, fmt.Errorf("%s: row-metadata format version %d, this build reads %d: %w", path, h.Version, FormatVersion, ErrVersionMismatch)
+	if h.Version != FormatVersion && h.Version != metaVersionRuns {
+		return h, fmt.Errorf("%s: row-metadata format version %d, this build reads %d and %d: %w", path, h.Version, FormatVersion, metaVersionRuns, ErrVersionMismatch)
 	}
 	h.RecordSize = le.Uint32(b[12:])
 	h.UID = le.Uint64(b[16:])

@@ -349,7 +349,7 @@ func TestGoldenFormatEncoding(t *testing.T) {
 			t.Errorf("chunk record %d does not decode to itself: %+v, %v", r.ID, back, err)
 		}
 	}
-	if h, err := decodeSegHeader("golden", seg); err != nil || h.Number != 3 || h.UID != uid {
+	if h, err := decodeSegHeader("golden", seg, segMagic, FormatVersion, "chunk segment"); err != nil || h.Number != 3 || h.UID != uid {
 		t.Errorf("segment header: %+v, %v", h, err)
 	}
 	got := sb.String()

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+	"os"
 	"testing"
 )
 
@@ -33,8 +34,17 @@ func testSpec(kind Kind, capacity int64, compact bool) Spec {
 	if kind != KindMemory {
 		s.Durability = DurabilityFlush
 	}
+	if kind == KindMemmap {
+		s.RowMetaLayout = testMemmapRowMeta
+	}
 	return s
 }
+
+// testMemmapRowMeta is the row_meta of testSpec's memmap buffers:
+// RBD_TEST_MEMMAP_ROW_META=runs runs every test of a memmap buffer made by
+// testSpec on rows.meta format version 2 and a run log (.ci/run does, after
+// the default run).
+var testMemmapRowMeta = RowMetaLayout(os.Getenv("RBD_TEST_MEMMAP_ROW_META"))
 
 var kinds = []Kind{KindMemory, KindMemmap, KindCompressed}
 

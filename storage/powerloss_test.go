@@ -9,6 +9,7 @@ package storage
 // the watermark is reported, never served.
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -40,13 +41,24 @@ func powerLossScramble(t *testing.T, dir, buf, variant string, rng *rand.Rand) (
 		t.Fatalf("%s: durable watermark block torn after kill -9", path)
 	}
 	capacity := int64(h.Capacity)
+	size, crcOff := int64(recordSize), recCRC
+	if h.Version == metaVersionRuns {
+		size, crcOff = fileRunRecordSize, frCRC
+		powerLossRuns(t, bdir, durable, variant, rng)
+	}
 	var slots []int64
 	for slot := int64(0); slot < capacity; slot++ {
-		rec := data[headerSize+slot*recordSize : headerSize+(slot+1)*recordSize]
+		rec := data[headerSize+slot*size : headerSize+(slot+1)*size]
 		if powerLossZero(rec) {
 			continue // never written
 		}
-		if r, ok := decodeRecord(rec); ok && r.Seq < durable {
+		if size == fileRunRecordSize {
+			// A complete record below the watermark (its checksum is
+			// recovery's business: nothing here damages those).
+			if w := binary.LittleEndian.Uint64(rec); w&frWriting == 0 && resolveSeq(w&seqResidueMask, durable) < durable {
+				continue
+			}
+		} else if r, ok := decodeRecord(rec); ok && r.Seq < durable {
 			continue // durable
 		}
 		slots = append(slots, slot)
@@ -56,7 +68,7 @@ func powerLossScramble(t *testing.T, dir, buf, variant string, rng *rand.Rand) (
 		case "zeros":
 			clear(rec)
 		case "crc":
-			rec[recCRC] ^= 0x10
+			rec[crcOff] ^= 0x10
 		default:
 			t.Fatalf("unknown variant %q", variant)
 		}
@@ -96,6 +108,42 @@ func powerLossScramble(t *testing.T, dir, buf, variant string, rng *rand.Rand) (
 	return durable, len(slots)
 }
 
+// powerLossRuns destroys the run records of the run log in bdir whose
+// pieces start at or above the durable watermark (appended after the last
+// sync, so a power loss may take them), as powerLossScramble destroys
+// records: pieces are written per extend, and a sync covers whole extends.
+func powerLossRuns(t *testing.T, bdir string, durable int64, variant string, rng *rand.Rand) {
+	t.Helper()
+	nos, err := runSegmentNumbers(bdir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, no := range nos {
+		path := filepath.Join(bdir, runSegName(no))
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for off := segHeaderSize; off+runLogRecordSize <= len(data); off += runLogRecordSize {
+			rec := data[off : off+runLogRecordSize]
+			if p, why := decodeRunPiece(rec); why != "" || p.FirstSeq < durable {
+				continue
+			}
+			switch variant {
+			case "random":
+				powerLossRandom(rng, rec)
+			case "zeros":
+				clear(rec)
+			case "crc":
+				rec[rlCRC] ^= 0x10
+			}
+		}
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func powerLossZero(b []byte) bool {
 	for _, c := range b {
 		if c != 0 {
@@ -126,26 +174,27 @@ func TestPowerLossAboveWatermark(t *testing.T) {
 		t.Run(variant, func(t *testing.T) {
 			dir := t.TempDir()
 			rng := rand.New(rand.NewPCG(uint64(vi), 99))
-			m := newCrashModel(crashFsync, crashFlush)
+			m := newCrashModel(crashFsync, crashFlush, crashFsyncRuns)
 			for r := 0; r < rounds; r++ {
 				delay := time.Duration(120+rng.IntN(250)) * time.Millisecond
 				run := crashRunChild(t, crashChildCfg{
 					dir: dir, seed: uint64(1000*vi + r), tokenBase: int64(vi*10+r+1) << 32,
-					bufs: []string{crashFsync, crashFlush}, intervalMS: 50, killAfter: delay,
+					bufs: []string{crashFsync, crashFlush, crashFsyncRuns}, intervalMS: 50, killAfter: delay,
 				})
 				m.absorb(t, r, run)
 				durable := map[string]int64{}
 				destroyed := map[string]int{}
-				for _, buf := range []string{crashFsync, crashFlush} {
+				for _, buf := range []string{crashFsync, crashFlush, crashFsyncRuns} {
 					durable[buf], destroyed[buf] = powerLossScramble(t, dir, buf, variant, rng)
 				}
-				if durable[crashFsync] < m.maxAckEnd[crashFsync] {
-					t.Errorf("round %d: fsync buffer's durable watermark on disk is %d, but rows up to %d were acknowledged",
-						r, durable[crashFsync], m.maxAckEnd[crashFsync]-1)
+				for _, buf := range []string{crashFsync, crashFsyncRuns} {
+					if durable[buf] < m.maxAckEnd[buf] {
+						t.Errorf("round %d: fsync buffer %q's durable watermark on disk is %d, but rows up to %d were acknowledged",
+							r, buf, durable[buf], m.maxAckEnd[buf]-1)
+					}
 				}
-				t.Logf("round %d: killed %v after ready; acknowledged up to fs %d, fl %d; watermarks fs %d, fl %d; destroyed slots fs %d, fl %d",
-					r, delay, m.maxAckEnd[crashFsync], m.maxAckEnd[crashFlush], durable[crashFsync], durable[crashFlush],
-					destroyed[crashFsync], destroyed[crashFlush])
+				t.Logf("round %d: killed %v after ready; acknowledged up to %v; watermarks %v; destroyed slots %v",
+					r, delay, m.maxAckEnd, durable, destroyed)
 				if destroyed[crashFlush] == 0 {
 					t.Logf("round %d: nothing above the flush buffer's watermark to destroy", r)
 				}
@@ -185,6 +234,9 @@ func TestPowerLossDamageBelowWatermark(t *testing.T) {
 			return target{powerLossColPath(bdir, "action"), colOff(61, 8, 0), 61}
 		}},
 		{"record", func(bdir string, _ []int64) target {
+			if spec.RowMetaLayout == RowMetaRuns {
+				return target{metaFile(bdir), headerSize + 77*fileRunRecordSize + frOff, 77}
+			}
 			return target{metaFile(bdir), headerSize + 77*recordSize + recStep, 77}
 		}},
 		{"tail", func(bdir string, done []int64) target {
@@ -290,58 +342,66 @@ func TestPowerLossDamageBelowWatermark(t *testing.T) {
 	}
 
 	// The same after a real kill: a byte of an acknowledged, durable row of
-	// the fsync buffer is flipped.
-	t.Run("killed-writer", func(t *testing.T) {
-		dir := t.TempDir()
-		m := newCrashModel(crashFsync, crashFlush)
-		run := crashRunChild(t, crashChildCfg{
-			dir: dir, seed: 5, tokenBase: 1 << 32, bufs: []string{crashFsync, crashFlush},
-			intervalMS: 20, killAfter: 200 * time.Millisecond,
-		})
-		m.absorb(t, 0, run)
-		wMax := run.start[crashFsync]
-		for _, e := range run.begins {
-			if e.buf == crashFsync {
-				wMax += int64(e.rows)
-			}
-		}
-		// The oldest acknowledged row nothing can have overwritten.
-		seq := int64(-1)
-		for s := range m.acked[crashFsync] {
-			if s >= wMax-spec.Capacity && (seq < 0 || s < seq) {
-				seq = s
-			}
-		}
-		if seq < 0 {
-			t.Fatal("nothing acknowledged in the fsync buffer")
-		}
-		powerLossFlip(t, powerLossColPath(bufferDir(dir, crashFsync), "observation"), colOff(seq, 16, 9))
-		rep, err := Verify(dir, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		found := false
-		for _, br := range rep.Buffers {
-			for _, p := range br.Problems {
-				found = found || (br.Name == crashFsync && strings.Contains(p, fmt.Sprintf("seq %d ", seq)))
-			}
-		}
-		if !found {
-			t.Errorf("verify does not report acknowledged seq %d with a flipped byte in buffer %q: %+v", seq, crashFsync, rep.Buffers)
-		}
-		s := openStore(t, dir)
-		defer s.Close()
-		b, err := s.Buffer(crashFsync)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cols := crashColumns(b)
-		dst := crashDst(cols, 1)
-		missing, err := b.Gather([]int64{seq}, cols, dst, make([]RowMeta, 1))
-		if err != nil || len(missing) != 1 {
-			t.Errorf("the damaged row %d is served (missing %v, %v)", seq, missing, err)
-		}
+	// an fsync buffer is flipped (rows.meta format version 1, then 2).
+	for _, fb := range []string{crashFsync, crashFsyncRuns} {
+		t.Run("killed-writer/"+fb, func(t *testing.T) { powerLossKilledWriter(t, fb) })
+	}
+}
+
+func powerLossKilledWriter(t *testing.T, fb string) {
+	spec := crashSpecFor(fb)
+	colOff := func(seq int64, rowBytes int, within int) int64 {
+		return headerSize + (seq%spec.Capacity)*int64(rowBytes) + int64(within)
+	}
+	dir := t.TempDir()
+	m := newCrashModel(fb, crashFlush)
+	run := crashRunChild(t, crashChildCfg{
+		dir: dir, seed: 5, tokenBase: 1 << 32, bufs: []string{fb, crashFlush},
+		intervalMS: 20, killAfter: 200 * time.Millisecond,
 	})
+	m.absorb(t, 0, run)
+	wMax := run.start[fb]
+	for _, e := range run.begins {
+		if e.buf == fb {
+			wMax += int64(e.rows)
+		}
+	}
+	// The oldest acknowledged row nothing can have overwritten.
+	seq := int64(-1)
+	for s := range m.acked[fb] {
+		if s >= wMax-spec.Capacity && (seq < 0 || s < seq) {
+			seq = s
+		}
+	}
+	if seq < 0 {
+		t.Fatal("nothing acknowledged in the fsync buffer")
+	}
+	powerLossFlip(t, powerLossColPath(bufferDir(dir, fb), "observation"), colOff(seq, 16, 9))
+	rep, err := Verify(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, br := range rep.Buffers {
+		for _, p := range br.Problems {
+			found = found || (br.Name == fb && strings.Contains(p, fmt.Sprintf("seq %d ", seq)))
+		}
+	}
+	if !found {
+		t.Errorf("verify does not report acknowledged seq %d with a flipped byte in buffer %q: %+v", seq, fb, rep.Buffers)
+	}
+	s := openStore(t, dir)
+	defer s.Close()
+	b, err := s.Buffer(fb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cols := crashColumns(b)
+	dst := crashDst(cols, 1)
+	missing, err := b.Gather([]int64{seq}, cols, dst, make([]RowMeta, 1))
+	if err != nil || len(missing) != 1 {
+		t.Errorf("the damaged row %d is served (missing %v, %v)", seq, missing, err)
+	}
 }
 
 // File names inside a buffer dir, as docs/format.md gives them.

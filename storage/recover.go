@@ -32,7 +32,8 @@ import (
 func (b *Buffer) scanRecords(reserved int64, fn func(slot int64, rec []byte) error) error {
 	const block = 1 << 20
 	buf := make([]byte, block)
-	perBlock := int64(block / recordSize)
+	recordSize := b.fileRecordSize()
+	perBlock := block / recordSize
 	for slot := int64(0); slot < b.capacity; {
 		off := headerSize + slot*recordSize
 		if next := b.meta.NextData(off); next > off {
@@ -79,8 +80,18 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		durable = st.WriteCount
 		b.damage = append(b.damage, fmt.Sprintf("durable watermark block of %s is torn; using the last checkpoint's write count %d", metaFile(b.dir), durable))
 	}
+	var runs *loadedRuns
+	if b.rlog != nil {
+		if runs, err = b.rlog.load(!b.store.readOnly); err != nil {
+			return -1, err
+		}
+	}
 	maxSeq := int64(-1)
 	err = b.scanRecords(st.SeqReserved, func(slot int64, rec []byte) error {
+		if runs != nil {
+			maxSeq = b.scanFileRun(slot, rec, st.SeqReserved, maxSeq, runs)
+			return nil
+		}
 		r, ok := decodeRecord(rec)
 		if !ok {
 			// A write cut short still moved the ring: its seq counts,
@@ -120,7 +131,14 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		// overwriting when power was lost are let go, as that write would
 		// have.
 		for s := max(0, wc-capacity); s < wc && s+capacity < st.SeqReserved; s++ {
-			if r, ok := decodeRecord(b.rec(s % capacity)); ok && r.Seq == s {
+			if runs != nil {
+				// The seq word alone, as a version 1 record's own
+				// checksum: a slot no writer reached still names s (a
+				// row damaged there is reported, not let go).
+				if w := binary.LittleEndian.Uint64(b.drecs[(s%capacity)*fileRunRecordSize:]); w&frWriting == 0 && w&seqResidueMask == uint64(s)&seqResidueMask {
+					break
+				}
+			} else if r, ok := decodeRecord(b.rec(s % capacity)); ok && r.Seq == s {
 				break
 			}
 			wc = s + capacity + 1
@@ -170,7 +188,16 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 	liveWait := time.Second         // see the reads again below
 	for seq := lo; seq < wc; seq++ {
 		slot := seq % capacity
-		r, ok := decodeRecord(b.rec(slot))
+		var why string
+		read := func() (record, bool) {
+			if runs != nil {
+				var r record
+				r, why = b.fileRunAt(slot, seq, runs)
+				return r, why == ""
+			}
+			return decodeRecord(b.rec(slot))
+		}
+		r, ok := read()
 		// Next to a running writer a record can be caught mid-write: read
 		// it again before judging it, as the watermark above. Real damage
 		// reads the same every time and is still reported. Five quick
@@ -188,19 +215,26 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 				liveWait -= pause
 			}
 			time.Sleep(pause)
-			r, ok = decodeRecord(b.rec(slot))
+			r, ok = read()
 		}
-		if !ok || r.Seq != seq {
+		switch {
+		case runs != nil && !ok:
+			lost(seq, why)
+			continue
+		case runs != nil:
+			// fileRunAt checked the flags and the checksum of the row's
+			// bytes and record together.
+		case !ok || r.Seq != seq:
 			lost(seq, "record missing or torn")
 			continue
-		}
-		if r.Flags&^knownFlags != 0 {
+		case r.Flags&^knownFlags != 0:
 			lost(seq, fmt.Sprintf("unknown flags %#x", r.Flags))
 			continue
-		}
-		if got := b.dataCRC(slot, r.Flags); got != r.DataCRC {
-			lost(seq, fmt.Sprintf("data checksum %08x, record says %08x", got, r.DataCRC))
-			continue
+		default:
+			if got := b.dataCRC(slot, r.Flags); got != r.DataCRC {
+				lost(seq, fmt.Sprintf("data checksum %08x, record says %08x", got, r.DataCRC))
+				continue
+			}
 		}
 		if b.cs != nil {
 			if why := b.cs.accept(seq, slot, r.TrajID, r.Step, r.Flags&flagHasTail != 0); why != "" {
@@ -237,6 +271,12 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		}
 		if r.Flags&flagDone == 0 {
 			ok2[seq] = accepted{r.TrajID, r.Step}
+		}
+		if runs != nil {
+			// Oldest first, so runs continue as when the rows were
+			// written.
+			r.Seq = seq
+			b.putMemRecord(slot, &r)
 		}
 		b.stamps.Store(slot, seq)
 		maxTraj = max(maxTraj, r.TrajID)
@@ -297,6 +337,20 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		}
 		b.cs.finishLoad(continued)
 	}
+	if runs != nil {
+		if len(runs.notes) > 0 {
+			b.log.Warn("run records skipped", "count", len(runs.notes), "first", runs.notes[0])
+			if len(b.damage) > 0 {
+				b.damage = append(slices.Clip(runs.notes), b.damage...)
+			}
+		}
+		if !b.store.readOnly {
+			// Segments whose pieces all left the window are garbage.
+			if err := b.rlog.collect(lo); err != nil {
+				return -1, err
+			}
+		}
+	}
 	b.ix.settle()
 	for _, t := range b.ix.list {
 		// Next to a running server the writer has not stopped: its open
@@ -352,6 +406,10 @@ func (b *Buffer) overwrittenMeanwhile(seq int64) bool {
 	// One read of the seq field: a writer stores the marker there first
 	// and the new seq last, so reading it twice (once to decode, once for
 	// the marker) could see a marker and then a finished seq and miss both.
+	if b.rlog != nil {
+		w := binary.LittleEndian.Uint64(b.drecs[(seq%b.capacity)*fileRunRecordSize:])
+		return resolveSeq(w&seqResidueMask, seq) > seq
+	}
 	if b.compactRecords() {
 		return b.stamps.Load(seq%b.capacity) > seq
 	}
@@ -389,4 +447,72 @@ func mergeRanges(rs [][2]int64) [][2]int64 {
 		out = append(out, r)
 	}
 	return out
+}
+
+// scanFileRun is recover's first pass over one version 2 record (a copy in
+// rec, of slot): it returns maxSeq raised to the record's seq when the
+// record is a complete row of its slot (its piece found, its checksum
+// holding) or a writing marker of its slot below the reservation. Only
+// records that would raise maxSeq are checked: the rest of the ring costs
+// a read of its seq word here (every row is checked in the second pass).
+func (b *Buffer) scanFileRun(slot int64, rec []byte, reserved, maxSeq int64, runs *loadedRuns) int64 {
+	w := binary.LittleEndian.Uint64(rec[frWord:])
+	seq := resolveSeq(w&seqResidueMask, reserved)
+	if seq < 0 || seq%b.capacity != slot || seq <= maxSeq {
+		return maxSeq
+	}
+	if w&frWriting != 0 {
+		// The marker has no checksum of its own: trust it only for a
+		// seq the writer could have had.
+		if seq < reserved {
+			return seq
+		}
+		return maxSeq
+	}
+	if _, why := b.fileRunAt(slot, seq, runs); why == "" {
+		return seq
+	}
+	return maxSeq
+}
+
+// fileRunAt decodes and checks the version 2 record of slot as the row of
+// seq and returns the record it stands for, or why it is not one: the
+// record must name seq (no writing marker), its piece must be in the run
+// log and hold it where the record says, and the checksum over the row's
+// bytes and the record must hold. One copy of the 16 bytes is read, as
+// decodeRecord does, so that a record caught mid-write fails as a whole.
+func (b *Buffer) fileRunAt(slot, seq int64, runs *loadedRuns) (record, string) {
+	var c [fileRunRecordSize]byte
+	copy(c[:], b.drecs[slot*fileRunRecordSize:])
+	le := binary.LittleEndian
+	w := le.Uint64(c[frWord:])
+	if w&frWriting != 0 || w&seqResidueMask != uint64(seq)&seqResidueMask {
+		return record{}, "record missing or torn"
+	}
+	delta, off, dist := uint16(w>>frDeltaShift), le.Uint16(c[frOff:]), le.Uint16(c[frDist:])
+	first := seq - int64(delta)
+	p, ok := runs.pieces[first]
+	if !ok {
+		return record{}, fmt.Sprintf("no run record for its piece (first seq %d)", first)
+	}
+	last := off == p.Rows-1
+	if off >= p.Rows || delta > p.Span || (off == 0) != (delta == 0) || last != (delta == p.Span) ||
+		off > delta || (off > 0 && (dist == 0 || dist > delta)) {
+		return record{}, fmt.Sprintf("record places it at offset %d, %d seqs into its piece (distance back %d), which has %d rows over %d seqs",
+			off, delta, dist, p.Rows, int(p.Span)+1)
+	}
+	var flags uint32
+	if last {
+		flags = uint32(p.Flags)
+	}
+	crc := crc32.Update(b.dataCRC(slot, flags), castagnoli, c[frWord:frWord+8])
+	crc = crc32.Update(crc, castagnoli, c[frOff:])
+	if want := le.Uint32(c[frCRC:]); crc != want {
+		return record{}, fmt.Sprintf("checksum %08x, record says %08x", crc, want)
+	}
+	r := record{Seq: seq, TrajID: p.TrajID, Step: p.FirstStep + int64(off), PrevSeq: p.PrevSeq, Env: p.Env, Flags: flags, PolicyVersion: p.PolicyVersion}
+	if off > 0 {
+		r.PrevSeq = seq - int64(dist)
+	}
+	return r, ""
 }

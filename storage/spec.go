@@ -48,21 +48,25 @@ const (
 	DurabilityFsync Durability = "fsync"
 )
 
-// RowMetaLayout says how a memory buffer keeps its rows' metadata (traj_id, step,
-// prev_seq, env, policy_version, flags).
+// RowMetaLayout says how a memory or memmap buffer keeps its rows' metadata
+// (traj_id, step, prev_seq, env, policy_version, flags).
 type RowMetaLayout string
 
 // The row metadata layouts. The strings are part of the HTTP contract.
 const (
 	// RowMetaPerRow, the default, keeps every row's metadata in a 32-byte
-	// record in the row's line: the fastest samples.
+	// record in the row's line (memory buffers; the fastest samples) or a
+	// 64-byte file record (memmap and compressed buffers, rows.meta
+	// format version 1).
 	RowMetaPerRow RowMetaLayout = "row"
 	// RowMetaRuns keeps a 16-byte record per row and what the consecutive
-	// rows of a trajectory share in one run record: about 15 bytes a row
-	// less for small rows (a compact CartPole row group 48 bytes, not 64),
-	// and a second cache line per sampled row (256-row samples 5-15%
-	// slower at 10^5 rows, 12-35% at 10^7; extends 5-10% slower;
-	// docs/performance.md). Memory buffers only.
+	// rows of a trajectory share in one run record. In memory: about 15
+	// bytes a row less for small rows (a compact CartPole row group 48
+	// bytes, not 64), and a second cache line per sampled row (256-row
+	// samples 5-15% slower at 10^5 rows, 12-35% at 10^7; extends 5-10%
+	// slower; docs/performance.md). In a memmap buffer: rows.meta in
+	// format version 2 (16 bytes a slot, not 64) and a run log, with
+	// 16-byte memory records for readers. Not for compressed buffers.
 	RowMetaRuns RowMetaLayout = "runs"
 )
 
@@ -224,8 +228,8 @@ type Spec struct {
 	Priority    *PriorityOptions
 	Durability  Durability
 	Compression *CompressionOptions
-	// RowMetaLayout is a memory buffer's row metadata layout ("row_meta";
-	// "" is RowMetaPerRow).
+	// RowMetaLayout is a memory or memmap buffer's row metadata layout
+	// ("row_meta"; "" is RowMetaPerRow).
 	RowMetaLayout RowMetaLayout
 	// RateLimit is the buffer's flow control (nil: none). It can change
 	// while the buffer is open (Buffer.SetRateLimit), so Equal ignores it:
@@ -553,8 +557,8 @@ func (v *specValidator) validate(s Spec) {
 	switch s.RowMetaLayout {
 	case "", RowMetaPerRow:
 	case RowMetaRuns:
-		if s.Storage != KindMemory {
-			v.add("row_meta", "row_meta %q applies to memory buffers; %s buffers keep 64-byte row records", s.RowMetaLayout, s.Storage)
+		if s.Storage == KindCompressed {
+			v.add("row_meta", "row_meta %q applies to memory and memmap buffers; %s buffers keep 64-byte row records", s.RowMetaLayout, s.Storage)
 		}
 	default:
 		v.add("row_meta", "unknown row_meta %q; want %s or %s", s.RowMetaLayout, RowMetaPerRow, RowMetaRuns)

@@ -74,6 +74,10 @@ func (b *Buffer) syncFiles(goal int64) (err error) {
 		sealed = b.cs.sealed.Load()
 		errs = append(errs, b.cs.syncSegments())
 	}
+	if b.rlog != nil {
+		// Run records before row records, as chunks.
+		errs = append(errs, b.rlog.sync())
+	}
 	for _, c := range b.allColumns() {
 		errs = append(errs, c.region.Sync())
 	}
@@ -90,6 +94,12 @@ func (b *Buffer) syncFiles(goal int64) (err error) {
 			return fmt.Errorf("write the durable watermark: %w", err)
 		}
 		if err := b.meta.SyncRange(0, headerSize); err != nil {
+			return err
+		}
+	}
+	if b.rlog != nil {
+		// Rows below goal-capacity are now durably overwritten.
+		if err := b.rlog.collect(goal - b.capacity); err != nil {
 			return err
 		}
 	}

@@ -357,6 +357,15 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 		}
 	}
 
+	// A run log's pieces go to disk before any row names them, as
+	// chunks do; nothing has changed yet if this fails either.
+	if b.rlog != nil {
+		b.rlog.plan(recs[written-first:], written)
+		if err := b.rlog.appendPlanned(b.runKeepFrom()); err != nil {
+			return ExtendResult{}, err
+		}
+	}
+
 	// Rows this extend overwrites leave the index before their slots are
 	// touched, so samplers stop choosing them; a reader already copying one
 	// sees its stamp change and drops it.
@@ -495,14 +504,23 @@ func (p *plan) envAt(r int) int64 {
 // it after a crash, and readers judge a row by its stamp.)
 func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 	compact := b.compactRecords()
-	var rb []byte
+	var rb, drec []byte
 	if !compact {
 		rb = b.rec(slot)
+	}
+	var pr pieceRow
+	if b.rlog != nil {
+		drec = b.drecs[slot*fileRunRecordSize : (slot+1)*fileRunRecordSize]
+		pr = b.rlog.rows[rec.Seq-b.rlog.first]
 	}
 	le := binary.LittleEndian
 	// Swap, not Store: a full barrier, so on weakly ordered CPUs the row's
 	// plain stores below cannot become visible before the stamp is void.
 	b.stamps.Swap(slot, -1)
+	if drec != nil {
+		// As the file record's marker below.
+		le.PutUint64(drec[frWord:], fileRunWord(rec.Seq, pr.delta)|frWriting)
+	}
 	if !compact {
 		// Mark the slot as being written with this seq: after a crash
 		// here, recovery knows the ring had moved this far, so the row
@@ -558,6 +576,9 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 	b.store.crash.at("after-data")
 	if compact {
 		b.putMemRecord(slot, rec)
+		if drec != nil {
+			putFileRunRecord(drec, rec.Seq, pr, crc)
+		}
 		b.stamps.Store(slot, rec.Seq)
 		b.store.crash.at("after-meta")
 		return
@@ -571,6 +592,34 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 	le.PutUint64(rb[recSeq:], uint64(rec.Seq))
 	b.stamps.Store(slot, rec.Seq)
 	b.store.crash.at("after-meta")
+}
+
+// putFileRunRecord completes the version 2 file record of seq (its writing
+// marker stored) whose field and tail bytes have checksum dataCRC: the
+// checksum and the piece's offset and distance first, the seq word, which
+// clears the marker, last.
+func putFileRunRecord(drec []byte, seq int64, pr pieceRow, dataCRC uint32) {
+	le := binary.LittleEndian
+	var tail [12]byte // bytes [0, 8) and [12, 16) of the record, as the checksum covers them
+	w := fileRunWord(seq, pr.delta)
+	le.PutUint64(tail[0:], w)
+	le.PutUint16(tail[8:], pr.off)
+	le.PutUint16(tail[10:], pr.dist)
+	le.PutUint16(drec[frOff:], pr.off)
+	le.PutUint16(drec[frDist:], pr.dist)
+	le.PutUint32(drec[frCRC:], crc32.Update(dataCRC, castagnoli, tail[:]))
+	le.PutUint64(drec[frWord:], w)
+}
+
+// runKeepFrom is the seq below which no row of the buffer can come back
+// after a crash (runLog.collectLocked): the window's start as of the last
+// sync for fsync buffers, the current one for the others.
+func (b *Buffer) runKeepFrom() int64 {
+	wc := b.writeCount.Load()
+	if b.spec.Durability == DurabilityFsync {
+		wc = min(wc, b.Durable())
+	}
+	return wc - b.capacity
 }
 
 // crcScratchSize bounds the field bytes a row stages for its checksum at

@@ -1,0 +1,537 @@
+package storage
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// A memmap buffer with row_meta "runs" keeps rows.meta in format version 2
+// (docs/format.md): a 16-byte record per slot that names its row's run
+// piece, and the pieces in a run log of append-only segment files
+// (runs.NNNNNNNN.rbdr). A piece is what one extend wrote of one trajectory:
+// consecutive steps of one env and policy version, at most 65,535 seqs
+// from its first row to its last, ended by a flagged row (done, truncated,
+// a final observation). Its record holds what its rows share (traj_id,
+// first step, the first row's prev_seq, env, version, the last row's
+// flags) and is keyed by its first row's seq; a row's record holds
+// seq - first_seq, its offset in the piece and its distance back to the
+// row before it. Pieces are written once, before their rows, and die in
+// the order they were written, so segments are deleted whole once every
+// piece in them has left the window: there is no compaction and no
+// rewrite.
+//
+// Readers never read this: they read the buffer's memory records (the
+// memory buffers' runs layout, memruns.go), which recovery rebuilds from
+// the files. The run log exists for crash recovery, verify and
+// checkpoints.
+
+const (
+	// metaVersionRuns is the rows.meta format version of a memmap buffer
+	// with row_meta "runs". Column files stay at FormatVersion.
+	metaVersionRuns uint32 = 2
+	// fileRunRecordSize is a version 2 row record.
+	fileRunRecordSize = 16
+
+	frWord = 0  // u64: seq residue, writing bit, run delta (below)
+	frCRC  = 8  // u32 CRC-32C: field bytes, tail bytes, then bytes [0,8) and [12,16)
+	frOff  = 12 // u16 the row's offset in its piece
+	frDist = 14 // u16 seq - prev_seq when the offset is not 0, else 0
+
+	// A row's seq is stored modulo 2^47: a ring holds at most 2^40 rows,
+	// so the seqs a slot can hold are resolved without doubt against the
+	// seq reservation (resolveSeq), and the word keeps 16 bits for the
+	// run delta and one for the writing marker.
+	seqResidueBits = 47
+	seqResidueMask = 1<<seqResidueBits - 1
+	frWriting      = 1 << seqResidueBits
+	frDeltaShift   = 48
+
+	runLogRecordSize = 64
+	rlFirstSeq       = 0  // i64 seq of the piece's first row (the key)
+	rlTraj           = 8  // i64 traj_id
+	rlStep           = 16 // i64 step of the first row
+	rlPrev           = 24 // i64 prev_seq of the first row, -1 at a trajectory's start
+	rlEnv            = 32 // i64 env
+	rlVersion        = 40 // i64 policy_version
+	rlSpan           = 48 // u16 last row's seq - first_seq
+	rlRows           = 50 // u16 rows in the piece, 1..65535
+	rlFlags          = 52 // u8 flags of the last row
+	rlCRC            = 60 // u32 CRC-32C of bytes [0, 60)
+
+	maxPieceSpan = 1<<16 - 1
+	maxPieceRows = 1<<16 - 1
+)
+
+var runSegMagic = [8]byte{'R', 'B', 'D', 'R', 'U', 'N', 'S', 0}
+
+func runSegName(no uint64) string { return fmt.Sprintf("runs.%08d.rbdr", no) }
+
+// fileRunWord is the first word of a version 2 row record of seq, without
+// the writing bit.
+func fileRunWord(seq int64, delta uint16) uint64 {
+	return uint64(seq)&seqResidueMask | uint64(delta)<<frDeltaShift
+}
+
+// resolveSeq returns the seq with residue res (mod 2^47) nearest ref: the
+// one in (ref - 2^46, ref + 2^46].
+func resolveSeq(res uint64, ref int64) int64 {
+	d := int64((res - uint64(ref)) & seqResidueMask)
+	if d > 1<<(seqResidueBits-1) {
+		d -= 1 << seqResidueBits
+	}
+	return ref + d
+}
+
+// runPiece is a decoded run log record.
+type runPiece struct {
+	FirstSeq, TrajID, FirstStep, PrevSeq, Env, PolicyVersion int64
+	Span, Rows                                               uint16
+	Flags                                                    uint8
+}
+
+func (p *runPiece) lastSeq() int64 { return p.FirstSeq + int64(p.Span) }
+
+func (p *runPiece) encode(b []byte) {
+	le := binary.LittleEndian
+	le.PutUint64(b[rlFirstSeq:], uint64(p.FirstSeq))
+	le.PutUint64(b[rlTraj:], uint64(p.TrajID))
+	le.PutUint64(b[rlStep:], uint64(p.FirstStep))
+	le.PutUint64(b[rlPrev:], uint64(p.PrevSeq))
+	le.PutUint64(b[rlEnv:], uint64(p.Env))
+	le.PutUint64(b[rlVersion:], uint64(p.PolicyVersion))
+	le.PutUint16(b[rlSpan:], p.Span)
+	le.PutUint16(b[rlRows:], p.Rows)
+	b[rlFlags] = p.Flags
+	clear(b[rlFlags+1 : rlCRC])
+	le.PutUint32(b[rlCRC:], crc32.Checksum(b[:rlCRC], castagnoli))
+}
+
+// decodeRunPiece decodes a run log record and says why it is not one a
+// writer could have written ("" if it is).
+func decodeRunPiece(b []byte) (runPiece, string) {
+	le := binary.LittleEndian
+	if got, want := le.Uint32(b[rlCRC:]), crc32.Checksum(b[:rlCRC], castagnoli); got != want {
+		return runPiece{}, fmt.Sprintf("checksum %08x, computed %08x", got, want)
+	}
+	p := runPiece{
+		FirstSeq: int64(le.Uint64(b[rlFirstSeq:])), TrajID: int64(le.Uint64(b[rlTraj:])),
+		FirstStep: int64(le.Uint64(b[rlStep:])), PrevSeq: int64(le.Uint64(b[rlPrev:])),
+		Env: int64(le.Uint64(b[rlEnv:])), PolicyVersion: int64(le.Uint64(b[rlVersion:])),
+		Span: le.Uint16(b[rlSpan:]), Rows: le.Uint16(b[rlRows:]), Flags: b[rlFlags],
+	}
+	switch {
+	case p.FirstSeq < 0 || p.TrajID < 0 || p.FirstStep < 0:
+		return p, fmt.Sprintf("negative seq %d, trajectory %d or step %d", p.FirstSeq, p.TrajID, p.FirstStep)
+	case p.PrevSeq < -1 || p.PrevSeq >= p.FirstSeq:
+		return p, fmt.Sprintf("impossible prev_seq %d for first seq %d", p.PrevSeq, p.FirstSeq)
+	case p.Rows == 0 || int(p.Rows)-1 > int(p.Span):
+		return p, fmt.Sprintf("%d rows in a span of %d seqs", p.Rows, int(p.Span)+1)
+	case uint32(p.Flags)&^knownFlags != 0:
+		return p, fmt.Sprintf("unknown flags %#x", p.Flags)
+	case !isZero(b[rlFlags+1 : rlCRC]):
+		return p, "reserved bytes are not zero"
+	}
+	return p, ""
+}
+
+func isZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// pieceRow is what a version 2 row record holds besides its seq.
+type pieceRow struct{ delta, off, dist uint16 }
+
+// runLog appends the pieces of a buffer's extends to segment files and
+// deletes the segments the window has left. Writers (holding the buffer's
+// wmu) call plan, appendPlanned and collect; sync and the checkpoint's pin
+// take segMu.
+type runLog struct {
+	b      *Buffer
+	target int64 // a segment is full past this many bytes
+
+	segMu   sync.Mutex
+	segs    []*runSegment
+	nextSeg uint64
+	newSeg  bool // the next append starts a segment (after an open)
+	pins    int  // checkpoints copying the segments: none is deleted
+
+	// Scratch of the batch being written (wmu): its pieces and, for the
+	// row of seq first+i, rows[i].
+	first  int64
+	pieces []runPiece
+	rows   []pieceRow
+	open   [256]int32 // 1 + index in pieces of a trajectory's open piece, by its low bits
+	buf    []byte
+
+	// writeFault, when set (tests), fails the next segment writes.
+	writeFault func() error
+}
+
+type runSegment struct {
+	no      uint64
+	path    string
+	f       *os.File
+	size    int64
+	dirty   bool
+	maxLast int64 // the largest last seq of its pieces, -1 if none
+}
+
+func newRunLog(b *Buffer) *runLog {
+	// About 1 byte of segment a slot: a CartPole-like ring (a piece per
+	// 30 rows, 2 bytes a row) spans two or three segments, and the
+	// slack of the one being filled stays below a byte a row.
+	return &runLog{b: b, target: min(max(b.capacity, 64<<10), 64<<20), nextSeg: 1, newSeg: true}
+}
+
+// plan cuts recs (one extend's rows in seq order) into pieces and returns
+// what each row's record will hold. A trajectory's piece continues while
+// its rows follow each other (prev_seq, step), keep env and version, and
+// none is flagged; a trajectory whose low bits another one took in the
+// cache starts a new piece, which costs a record, never correctness.
+func (l *runLog) plan(recs []record, first int64) []pieceRow {
+	l.first = first
+	l.pieces = l.pieces[:0]
+	if cap(l.rows) < len(recs) {
+		l.rows = make([]pieceRow, len(recs))
+	}
+	l.rows = l.rows[:len(recs)]
+	clear(l.open[:])
+	for i := range recs {
+		r := &recs[i]
+		k := r.TrajID & int64(len(l.open)-1)
+		if j := l.open[k] - 1; j >= 0 {
+			p := &l.pieces[j]
+			if p.TrajID == r.TrajID && p.lastSeq() == r.PrevSeq && r.Step == p.FirstStep+int64(p.Rows) &&
+				r.Seq-p.FirstSeq <= maxPieceSpan && p.Rows < maxPieceRows && p.Flags == 0 &&
+				r.Env == p.Env && r.PolicyVersion == p.PolicyVersion {
+				l.rows[i] = pieceRow{delta: uint16(r.Seq - p.FirstSeq), off: p.Rows, dist: uint16(r.Seq - r.PrevSeq)}
+				p.Rows++
+				p.Span = uint16(r.Seq - p.FirstSeq)
+				p.Flags = uint8(r.Flags)
+				if r.Flags != 0 {
+					l.open[k] = 0
+				}
+				continue
+			}
+		}
+		l.pieces = append(l.pieces, runPiece{FirstSeq: r.Seq, TrajID: r.TrajID, FirstStep: r.Step, PrevSeq: r.PrevSeq,
+			Env: r.Env, PolicyVersion: r.PolicyVersion, Rows: 1, Flags: uint8(r.Flags)})
+		l.rows[i] = pieceRow{}
+		l.open[k] = int32(len(l.pieces))
+		if r.Flags != 0 {
+			l.open[k] = 0
+		}
+	}
+	return l.rows
+}
+
+// appendPlanned writes the pieces of the last plan at the end of the
+// active segment, starting a new one when it is full (and deleting the
+// segments wholly below keepFrom then). It runs before any row of the
+// batch is written, so a row whose record is whole has its piece in the
+// file (durable once the segment is synced, which syncFiles does before
+// the rows). On an error nothing of the batch counts: the file is cut
+// back to where the write began.
+func (l *runLog) appendPlanned(keepFrom int64) error {
+	if len(l.pieces) == 0 {
+		return nil
+	}
+	n := len(l.pieces) * runLogRecordSize
+	if cap(l.buf) < n {
+		l.buf = make([]byte, n)
+	}
+	buf := l.buf[:n]
+	maxLast := int64(-1)
+	for i := range l.pieces {
+		l.pieces[i].encode(buf[i*runLogRecordSize:])
+		maxLast = max(maxLast, l.pieces[i].lastSeq())
+	}
+	l.segMu.Lock()
+	defer l.segMu.Unlock()
+	var seg *runSegment
+	if n := len(l.segs); n > 0 && !l.newSeg {
+		seg = l.segs[n-1]
+	}
+	if seg == nil || (seg.size > segHeaderSize && seg.size+int64(len(buf)) > l.target) {
+		var err error
+		if seg, err = l.createSegment(); err != nil {
+			return err
+		}
+		if err := l.collectLocked(keepFrom); err != nil {
+			return err
+		}
+	}
+	at := seg.size
+	crash := l.b.store.crash
+	if crash.armed("mid-runs") {
+		// Leave a torn record behind, as a crash halfway through the
+		// write would.
+		_, _ = seg.f.WriteAt(buf[:len(buf)-runLogRecordSize/2], at)
+	}
+	crash.at("mid-runs")
+	var err error
+	if l.writeFault != nil {
+		err = l.writeFault()
+	}
+	if err == nil {
+		_, err = seg.f.WriteAt(buf, at)
+	}
+	if err != nil {
+		// Take back whatever part reached the file (an out-of-space
+		// write leaves a prefix behind): the next append starts here.
+		if terr := seg.f.Truncate(at); terr != nil {
+			err = errors.Join(err, terr)
+		}
+		return fmt.Errorf("write run records to %s: %w", seg.path, err)
+	}
+	seg.size += int64(len(buf))
+	seg.dirty = true
+	seg.maxLast = max(seg.maxLast, maxLast)
+	crash.at("after-runs")
+	return nil
+}
+
+// createSegment starts a new segment file. Called with segMu held.
+func (l *runLog) createSegment() (*runSegment, error) {
+	no := l.nextSeg
+	path := filepath.Join(l.b.dir, runSegName(no))
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("create run segment: %w", err)
+	}
+	hdr := segHeader{Magic: runSegMagic, Version: metaVersionRuns, UID: l.b.uid, Number: no}.encode()
+	if _, err := f.WriteAt(hdr, 0); err != nil {
+		return nil, errors.Join(fmt.Errorf("write run segment header %s: %w", path, err), f.Close(), os.Remove(path))
+	}
+	// The file must exist after a crash for the records about to be
+	// written into it to count.
+	if err := f.Sync(); err != nil {
+		return nil, errors.Join(fmt.Errorf("sync %s: %w", path, err), f.Close(), os.Remove(path))
+	}
+	if err := syncDir(l.b.dir); err != nil {
+		return nil, errors.Join(err, f.Close(), os.Remove(path))
+	}
+	l.nextSeg++
+	l.newSeg = false
+	s := &runSegment{no: no, path: path, f: f, size: segHeaderSize, maxLast: -1}
+	l.segs = append(l.segs, s)
+	return s, nil
+}
+
+// collect deletes the segments whose pieces all end below keepFrom.
+func (l *runLog) collect(keepFrom int64) error {
+	l.segMu.Lock()
+	defer l.segMu.Unlock()
+	return l.collectLocked(keepFrom)
+}
+
+// collectLocked deletes the segments (never the active one) whose pieces
+// all end below keepFrom, a seq below which no row can come back: the
+// window's start as of the last sync for fsync buffers, the current one
+// for the others (after a crash they resume at or past the seq
+// reservation, so their window never starts lower). Called with segMu
+// held.
+func (l *runLog) collectLocked(keepFrom int64) error {
+	if l.pins > 0 {
+		return nil
+	}
+	var errs []error
+	kept := l.segs[:0]
+	for i, s := range l.segs {
+		if i == len(l.segs)-1 || s.maxLast >= keepFrom {
+			kept = append(kept, s)
+			continue
+		}
+		errs = append(errs, s.f.Close(), os.Remove(s.path))
+		s.f = nil
+	}
+	clear(l.segs[len(kept):])
+	l.segs = kept
+	return errors.Join(errs...)
+}
+
+// sync makes every piece appended so far durable.
+func (l *runLog) sync() error {
+	l.segMu.Lock()
+	var dirty []*runSegment
+	for _, s := range l.segs {
+		if s.dirty && s.f != nil {
+			dirty = append(dirty, s)
+			s.dirty = false
+		}
+	}
+	l.segMu.Unlock()
+	var errs []error
+	for _, s := range dirty {
+		if err := s.f.Sync(); err != nil {
+			errs = append(errs, fmt.Errorf("sync %s: %w", s.path, err))
+			l.segMu.Lock()
+			s.dirty = true
+			l.segMu.Unlock()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (l *runLog) close() error {
+	l.segMu.Lock()
+	defer l.segMu.Unlock()
+	var errs []error
+	for _, s := range l.segs {
+		if s.f != nil {
+			errs = append(errs, s.f.Close())
+			s.f = nil
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// files returns the bytes the segments take on disk.
+func (l *runLog) files() int64 {
+	l.segMu.Lock()
+	defer l.segMu.Unlock()
+	var n int64
+	for _, s := range l.segs {
+		n += s.size
+	}
+	return n
+}
+
+// pin stops deletions and returns the segments with their sizes as of now,
+// for a checkpoint to copy (unpin when done).
+func (l *runLog) pin() []segCopy {
+	l.segMu.Lock()
+	defer l.segMu.Unlock()
+	l.pins++
+	out := make([]segCopy, 0, len(l.segs))
+	for _, s := range l.segs {
+		out = append(out, segCopy{f: s.f, no: s.no, size: s.size})
+	}
+	return out
+}
+
+func (l *runLog) unpin() {
+	l.segMu.Lock()
+	l.pins--
+	l.segMu.Unlock()
+}
+
+// runSegmentNumbers lists the run segments in dir by number.
+func runSegmentNumbers(dir string) ([]uint64, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var nos []uint64
+	for _, e := range ents {
+		name := e.Name()
+		rest, ok := strings.CutPrefix(name, "runs.")
+		if !ok {
+			continue
+		}
+		digits, ok := strings.CutSuffix(rest, ".rbdr")
+		if !ok || len(digits) != 8 {
+			continue
+		}
+		no, err := strconv.ParseUint(digits, 10, 64)
+		if err != nil || runSegName(no) != name {
+			continue
+		}
+		nos = append(nos, no)
+	}
+	slices.Sort(nos)
+	return nos, nil
+}
+
+// loadedRuns is what an open read from the run log: the pieces by first
+// seq and notes on records it could not use.
+type loadedRuns struct {
+	pieces map[int64]runPiece
+	notes  []string
+}
+
+// load reads every segment of the buffer's dir. A record that fails its
+// checks is skipped (records have a fixed size, so the next one is still
+// found), and so is a partial record at a segment's end (a crash cut the
+// last append short); both are noted, and a row that needs such a piece
+// is rejected by recovery like any row whose record is torn. A segment
+// that vanishes while it is read (a running writer deleted it) is
+// skipped. With writable, the next append starts a new segment and
+// segments are kept open for collection.
+func (l *runLog) load(writable bool) (*loadedRuns, error) {
+	dir := l.b.dir
+	nos, err := runSegmentNumbers(dir)
+	if err != nil {
+		return nil, fmt.Errorf("list run segments: %w", err)
+	}
+	out := &loadedRuns{pieces: map[int64]runPiece{}}
+	for _, no := range nos {
+		path := filepath.Join(dir, runSegName(no))
+		data, err := os.ReadFile(path)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", path, err)
+		}
+		if len(data) < segHeaderSize && no == nos[len(nos)-1] {
+			// A crash right after the file was created: the header was
+			// not written yet, so no record was either.
+			out.notes = append(out.notes, fmt.Sprintf("%s: %d bytes, shorter than its header (cut short at creation)", path, len(data)))
+			if writable {
+				if err := os.Remove(path); err != nil {
+					return nil, err
+				}
+			}
+			continue
+		}
+		h, err := decodeSegHeader(path, data, runSegMagic, metaVersionRuns, "run segment")
+		if err != nil {
+			return nil, err
+		}
+		if h.UID != l.b.uid {
+			return nil, corruptf(path, 16, "run segment belongs to another buffer (uid %016x, catalog says %016x)", h.UID, l.b.uid)
+		}
+		if h.Number != no {
+			return nil, corruptf(path, 24, "run segment says it is number %d", h.Number)
+		}
+		seg := &runSegment{no: no, path: path, size: int64(len(data)), maxLast: -1}
+		for off := segHeaderSize; off < len(data); off += runLogRecordSize {
+			if off+runLogRecordSize > len(data) {
+				out.notes = append(out.notes, fmt.Sprintf("%s: %d bytes at offset %d are a partial run record", path, len(data)-off, off))
+				break
+			}
+			p, why := decodeRunPiece(data[off : off+runLogRecordSize])
+			if why != "" {
+				out.notes = append(out.notes, fmt.Sprintf("%s: run record at offset %d: %s", path, off, why))
+				continue
+			}
+			out.pieces[p.FirstSeq] = p
+			seg.maxLast = max(seg.maxLast, p.lastSeq())
+		}
+		if writable {
+			f, err := os.OpenFile(path, os.O_RDWR, 0)
+			if err != nil {
+				return nil, err
+			}
+			seg.f = f
+		}
+		l.segs = append(l.segs, seg)
+		l.nextSeg = max(l.nextSeg, no+1)
+	}
+	l.newSeg = true
+	return out, nil
+}
