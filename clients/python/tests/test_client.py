@@ -110,38 +110,42 @@ class ClientTest(ServerTest):
         self.assertEqual(cm.exception.status, 409)
 
     def test_run_records_same_rows(self):
-        """A memory buffer with run records ("row_meta": "runs") answers
-        the same rows, metadata and next observations as the default
-        layout, over many episodes of several streams (runs that continue
-        across extends, end, and are written over when the ring wraps)."""
+        """Buffers with run records ("row_meta": "runs"; in memory, and in
+        a memmap buffer's rows.meta format version 2) answer the same rows,
+        metadata and next observations as the default layout, over many
+        episodes of several streams (runs that continue across extends,
+        end, and are written over when the ring wraps)."""
         answers = {}
-        for row_meta in ("row", "runs"):
-            name = self.buffer(suffix="_" + row_meta)
+        layouts = (("memory", "row", 64 - 31), ("memory", "runs", 48 - 31), ("memmap", "runs", 16))
+        for storage, row_meta, meta_bytes in layouts:
+            name = self.buffer(suffix="_%s_%s" % (storage, row_meta))
             self._delete(name)
             s = spec(capacity=40)
-            s["row_meta"] = row_meta
+            s["storage"], s["row_meta"] = storage, row_meta
             self.c.create_buffer(name, s)
             for k in range(12):
                 self.c.extend(name, episode(100 * k, 3 + k % 5), stream="s%d" % (k % 3))
             info = self.c.info(name)
             self.assertEqual(info["spec"].get("row_meta", "row"), row_meta)
-            self.assertEqual(info["row_meta_bytes"], 64 - 31 if row_meta == "row" else 48 - 31)
+            self.assertEqual(info["row_meta_bytes"], meta_bytes)
             if row_meta == "runs":  # a run per live episode or piece of one
                 self.assertTrue(0 < info["run_records"] < info["size"], info)
             else:
                 self.assertNotIn("run_records", info)
-            answers[row_meta] = self.c.sample(name, 64, sampler="uniform", seed=5)
-        a, b = answers["row"], answers["runs"]
-        for key in ("seq", "step", "observation", "next.observation", "next.done"):
-            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
-        # Trajectory ids are the store's: the second buffer's are 12 on.
-        np.testing.assert_array_equal(b["traj_id"] - a["traj_id"], np.full(64, 12))
-        np.testing.assert_array_equal(b["next.observation"][:, 0], b["observation"][:, 0] + 1)
+            answers[storage, row_meta] = self.c.sample(name, 64, sampler="uniform", seed=5)
+        a = answers["memory", "row"]
+        for n, layout in enumerate(layouts[1:], 1):
+            b = answers[layout[:2]]
+            for key in ("seq", "step", "observation", "next.observation", "next.done"):
+                np.testing.assert_array_equal(a[key], b[key], err_msg="%s %s" % (layout, key))
+            # Trajectory ids are the store's: each buffer's are 12 after the last one's.
+            np.testing.assert_array_equal(b["traj_id"] - a["traj_id"], np.full(64, 12 * n))
+            np.testing.assert_array_equal(b["next.observation"][:, 0], b["observation"][:, 0] + 1)
         s = spec()
         s["row_meta"] = "runs"
-        s["storage"] = "memmap"
+        s["storage"] = "compressed"
         with self.assertRaises(BadRequest) as cm:
-            self.c.create_buffer("run_records_on_memmap", s)
+            self.c.create_buffer("run_records_on_compressed", s)
         self.assertIn("row_meta", cm.exception.message)
 
     def test_create_bad_spec_names_the_field(self):
