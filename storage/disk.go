@@ -26,6 +26,14 @@ func fileBytesNeeded(spec Spec) int64 {
 	}
 	col := func(rowBytes int) int64 { return satAdd(headerSize, satMul(spec.Capacity, int64(rowBytes))) }
 	total := col(recordSize)
+	if spec.Storage == KindMemmap && spec.RowMetaLayout == RowMetaRuns {
+		// rows.meta format version 2, and the run log at a run record
+		// per 8 rows plus a segment of slack (runBytesPerRow's bargain:
+		// one-step episodes would take 64 bytes a row, CartPole-like
+		// episodes take 1-2). The log grows with the rows; nothing of it
+		// is reserved at create.
+		total = satAdd(col(fileRunRecordSize), satAdd(satMul(spec.Capacity, runLogRecordSize/8), runSegmentTarget(spec.Capacity)))
+	}
 	var compressed int64
 	for _, f := range spec.Fields {
 		if spec.Compressed(f) {

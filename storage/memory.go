@@ -35,9 +35,15 @@ const (
 func fullMemoryBytes(spec Spec) int64 {
 	c := spec.Capacity
 	perRow := int64(indexBytesPerRow)
-	if spec.Storage != KindMemory {
+	switch {
+	case spec.Storage == KindMemmap && spec.RowMetaLayout == RowMetaRuns:
+		// Memory records (the stamps among them) and run records, as in
+		// a memory buffer with run records; rows.meta is in the page
+		// cache.
+		perRow += memRunRecordSize + runBytesPerRow
+	case spec.Storage != KindMemory:
 		perRow += stampBytesPerRow // a memory buffer's are in its row group
-	} else {
+	default:
 		var group int64 // the row group's fields (interleaveSmallFields)
 		for _, f := range spec.Fields {
 			if rb := int64(f.RowBytes()); rb <= rowGroupMaxField {

@@ -156,6 +156,30 @@ func TestRunRecordsCountedSmaller(t *testing.T) {
 	}
 }
 
+// TestFileRunsCounted: a memmap buffer with rows.meta format version 2 is
+// admitted against disk for its 16-byte records and a run log at a run per
+// 8 rows (less than version 1's 64-byte records, more than the records
+// alone), and against memory for its memory records and run table instead
+// of the stamp table.
+func TestFileRunsCounted(t *testing.T) {
+	v1 := testSpec(KindMemmap, 1_000_000, true)
+	v1.RowMetaLayout = RowMetaPerRow
+	v2 := v1
+	v2.RowMetaLayout = RowMetaRuns
+	c := v1.Capacity
+	d1, d2 := fileBytesNeeded(v1), fileBytesNeeded(v2)
+	if want := d1 - (recordSize-fileRunRecordSize-runLogRecordSize/8)*c + runSegmentTarget(c); d2 != want {
+		t.Errorf("disk: version 2 needs %d bytes, version 1 %d; want %d", d2, d1, want)
+	}
+	if d2 >= d1 {
+		t.Errorf("disk: version 2 needs %d bytes, no less than version 1's %d", d2, d1)
+	}
+	m1, m2 := fullMemoryBytes(v1), fullMemoryBytes(v2)
+	if want := m1 + (memRunRecordSize+runBytesPerRow-stampBytesPerRow)*c; m2 != want {
+		t.Errorf("memory: version 2 estimated at %d bytes, version 1 at %d; want %d", m2, m1, want)
+	}
+}
+
 // TestIdleBuffersCostNoCPU: a store of many flush-mode buffers that nobody
 // writes does no work at its checkpoints (no sync, no catalog commit, no
 // snapshot). 400 idle buffers once took 10% of a core doing that work. The

@@ -633,6 +633,9 @@ func (b *Buffer) Info() (Info, error) {
 	}
 	if b.persistent {
 		info.DiskBytes += fileBytes(b.meta.Path())
+		if b.rlog != nil {
+			info.DiskBytes += b.rlog.files()
+		}
 		if b.prio != nil {
 			info.DiskBytes += fileBytes(b.prio.col.region.Path())
 		}

@@ -190,11 +190,15 @@ type runSegment struct {
 }
 
 func newRunLog(b *Buffer) *runLog {
-	// About 1 byte of segment a slot: a CartPole-like ring (a piece per
-	// 30 rows, 2 bytes a row) spans two or three segments, and the
-	// slack of the one being filled stays below a byte a row.
-	return &runLog{b: b, target: min(max(b.capacity, 64<<10), 64<<20), nextSeg: 1, newSeg: true}
+	return &runLog{b: b, target: runSegmentTarget(b.capacity), nextSeg: 1, newSeg: true}
 }
+
+// runSegmentTarget is the size past which a ring of capacity rows starts a
+// new run segment: about a byte a slot (64 KiB to 64 MiB), so that a
+// CartPole-like ring (a piece per 30 rows, 2 bytes a row) spans two or
+// three segments and the slack of the one being filled stays below a byte
+// a row.
+func runSegmentTarget(capacity int64) int64 { return min(max(capacity, 64<<10), 64<<20) }
 
 // plan cuts recs (one extend's rows in seq order) into pieces and returns
 // what each row's record will hold. A trajectory's piece continues while

@@ -1,0 +1,147 @@
+package storage
+
+import (
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+// TestResolveSeq: a seq stored modulo 2^47 comes back exactly from any
+// reference within 2^46 of it, at the edges of that range and far from 0.
+func TestResolveSeq(t *testing.T) {
+	const half = int64(1) << 46
+	cases := []struct{ seq, ref int64 }{
+		{0, 0}, {5, 0}, {0, 100}, {1 << 40, 1<<40 + 4096},
+		{half - 1, 0}, {half, 1}, {1 << 60, 1<<60 - half + 1}, {1<<60 + half, 1 << 60},
+		{1<<62 + 12345, 1<<62 + 12345}, {1<<47 - 1, 1 << 47}, {1 << 47, 1<<47 - 1},
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 10_000 {
+		seq := rng.Int64N(1 << 62)
+		cases = append(cases, struct{ seq, ref int64 }{seq, seq + rng.Int64N(2*half-1) - half + 1})
+	}
+	for _, c := range cases {
+		if got := resolveSeq(uint64(c.seq)&seqResidueMask, c.ref); got != c.seq {
+			t.Fatalf("seq %d stored mod 2^47, resolved against %d: %d", c.seq, c.ref, got)
+		}
+	}
+	// 2^46 + 1 away it is another seq: the range is what the ring and
+	// the reservation must stay within (a ring holds at most 2^40 rows).
+	if got := resolveSeq(0, half+1); got == 0 {
+		t.Fatalf("seq 0 resolved against %d: %d, want the seq 2^47 above it", half+1, got)
+	}
+}
+
+// TestRunLogPlan: an extend's rows are cut into pieces that continue a
+// trajectory while its rows follow each other with one env and version,
+// end at a flagged row, and stay within 65,535 seqs; each row's delta,
+// offset and distance name its place in its piece.
+func TestRunLogPlan(t *testing.T) {
+	l := &runLog{}
+	var recs []record
+	add := func(traj, step, prev, env, version int64, flags uint32) {
+		recs = append(recs, record{Seq: int64(len(recs)) + 1000, TrajID: traj, Step: step, PrevSeq: prev, Env: env, PolicyVersion: version, Flags: flags})
+	}
+	add(1, 5, 990, 0, 0, 0)              // 1000: traj 1 continues from before the extend: a piece starts
+	add(2, 0, -1, 1, 0, 0)               // 1001: traj 2 starts
+	add(1, 6, 1000, 0, 0, 0)             // 1002: traj 1, off 1
+	add(2, 1, 1001, 1, 0, flagDone)      // 1003: traj 2 ends: its piece closes
+	add(1, 7, 1002, 0, 1, 0)             // 1004: traj 1, a new policy version: a new piece
+	add(3, 0, -1, 1, 0, 0)               // 1005: traj 3 starts on env 1
+	add(1, 8, 1004, 0, 1, flagTruncated) // 1006: traj 1 ends
+	add(3, 1, 1005, 1, 0, flagHasTail)   // 1007: a flag closes the piece
+	add(3+256, 0, -1, 2, 0, 0)           // 1008: traj 259 shares traj 3's cache slot
+	add(3, 2, 1007, 1, 0, 0)             // 1009: traj 3 after a flagged row: a new piece
+	rows := l.plan(recs, 1000)
+	wantPieces := []runPiece{
+		{FirstSeq: 1000, TrajID: 1, FirstStep: 5, PrevSeq: 990, Span: 2, Rows: 2},
+		{FirstSeq: 1001, TrajID: 2, FirstStep: 0, PrevSeq: -1, Env: 1, Span: 2, Rows: 2, Flags: uint8(flagDone)},
+		{FirstSeq: 1004, TrajID: 1, FirstStep: 7, PrevSeq: 1002, PolicyVersion: 1, Span: 2, Rows: 2, Flags: uint8(flagTruncated)},
+		{FirstSeq: 1005, TrajID: 3, FirstStep: 0, PrevSeq: -1, Env: 1, Span: 2, Rows: 2, Flags: uint8(flagHasTail)},
+		{FirstSeq: 1008, TrajID: 259, FirstStep: 0, PrevSeq: -1, Env: 2, Span: 0, Rows: 1},
+		{FirstSeq: 1009, TrajID: 3, FirstStep: 2, PrevSeq: 1007, Env: 1, Span: 0, Rows: 1},
+	}
+	if !slices.Equal(l.pieces, wantPieces) {
+		t.Fatalf("pieces\n got %+v\nwant %+v", l.pieces, wantPieces)
+	}
+	wantRows := []pieceRow{{}, {}, {2, 1, 2}, {2, 1, 2}, {}, {}, {2, 1, 2}, {2, 1, 2}, {}, {}}
+	if !slices.Equal(rows, wantRows) {
+		t.Fatalf("rows\n got %v\nwant %v", rows, wantRows)
+	}
+
+	// A trajectory whose rows are more than 65,535 seqs apart in one
+	// extend (a huge batch of many envs) splits.
+	recs = recs[:0]
+	for i := range 70_000 {
+		traj, step, prev := int64(i%2), int64(i/2), int64(i-2)
+		if i < 2 {
+			prev = -1
+		}
+		recs = append(recs, record{Seq: int64(i), TrajID: traj, Step: step, PrevSeq: prev})
+	}
+	rows = l.plan(recs, 0)
+	for _, p := range l.pieces {
+		if int64(p.Span) > maxPieceSpan || p.Rows == 0 {
+			t.Fatalf("piece %+v", p)
+		}
+	}
+	if len(l.pieces) != 4 {
+		t.Fatalf("%d pieces for two trajectories over 70,000 seqs, want 4", len(l.pieces))
+	}
+	if r := rows[65_536]; r.delta != 0 || r.off != 0 {
+		t.Fatalf("row 65,536 (traj 0) is at delta %d offset %d: its piece should start there", r.delta, r.off)
+	}
+}
+
+// TestRunSegmentsCollected: a memmap buffer with run records keeps its run
+// log to about the live pieces: segments the window has passed are
+// deleted, on sync and when a new segment starts, and Info counts what is
+// left.
+func TestRunSegmentsCollected(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	defer s.Close()
+	spec := testSpec(KindMemmap, 1000, true)
+	spec.RowMetaLayout = RowMetaRuns
+	spec.Durability = DurabilityNone
+	b := mustCreate(t, s, "b", spec)
+	// One-row episodes: a run record per row, 64 bytes a row, so that a
+	// 64 KiB segment fills every 1,023 rows.
+	rows := make([]row, 100)
+	for i := range rows {
+		rows[i] = row{env: int64(i % 4), val: float32(i), terminated: true}
+	}
+	for range 200 {
+		mustExtend(t, b, "s", makeBatch(spec, rows, true))
+	}
+	nos, err := runSegmentNumbers(b.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 20,000 run records (1.25 MiB) were written; the live ones fit in
+	// two segments, plus the one being filled.
+	if len(nos) > 3 || nos[len(nos)-1] < 15 {
+		t.Fatalf("run segments %v after 20,000 one-row runs in a ring of 1,000", nos)
+	}
+	info, err := b.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files int64
+	for _, no := range nos {
+		st, err := os.Stat(filepath.Join(b.dir, runSegName(no)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files += st.Size()
+	}
+	if got := b.rlog.files(); got != files {
+		t.Fatalf("the run log counts %d bytes, its files hold %d", got, files)
+	}
+	meta := fileBytes(metaFile(b.dir))
+	if info.DiskBytes < meta+files {
+		t.Fatalf("disk_bytes %d, less than rows.meta (%d) and the run segments (%d)", info.DiskBytes, meta, files)
+	}
+}
