@@ -2,10 +2,12 @@ package storage
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"flag"
 	"fmt"
+	"hash/crc32"
 	"maps"
 	"math"
 	"os"
@@ -24,7 +26,12 @@ import (
 
 var updateFormat = flag.Bool("update-format", false, "rewrite storage/testdata/v1/encoding.golden")
 
-const goldenDir = "testdata/v1/datadir"
+const (
+	goldenDir = "testdata/v1/datadir"
+	// goldenDirV2 holds the same buffer with rows.meta in format version
+	// 2 and a run log (gen_golden.go -row-meta runs).
+	goldenDirV2 = "testdata/v2/datadir"
+)
 
 // goldenRow is one live row of the golden buffer; its field values follow
 // from seq (see gen_golden.go): observation [seq, -seq], action 100+seq,
@@ -47,12 +54,14 @@ var goldenRows = []goldenRow{
 }
 
 // goldenCopy copies the golden data dir to a temp dir: Open writes.
-func goldenCopy(t *testing.T) string {
+func goldenCopy(t *testing.T) string { return goldenCopyOf(t, goldenDir) }
+
+func goldenCopyOf(t *testing.T, src string) string {
 	t.Helper()
 	dir := t.TempDir()
-	files := readTree(t, goldenDir)
+	files := readTree(t, src)
 	if len(files) == 0 {
-		t.Fatalf("%s is empty: run go run ./storage/testdata/gen_golden.go from the repository root", goldenDir)
+		t.Fatalf("%s is empty: run go run ./storage/testdata/gen_golden.go from the repository root", src)
 	}
 	writeTree(t, dir, files)
 	return dir
@@ -112,14 +121,19 @@ func TestGoldenV1Layout(t *testing.T) {
 	}
 }
 
-func TestGoldenV1Contents(t *testing.T) {
-	dir := goldenCopy(t)
+func TestGoldenV1Contents(t *testing.T) { testGoldenContents(t, goldenDir, RowMetaPerRow) }
+
+// TestGoldenV2Contents: the version 2 golden dir reads as the same rows.
+func TestGoldenV2Contents(t *testing.T) { testGoldenContents(t, goldenDirV2, RowMetaRuns) }
+
+func testGoldenContents(t *testing.T, src string, layout RowMetaLayout) {
+	dir := goldenCopyOf(t, src)
 	rep, err := Verify(dir, nil)
 	if err != nil || !rep.OK() {
-		t.Fatalf("verify v1: %v %+v", err, rep)
+		t.Fatalf("verify %s: %v %+v", src, err, rep)
 	}
 	if br := rep.Buffers; len(br) != 1 || br[0].Name != "golden" || br[0].WriteCount != 12 || br[0].LiveRows != 8 || br[0].Durable != 12 || br[0].Holes != 0 {
-		t.Fatalf("verify v1: %+v", br)
+		t.Fatalf("verify %s: %+v", src, br)
 	}
 
 	s := openStore(t, dir)
@@ -135,7 +149,7 @@ func TestGoldenV1Contents(t *testing.T) {
 	b := bufs[0]
 	spec := b.Spec()
 	if spec.Capacity != 8 || spec.Storage != KindMemmap || !spec.CompactObs || len(spec.Fields) != 6 || spec.Durability != DurabilityFlush ||
-		spec.Priority == nil || spec.Priority.Alpha != 0.6 || spec.Priority.Eps != 1e-6 {
+		spec.Priority == nil || spec.Priority.Alpha != 0.6 || spec.Priority.Eps != 1e-6 || cmp.Or(spec.RowMetaLayout, RowMetaPerRow) != layout {
 		t.Fatalf("spec %+v", spec)
 	}
 	info, err := b.Info()
@@ -217,7 +231,93 @@ func TestGoldenV1Contents(t *testing.T) {
 	}
 	s = nil
 	if rep, err := Verify(dir, nil); err != nil || !rep.OK() {
-		t.Fatalf("verify after writing to v1: %v %+v", err, rep)
+		t.Fatalf("verify after writing to %s: %v %+v", src, err, rep)
+	}
+}
+
+func TestGoldenV2Layout(t *testing.T) {
+	files := readTree(t, goldenDirV2)
+	got := slices.Sorted(maps.Keys(files))
+	want := []string{
+		"buffers/golden/f.action.col",
+		"buffers/golden/f.next.done.col",
+		"buffers/golden/f.next.reward.col",
+		"buffers/golden/f.next.terminated.col",
+		"buffers/golden/f.next.truncated.col",
+		"buffers/golden/f.observation.col",
+		"buffers/golden/priority.col",
+		"buffers/golden/rows.meta",
+		"buffers/golden/runs.00000001.rbdr",
+		"buffers/golden/tail.observation.col",
+		"catalog.db",
+		"catalog.snapshot.json",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("files of %s:\n%q\nwant\n%q", goldenDirV2, got, want)
+	}
+	cat := catalogContents(t, filepath.Join(goldenCopyOf(t, goldenDirV2), "catalog.db"))
+	if v := cat["rbd/format"]; v != "\x01\x00\x00\x00" {
+		t.Errorf("rbd/format = %q, want uint32 LE 1 (the catalog's format is unchanged)", v)
+	}
+	if v := cat["buffers/golden/spec"]; !strings.HasSuffix(v, `"durability":"flush","row_meta":"runs"}`) {
+		t.Errorf("spec JSON %s: want row_meta runs", v)
+	}
+	// rows.meta: the version 2 header, and a record per slot that names
+	// its row's run piece; the run segment: a header and, for the two
+	// extends of 6 rows of two envs, the pieces below.
+	meta := files["buffers/golden/rows.meta"]
+	h, err := decodeMetaHeader("rows.meta", meta)
+	if err != nil || h.Version != metaVersionRuns || h.RecordSize != fileRunRecordSize || len(meta) != headerSize+8*fileRunRecordSize {
+		t.Fatalf("rows.meta header %+v, %v, %d bytes", h, err, len(meta))
+	}
+	if wm, ok := readWatermark(meta); !ok || wm != 12 {
+		t.Errorf("watermark %d (ok %v), want 12", wm, ok)
+	}
+	seg := files["buffers/golden/runs.00000001.rbdr"]
+	sh, err := decodeSegHeader("runs", seg, runSegMagic, metaVersionRuns, "run segment")
+	if err != nil || sh.Number != 1 || sh.UID != h.UID || !bytes.Equal(sh.encode(), seg[:segHeaderSize]) {
+		t.Fatalf("run segment header %+v, %v", sh, err)
+	}
+	var pieces []runPiece
+	for off := segHeaderSize; off < len(seg); off += runLogRecordSize {
+		p, why := decodeRunPiece(seg[off : off+runLogRecordSize])
+		if why != "" {
+			t.Fatalf("run record at %d: %s", off, why)
+		}
+		again := make([]byte, runLogRecordSize)
+		p.encode(again)
+		if !bytes.Equal(again, seg[off:off+runLogRecordSize]) {
+			t.Errorf("run record %+v encodes differently from the v2 bytes", p)
+		}
+		pieces = append(pieces, p)
+	}
+	// Trajectory ids relative to the first piece's (seq 0's).
+	base := pieces[0].TrajID
+	for i := range pieces {
+		pieces[i].TrajID -= base
+	}
+	wantPieces := []runPiece{
+		{FirstSeq: 0, TrajID: 0, FirstStep: 0, PrevSeq: -1, Env: 0, Span: 4, Rows: 3, Flags: uint8(flagDone | flagTerminated | flagHasTail)}, // 0, 2, 4
+		{FirstSeq: 1, TrajID: 1, FirstStep: 0, PrevSeq: -1, Env: 1, Span: 4, Rows: 3},                                                        // 1, 3, 5
+		{FirstSeq: 6, TrajID: 2, FirstStep: 0, PrevSeq: -1, Env: 0, Span: 4, Rows: 3, Flags: uint8(flagDone | flagTerminated | flagHasTail)}, // 6, 8, 10
+		{FirstSeq: 7, TrajID: 1, FirstStep: 3, PrevSeq: 5, Env: 1, Span: 0, Rows: 1, Flags: uint8(flagDone | flagTruncated | flagHasTail)},   // 7
+		{FirstSeq: 9, TrajID: 3, FirstStep: 0, PrevSeq: -1, Env: 1, Span: 2, Rows: 2},                                                        // 9, 11
+	}
+	if !slices.Equal(pieces, wantPieces) {
+		t.Fatalf("run records\n got %+v\nwant %+v", pieces, wantPieces)
+	}
+	le := binary.LittleEndian
+	for _, w := range []struct {
+		seq              int64
+		delta, off, dist uint16
+	}{{4, 4, 2, 2}, {5, 4, 2, 2}, {6, 0, 0, 0}, {7, 0, 0, 0}, {8, 2, 1, 2}, {9, 0, 0, 0}, {10, 4, 2, 2}, {11, 2, 1, 2}} {
+		rb := meta[headerSize+w.seq%8*fileRunRecordSize:]
+		if got := le.Uint64(rb[frWord:]); got != fileRunWord(w.seq, w.delta) {
+			t.Errorf("seq %d: word %#x, want %#x", w.seq, got, fileRunWord(w.seq, w.delta))
+		}
+		if off, dist := le.Uint16(rb[frOff:]), le.Uint16(rb[frDist:]); off != w.off || dist != w.dist {
+			t.Errorf("seq %d: offset %d, distance %d; want %d, %d", w.seq, off, dist, w.off, w.dist)
+		}
 	}
 }
 
@@ -379,6 +479,76 @@ func TestGoldenFormatEncoding(t *testing.T) {
 	if string(metaBytes[0:8]) != "RBDMETA\x00" || le.Uint32(metaBytes[12:]) != 64 || le.Uint64(metaBytes[24:]) != 8 ||
 		le.Uint16(metaBytes[32:]) != 6 || string(metaBytes[34:40]) != "golden" || le.Uint64(metaBytes[256:]) != 12 {
 		t.Errorf("meta header fields are not where docs/format.md says")
+	}
+}
+
+// TestGoldenV2FormatEncoding pins the version 2 encoders (rows.meta of a
+// memmap buffer with row_meta "runs", and the run log) to fixed values in
+// testdata/v2/encoding.golden (-update-format refreshes it; review the diff).
+func TestGoldenV2FormatEncoding(t *testing.T) {
+	const uid = 0x0123456789abcdef
+	meta := metaHeader{Version: metaVersionRuns, RecordSize: fileRunRecordSize, UID: uid, Capacity: 8, Name: "golden"}
+	metaBytes := meta.encode()
+	putWatermark(metaBytes, 12)
+	// Seq 11, the second row of the piece that starts at seq 9, two seqs
+	// after the row before it; 0xdeadbeef stands for the CRC of its field
+	// and tail bytes.
+	rec := make([]byte, fileRunRecordSize)
+	putFileRunRecord(rec, 11, pieceRow{delta: 2, off: 1, dist: 2}, 0xdeadbeef)
+	first := make([]byte, fileRunRecordSize)
+	putFileRunRecord(first, 1<<47+9, pieceRow{}, 0xdeadbeef) // seq 2^47+9 is stored as 9
+	marking := slices.Clone(rec)
+	binary.LittleEndian.PutUint64(marking[frWord:], fileRunWord(11, 2)|frWriting)
+	piece := runPiece{FirstSeq: 9, TrajID: 3, FirstStep: 0, PrevSeq: -1, Env: 1, PolicyVersion: 0x0102030405, Span: 2, Rows: 2, Flags: uint8(flagDone | flagTruncated | flagHasTail)}
+	pieceBytes := make([]byte, runLogRecordSize)
+	piece.encode(pieceBytes)
+	seg := segHeader{Magic: runSegMagic, Version: metaVersionRuns, UID: uid, Number: 3}.encode()
+
+	var sb strings.Builder
+	section := func(title string, b []byte) {
+		fmt.Fprintf(&sb, "# %s\n%s\n", title, hexdumpC(b))
+	}
+	section(fmt.Sprintf("meta header %+v, watermark 12", meta), metaBytes[:272])
+	section("record of seq 11: run delta 2, offset 1, distance back 2, data CRC 0xdeadbeef", rec)
+	section("record of seq 2^47+9: the first row of its piece, data CRC 0xdeadbeef", first)
+	section("record of seq 11 being written (bit 47 of the first word set, checksum not yet valid)", marking[:8])
+	section(fmt.Sprintf("run segment header uid %#x number 3", uint64(uid)), seg)
+	section(fmt.Sprintf("run record %+v", piece), pieceBytes)
+	got := sb.String()
+
+	const path = "testdata/v2/encoding.golden"
+	if *updateFormat {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./storage -run TestGoldenV2FormatEncoding -update-format)", err)
+	}
+	if got != string(want) {
+		t.Errorf("encodings differ from %s (a format change needs a new version):\n%s", path, lineDiff(string(want), got))
+	}
+
+	// The dump agrees with the named offsets, as docs/format.md states them.
+	le := binary.LittleEndian
+	if le.Uint32(metaBytes[8:]) != 2 || le.Uint32(metaBytes[12:]) != 16 {
+		t.Errorf("meta header version and record size are not where docs/format.md says")
+	}
+	if w := le.Uint64(rec[0:]); w&(1<<47-1) != 11 || w>>47&1 != 0 || w>>48 != 2 || le.Uint16(rec[12:]) != 1 || le.Uint16(rec[14:]) != 2 {
+		t.Errorf("record fields are not where docs/format.md says: % x", rec)
+	}
+	crc := crc32.Update(0xdeadbeef, castagnoli, slices.Concat(rec[0:8], rec[12:16]))
+	if le.Uint32(rec[8:]) != crc {
+		t.Errorf("record checksum %08x, want the data CRC continued over bytes [0,8) and [12,16): %08x", le.Uint32(rec[8:]), crc)
+	}
+	if le.Uint64(pieceBytes[0:]) != 9 || le.Uint64(pieceBytes[8:]) != 3 || le.Uint64(pieceBytes[24:]) != ^uint64(0) || le.Uint64(pieceBytes[32:]) != 1 ||
+		le.Uint64(pieceBytes[40:]) != 0x0102030405 || le.Uint16(pieceBytes[48:]) != 2 || le.Uint16(pieceBytes[50:]) != 2 || pieceBytes[52] != 0x0d ||
+		le.Uint32(pieceBytes[60:]) != crc32.Checksum(pieceBytes[:60], castagnoli) {
+		t.Errorf("run record fields are not where docs/format.md says: % x", pieceBytes)
+	}
+	if string(seg[:8]) != "RBDRUNS\x00" || le.Uint32(seg[8:]) != 2 || le.Uint64(seg[24:]) != 3 {
+		t.Errorf("run segment header fields are not where docs/format.md says")
 	}
 }
 

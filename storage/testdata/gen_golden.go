@@ -17,6 +17,12 @@
 // final observations in the tail store), three rows have priorities set
 // and one trajectory is still open when the store is closed cleanly. That
 // is every kind of file a v1 data dir can hold.
+//
+// With -row-meta runs it writes the same buffer with rows.meta in format
+// version 2 and a run log, into storage/testdata/v2/datadir (written by the
+// first build that had version 2, 2026-11-27; never regenerated either):
+//
+//	go run ./storage/testdata/gen_golden.go -row-meta runs
 package main
 
 import (
@@ -31,14 +37,21 @@ import (
 )
 
 func main() {
-	out := flag.String("o", "storage/testdata/v1/datadir", "data dir to write (replaced if it exists)")
+	out := flag.String("o", "", "data dir to write (replaced if it exists; default storage/testdata/v1/datadir, v2 with -row-meta runs)")
+	rowMeta := flag.String("row-meta", "row", "row_meta of the buffer: row (rows.meta format version 1) or runs (version 2)")
 	flag.Parse()
-	if err := run(*out); err != nil {
+	if *out == "" {
+		*out = "storage/testdata/v1/datadir"
+		if *rowMeta == "runs" {
+			*out = "storage/testdata/v2/datadir"
+		}
+	}
+	if err := run(*out, storage.RowMetaLayout(*rowMeta)); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(dir string) error {
+func run(dir string, rowMeta storage.RowMetaLayout) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
@@ -61,6 +74,9 @@ func run(dir string) error {
 		ObsKeys:    []string{"observation"},
 		Priority:   &storage.PriorityOptions{Alpha: 0.6, Eps: 1e-6},
 		Durability: storage.DurabilityFlush,
+	}
+	if rowMeta != storage.RowMetaPerRow {
+		spec.RowMetaLayout = rowMeta
 	}
 	b, _, err := s.CreateBuffer("golden", spec)
 	if err != nil {
