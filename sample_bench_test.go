@@ -65,7 +65,7 @@ type sbenchConfig struct {
 	rows  int64 // capacity; rows + rows/8 are written
 	atari bool  // uint8[84,84,4] observations instead of CartPole's float32[4]
 	kind  storage.Kind
-	runs  bool // a memory buffer with run records (row_meta "runs")
+	runs  bool // row_meta "runs": run records (memory), rows.meta format version 2 (memmap)
 }
 
 func (c sbenchConfig) String() string {
@@ -424,34 +424,37 @@ func BenchmarkSample(b *testing.B) {
 	sbenchKinds(b, storage.KindMemory, sampler.Kinds, []int64{1e3, 1e5, 1e7}, "-short: 10^7 rows take about 2 GB and a few seconds to fill")
 }
 
-// BenchmarkSampleRunMeta is BenchmarkSample's draws for the uniform and
-// slice samplers, from memory buffers with run records (row_meta "runs":
-// a 48-byte CartPole row where the default layout takes 64) next to the
-// default layout, so that the cost of the second cache line a row is
-// measured in one run.
+// BenchmarkSampleRunMeta is BenchmarkSample's uniform and slice draws from
+// buffers with run records (row_meta "runs") next to the default layout:
+// memory buffers (a 16-byte record in the row group and a run record per
+// stretch of a trajectory, against a 32-byte record), and memmap buffers
+// (16-byte memory records and rows.meta format version 2, against 64-byte
+// file records read from the page cache and a stamp table).
 //
 // go test . -run '^$' -bench BenchmarkSampleRunMeta -benchtime 1s -count 3
 func BenchmarkSampleRunMeta(b *testing.B) {
 	dir := b.TempDir() // removed after the cache's buffers are closed
 	cache := newSbenchCache(b)
-	for _, kind := range []string{"uniform", "slice"} {
-		for _, rows := range []int64{1e5, 1e7} {
-			for _, runs := range []bool{false, true} {
-				layout := "row"
-				if runs {
-					layout = "runs"
+	for _, sk := range []storage.Kind{storage.KindMemory, storage.KindMemmap} {
+		for _, kind := range []string{"uniform", "slice"} {
+			for _, rows := range []int64{1e5, 1e7} {
+				for _, runs := range []bool{false, true} {
+					layout := "row"
+					if runs {
+						layout = "runs"
+					}
+					b.Run(fmt.Sprintf("kind=%s/sampler=%s/rows=%s/row_meta=%s", sk, kind, sbenchRowsLabel(rows), layout), func(b *testing.B) {
+						if testing.Short() && rows > 1e5 {
+							b.Skip("-short: 10^7 rows take about 2 GB and a few seconds to fill")
+						}
+						buf := cache.get(b, dir, sbenchConfig{rows: rows, kind: sk, runs: runs})
+						req := &SampleRequest{Sampler: kind, BatchSize: sbenchBatch}
+						if sampler.IsSlice(kind) {
+							req = &SampleRequest{Sampler: kind, NumSlices: sbenchSlices, SliceLen: sbenchSliceLen}
+						}
+						sbenchRun(b, buf, req)
+					})
 				}
-				b.Run(fmt.Sprintf("sampler=%s/rows=%s/row_meta=%s", kind, sbenchRowsLabel(rows), layout), func(b *testing.B) {
-					if testing.Short() && rows > 1e5 {
-						b.Skip("-short: 10^7 rows take about 2 GB and a few seconds to fill")
-					}
-					buf := cache.get(b, dir, sbenchConfig{rows: rows, kind: storage.KindMemory, runs: runs})
-					req := &SampleRequest{Sampler: kind, BatchSize: sbenchBatch}
-					if sampler.IsSlice(kind) {
-						req = &SampleRequest{Sampler: kind, NumSlices: sbenchSlices, SliceLen: sbenchSliceLen}
-					}
-					sbenchRun(b, buf, req)
-				})
 			}
 		}
 	}

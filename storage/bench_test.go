@@ -210,24 +210,41 @@ func BenchmarkExtend(b *testing.B) {
 	}
 }
 
-// BenchmarkExtendRunMeta is BenchmarkExtend's memory buffers with run
-// records (row_meta "runs"), next to the default layout: what placing each
-// row in its trajectory's run costs a writer.
+// BenchmarkExtendRunMeta is BenchmarkExtend's memory buffers and memmap
+// buffers (durability none) with run records (row_meta "runs"), next to the
+// default layout: what placing each row in its trajectory's run costs a
+// writer, and for memmap buffers what rows.meta format version 2 (16-byte
+// records and a run log, beside 16-byte memory records) costs against
+// version 1 (64-byte records and a stamp table). disk_B/row is the
+// buffer's files over its capacity (Info.DiskBytes, memmap only).
 //
 // go test ./storage -run '^$' -bench BenchmarkExtendRunMeta -benchtime 1s -count 3
 func BenchmarkExtendRunMeta(b *testing.B) {
-	for _, shape := range benchShapes {
-		for _, layout := range []RowMetaLayout{RowMetaPerRow, RowMetaRuns} {
-			b.Run(fmt.Sprintf("row=%s/row_meta=%s", shape.name, layout), func(b *testing.B) {
-				spec := shape.spec(KindMemory, "", shape.capacity)
-				spec.RowMetaLayout = layout
-				benchExtend(b, spec, shape.episode, 1)
-			})
+	for _, kind := range []Kind{KindMemory, KindMemmap} {
+		for _, shape := range benchShapes {
+			for _, layout := range []RowMetaLayout{RowMetaPerRow, RowMetaRuns} {
+				b.Run(fmt.Sprintf("kind=%s/row=%s/row_meta=%s", kind, shape.name, layout), func(b *testing.B) {
+					dur := DurabilityNone
+					if kind == KindMemory {
+						dur = ""
+					}
+					spec := shape.spec(kind, dur, shape.capacity)
+					spec.RowMetaLayout = layout
+					buf := benchExtend(b, spec, shape.episode, 1)
+					if kind != KindMemory {
+						info, err := buf.Info()
+						if err != nil {
+							b.Fatal(err)
+						}
+						b.ReportMetric(float64(info.DiskBytes)/float64(spec.Capacity), "disk_B/row")
+					}
+				})
+			}
 		}
 	}
 }
 
-func benchExtend(b *testing.B, spec Spec, episode, writers int) {
+func benchExtend(b *testing.B, spec Spec, episode, writers int) *Buffer {
 	src := newBenchBatches(spec, episode)
 	buf := benchBuffer(b, spec, src)
 	b.SetBytes(int64(writers * benchBatchRows * src.rowBytes))
@@ -296,6 +313,7 @@ func benchExtend(b *testing.B, spec Spec, episode, writers int) {
 	batches := float64(writers)
 	reportRate(b, batches*benchBatchRows, "rows/s")
 	reportRate(b, batches, "batches/s")
+	return buf
 }
 
 // BenchmarkGather copies 256 rows chosen uniformly among the live rows of a

@@ -142,7 +142,10 @@ type Buffer struct {
 	// call a CartPole row takes 15 ns, a call per field 35
 	// (BenchmarkRowChecksum).
 	crcScratch [crcScratchSize]byte
-	recBatch   []record // the records of the extend being written (batchRecords), guarded by wmu
+	// runCRCScratch holds the record bytes a version 2 file record's
+	// checksum covers (putFileRunRecord), guarded by wmu.
+	runCRCScratch [12]byte
+	recBatch      []record // the records of the extend being written (batchRecords), guarded by wmu
 
 	// imu guards the trajectory index. Writers hold it only to evict and to
 	// publish rows, never while copying bytes.

@@ -82,7 +82,7 @@ type checkpointState struct {
 }
 
 type segCopy struct {
-	f    *os.File
+	f    io.ReaderAt
 	no   uint64
 	size int64
 }

@@ -979,12 +979,24 @@ func runMetaCases() []corruptCase {
 		// A crash cut the last append short (as "mid-runs" does): the
 		// rows of its pieces were never acknowledged, but here they are
 		// below the watermark, so they are damage.
-		{name: "run segment cut in its last record", corrupt: func(d *cvDir) { d.truncate(seg, d.size(seg)-runLogRecordSize/2) },
-			lostIn: func(t testing.TB, p *pristineStore) []int64 {
-				data := p.files[seg]
-				last, _ := decodeRunPiece(data[len(data)-runLogRecordSize:])
-				return cvPieceRows(p, last)
-			}},
+		{name: "run segment's last record torn", corrupt: func(d *cvDir) {
+			b := d.read(seg)
+			off, _ := cvLastPiece(d.t, b)
+			clear(b[off+runLogRecordSize/2 : off+runLogRecordSize])
+			d.write(seg, b)
+		}, lostIn: func(t testing.TB, p *pristineStore) []int64 {
+			_, last := cvLastPiece(t, p.files[seg])
+			return cvPieceRows(p, last)
+		}},
+		// A file cut short (a copy that stopped): the pieces past the cut
+		// and the one it splits are gone.
+		{name: "run segment truncated in its last record", corrupt: func(d *cvDir) {
+			off, _ := cvLastPiece(d.t, d.read(seg))
+			d.truncate(seg, int64(off+runLogRecordSize/2))
+		}, lostIn: func(t testing.TB, p *pristineStore) []int64 {
+			_, last := cvLastPiece(t, p.files[seg])
+			return cvPieceRows(p, last)
+		}},
 	}
 }
 
@@ -993,6 +1005,9 @@ func runMetaCases() []corruptCase {
 func cvPiece(t testing.TB, seg []byte, match func(runPiece) bool) (int, runPiece) {
 	t.Helper()
 	for off := segHeaderSize; off+runLogRecordSize <= len(seg); off += runLogRecordSize {
+		if isZero(seg[off : off+runLogRecordSize]) {
+			continue // room never written
+		}
 		p, why := decodeRunPiece(seg[off : off+runLogRecordSize])
 		if why != "" {
 			t.Fatalf("fixture: run record at %d: %s", off, why)
@@ -1002,6 +1017,23 @@ func cvPiece(t testing.TB, seg []byte, match func(runPiece) bool) (int, runPiece
 		}
 	}
 	t.Fatal("fixture: no such run record")
+	return 0, runPiece{}
+}
+
+// cvLastPiece returns the offset of the last run record written in a run
+// segment, and the record.
+func cvLastPiece(t testing.TB, seg []byte) (int, runPiece) {
+	t.Helper()
+	for off := len(seg) - len(seg)%runLogRecordSize - runLogRecordSize; off >= segHeaderSize; off -= runLogRecordSize {
+		if rec := seg[off : off+runLogRecordSize]; !isZero(rec) {
+			p, why := decodeRunPiece(rec)
+			if why != "" {
+				t.Fatalf("fixture: run record at %d: %s", off, why)
+			}
+			return off, p
+		}
+	}
+	t.Fatal("fixture: no run record")
 	return 0, runPiece{}
 }
 

@@ -577,7 +577,7 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 	if compact {
 		b.putMemRecord(slot, rec)
 		if drec != nil {
-			putFileRunRecord(drec, rec.Seq, pr, crc)
+			putFileRunRecord(drec, rec.Seq, pr, crc, &b.runCRCScratch)
 		}
 		b.stamps.Store(slot, rec.Seq)
 		b.store.crash.at("after-meta")
@@ -597,10 +597,11 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 // putFileRunRecord completes the version 2 file record of seq (its writing
 // marker stored) whose field and tail bytes have checksum dataCRC: the
 // checksum and the piece's offset and distance first, the seq word, which
-// clears the marker, last.
-func putFileRunRecord(drec []byte, seq int64, pr pieceRow, dataCRC uint32) {
+// clears the marker, last. tail is scratch for the bytes the checksum
+// covers after the row's (an array on the stack escapes through crc32's
+// dispatch: an allocation a row).
+func putFileRunRecord(drec []byte, seq int64, pr pieceRow, dataCRC uint32, tail *[12]byte) {
 	le := binary.LittleEndian
-	var tail [12]byte // bytes [0, 8) and [12, 16) of the record, as the checksum covers them
 	w := fileRunWord(seq, pr.delta)
 	le.PutUint64(tail[0:], w)
 	le.PutUint16(tail[8:], pr.off)
