@@ -554,6 +554,13 @@ func TestGoldenV2FormatEncoding(t *testing.T) {
 	if string(seg[:8]) != "RBDRUNS\x00" || le.Uint32(seg[8:]) != 2 || le.Uint64(seg[24:]) != 3 {
 		t.Errorf("run segment header fields are not where docs/format.md says")
 	}
+	// A segment's unused room is zeros, which never read as a record.
+	if c := crc32.Checksum(make([]byte, rlCRC), castagnoli); c != 0x5a0b0531 {
+		t.Errorf("CRC-32C of 60 zero bytes is %08x, docs/format.md says 5a0b0531", c)
+	}
+	if _, why := decodeRunPiece(make([]byte, runLogRecordSize)); why == "" {
+		t.Errorf("a run record of zeros decodes")
+	}
 }
 
 // hexdumpC formats b like hexdump -C: 16 bytes a line, a run of lines equal

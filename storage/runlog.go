@@ -189,7 +189,7 @@ type runLog struct {
 // is a copy into the mapping, which an extend cannot afford as a pwrite
 // (a system call per extend: 10% of a CartPole extend), and cannot fault
 // on a full disk. Run records end where the zeros begin; an all-zero
-// record is never valid (its checksum would be 0x8a9136aa).
+// record is never valid (its checksum would be 0x5a0b0531).
 type runSegment struct {
 	no      uint64
 	path    string
@@ -507,10 +507,19 @@ func (l *runLog) load(writable bool) (*loadedRuns, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read %s: %w", path, err)
 		}
-		if len(data) < segHeaderSize && no == nos[len(nos)-1] {
-			// A crash right after the file was created: the header was
-			// not written yet, so no record was either.
-			out.notes = append(out.notes, fmt.Sprintf("%s: %d bytes, shorter than its header (cut short at creation)", path, len(data)))
+		if len(data) < segHeaderSize || isZero(data[:segHeaderSize]) {
+			// A crash right after the file was created, or a power loss
+			// before the first sync that covered it (which writes the
+			// header with its records): none of its records counts, and
+			// the rows that need them were above the watermark. A file
+			// of nothing but zeros is removed; one that holds other bytes
+			// is left where it is, for whoever wants to look.
+			l.nextSeg = max(l.nextSeg, no+1)
+			if !isZero(data) {
+				out.notes = append(out.notes, fmt.Sprintf("%s: no header, %d bytes left as they are (written before the first sync of a new segment, or damaged)", path, len(data)))
+				continue
+			}
+			out.notes = append(out.notes, fmt.Sprintf("%s: %d bytes and no header (cut short at creation)", path, len(data)))
 			if writable {
 				if err := os.Remove(path); err != nil {
 					return nil, err
