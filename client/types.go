@@ -36,12 +36,13 @@ type Info struct {
 	// DiskBytes is the space the buffer's files take (0 for memory buffers).
 	DiskBytes int64 `json:"disk_bytes"`
 	// RowMetaBytes is what one slot's row metadata takes: 64 for the
-	// file record of memmap and compressed buffers, the 32-byte record
-	// (16 with "row_meta": "runs", run records not counted) plus
-	// row-group padding for memory buffers.
+	// file record of memmap and compressed buffers (16 for a memmap
+	// buffer with "row_meta": "runs"), the 32-byte record (16 with
+	// "row_meta": "runs", run records not counted) plus row-group padding
+	// for memory buffers.
 	RowMetaBytes int64 `json:"row_meta_bytes"`
-	// RunRecords is how many run records a memory buffer with
-	// "row_meta": "runs" holds (Size / RunRecords rows share each).
+	// RunRecords is how many run records a buffer with "row_meta": "runs"
+	// holds in memory (Size / RunRecords rows share each).
 	RunRecords int64 `json:"run_records,omitempty"`
 	// ChunkCache counts decoded-chunk cache lookups of compressed buffers.
 	ChunkCache *CacheStats `json:"chunk_cache,omitempty"`

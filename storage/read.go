@@ -484,14 +484,15 @@ type Info struct {
 	// buffers).
 	DiskBytes int64 `json:"disk_bytes"`
 	// RowMetaBytes is what one slot's row metadata takes: the 64-byte
-	// record of a file, or a memory buffer's 32-byte record (16 with run
+	// record of a file (16 in rows.meta format version 2, whose run log
+	// DiskBytes counts), or a memory buffer's 32-byte record (16 with run
 	// records) plus the padding of its row group (the stamp, index
 	// structures and run records are not counted).
 	RowMetaBytes int64 `json:"row_meta_bytes"`
-	// RunRecords is how many run records a memory buffer with
-	// "row_meta": "runs" holds (0 for other buffers): Size / RunRecords
-	// rows share each 64-byte record on average, and a workload whose
-	// runs are a few rows long is better served by the default layout.
+	// RunRecords is how many run records a buffer with "row_meta": "runs"
+	// holds in memory (0 for other buffers): Size / RunRecords rows share
+	// each 64-byte record on average, and a workload whose runs are a few
+	// rows long is better served by the default layout.
 	RunRecords int64 `json:"run_records,omitempty"`
 	// Cache counts lookups in the decoded-chunk cache of compressed
 	// buffers (nil for other kinds).
