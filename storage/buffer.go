@@ -475,7 +475,10 @@ func (b *Buffer) openFiles(writable bool) (retErr error) {
 		}
 		c.data = r.Bytes()[headerSize:]
 	}
-	path := metaFile(b.dir)
+	path, err := b.openUpgradeState(writable)
+	if err != nil {
+		return err
+	}
 	r, err := mmapfile.Open(path, headerSize+b.capacity*b.fileRecordSize(), writable)
 	if err != nil {
 		var se *mmapfile.SizeError

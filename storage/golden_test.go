@@ -121,13 +121,32 @@ func TestGoldenV1Layout(t *testing.T) {
 	}
 }
 
-func TestGoldenV1Contents(t *testing.T) { testGoldenContents(t, goldenDir, RowMetaPerRow) }
+func TestGoldenV1Contents(t *testing.T) {
+	testGoldenContents(t, goldenCopyOf(t, goldenDir), goldenDir, RowMetaPerRow)
+}
 
 // TestGoldenV2Contents: the version 2 golden dir reads as the same rows.
-func TestGoldenV2Contents(t *testing.T) { testGoldenContents(t, goldenDirV2, RowMetaRuns) }
+func TestGoldenV2Contents(t *testing.T) {
+	testGoldenContents(t, goldenCopyOf(t, goldenDirV2), goldenDirV2, RowMetaRuns)
+}
 
-func testGoldenContents(t *testing.T, src string, layout RowMetaLayout) {
-	dir := goldenCopyOf(t, src)
+// TestGoldenV1Upgraded: the version 1 golden dir, upgraded to version 2
+// (Upgrade), reads as the same rows, priorities and streams.
+func TestGoldenV1Upgraded(t *testing.T) {
+	dir := goldenCopyOf(t, goldenDir)
+	rep, err := Upgrade(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Buffers) != 1 || rep.Buffers[0].Rows != 8 || rep.Buffers[0].RunRecords == 0 {
+		t.Fatalf("upgrade report %+v", rep)
+	}
+	testGoldenContents(t, dir, "upgraded "+goldenDir, RowMetaRuns)
+}
+
+// testGoldenContents checks the golden buffer in dir (a copy of src, which
+// names it in failures) with row metadata layout layout.
+func testGoldenContents(t *testing.T, dir, src string, layout RowMetaLayout) {
 	rep, err := Verify(dir, nil)
 	if err != nil || !rep.OK() {
 		t.Fatalf("verify %s: %v %+v", src, err, rep)

@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,13 +11,16 @@ import (
 
 // BufferReport is what Verify found in one buffer.
 type BufferReport struct {
-	Name       string   `json:"name"`
-	Storage    Kind     `json:"storage"`
-	WriteCount int64    `json:"write_count"`
-	LiveRows   int64    `json:"live_rows"`
-	Durable    int64    `json:"durable_seq"`
-	Holes      int64    `json:"holes"`
-	Problems   []string `json:"problems,omitempty"`
+	Name    string `json:"name"`
+	Storage Kind   `json:"storage"`
+	// RowMeta is the buffer's row metadata layout ("row" or "runs"; for
+	// memmap buffers, rows.meta format version 1 or 2).
+	RowMeta    RowMetaLayout `json:"row_meta"`
+	WriteCount int64         `json:"write_count"`
+	LiveRows   int64         `json:"live_rows"`
+	Durable    int64         `json:"durable_seq"`
+	Holes      int64         `json:"holes"`
+	Problems   []string      `json:"problems,omitempty"`
 }
 
 // VerifyReport is the result of Verify.
@@ -71,7 +75,7 @@ func Verify(dir string, opts *Options) (*VerifyReport, error) {
 	s := &Store{dir: dir, opts: o, log: o.Logger, cat: cat, readOnly: true, buffers: map[string]*Buffer{}, snapAt: snapAt}
 	rep := &VerifyReport{Dir: dir, SnapshotAt: snapAt}
 	for _, e := range entries {
-		br := BufferReport{Name: e.name, Storage: e.spec.Storage, WriteCount: e.state.WriteCount}
+		br := BufferReport{Name: e.name, Storage: e.spec.Storage, RowMeta: cmp.Or(e.spec.RowMetaLayout, RowMetaPerRow), WriteCount: e.state.WriteCount}
 		b, _, err := s.openBuffer(e)
 		if err != nil {
 			br.Problems = append(br.Problems, err.Error())

@@ -25,7 +25,7 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newQuickstartCommand(), newServeCommand(), newDumpCommand(), newVerifyCommand(), newCollectCommand(), newCheckpointCommand())
+	root.AddCommand(newQuickstartCommand(), newServeCommand(), newDumpCommand(), newVerifyCommand(), newUpgradeCommand(), newCollectCommand(), newCheckpointCommand())
 	return root
 }
 

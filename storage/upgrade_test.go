@@ -1,0 +1,309 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// upBuild writes the store the upgrade tests convert: two memmap buffers
+// in rows.meta version 1 (one compact with priorities, both wrapped, with
+// open trajectories on a stream), a memory buffer and a compressed one,
+// which Upgrade leaves as they are.
+func upBuild(t testing.TB, dir string) {
+	t.Helper()
+	s := openStore(t, dir)
+	for i, name := range []string{"a", "b"} {
+		spec := testSpec(KindMemmap, 48+int64(16*i), i == 0)
+		spec.RowMetaLayout = RowMetaPerRow
+		if i == 0 {
+			spec.Priority = &PriorityOptions{Alpha: 0.6, Eps: 1e-6}
+		}
+		b := mustCreate(t, s, name, spec)
+		rows := make([]row, 30)
+		for k := range 4 {
+			for j := range rows {
+				v := k*len(rows) + j
+				rows[j] = row{env: int64(v % 3), val: float32(v), terminated: v%7 == 6, truncated: v%11 == 10 && v%7 != 6, final: float32(1000 + v)}
+			}
+			mustExtend(t, b, "s", makeBatch(spec, rows, true))
+		}
+	}
+	mem := mustCreate(t, s, "m", testSpec(KindMemory, 32, true))
+	mustExtend(t, mem, "s", makeBatch(mem.Spec(), []row{{val: 1}, {val: 2}}, true))
+	cz := mustCreate(t, s, "z", testSpec(KindCompressed, 32, true))
+	mustExtend(t, cz, "s", makeBatch(cz.Spec(), []row{{val: 1}, {val: 2, terminated: true, final: 3}}, true))
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// upRows reads every buffer's live rows (all columns and metadata).
+func upRows(t testing.TB, dir string) map[string]map[int64]servedRow {
+	t.Helper()
+	s, err := Open(dir, &Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	out := map[string]map[int64]servedRow{}
+	for _, b := range s.Buffers() {
+		out[b.Name()] = servedRows(t, b)
+	}
+	return out
+}
+
+// upLayouts returns each memmap buffer's layout as the catalog says it and
+// as its rows.meta header says it; they must agree.
+func upLayouts(t testing.TB, dir string) map[string]RowMetaLayout {
+	t.Helper()
+	rep, err := Verify(dir, nil)
+	if err != nil || !rep.OK() {
+		t.Fatalf("verify: %v %+v", err, rep)
+	}
+	out := map[string]RowMetaLayout{}
+	for _, br := range rep.Buffers {
+		if br.Storage != KindMemmap {
+			continue
+		}
+		out[br.Name] = br.RowMeta
+		path := metaFile(bufferDir(dir, br.Name))
+		if _, err := os.Stat(upgradeMetaFile(bufferDir(dir, br.Name))); err == nil && br.RowMeta == RowMetaRuns {
+			path = upgradeMetaFile(bufferDir(dir, br.Name)) // switched, not yet renamed: what an open reads
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := decodeMetaHeader("rows.meta", data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[RowMetaLayout]uint32{RowMetaPerRow: FormatVersion, RowMetaRuns: metaVersionRuns}[br.RowMeta]; h.Version != want {
+			t.Fatalf("buffer %q: the catalog says row_meta %q, rows.meta is version %d", br.Name, br.RowMeta, h.Version)
+		}
+	}
+	return out
+}
+
+// TestUpgrade converts a store and checks that every buffer reads the
+// same, that the memmap buffers are version 2 and the others untouched,
+// that streams continue, and that a second Upgrade finds nothing to do.
+func TestUpgrade(t *testing.T) {
+	dir := t.TempDir()
+	upBuild(t, dir)
+	want := upRows(t, dir)
+	var said []string
+	rep, err := Upgrade(dir, &UpgradeOptions{Progress: func(m string) { said = append(said, m) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Buffers) != 2 || rep.Buffers[0].Name != "a" || rep.Buffers[1].Name != "b" || len(said) < 3 {
+		t.Fatalf("report %+v, progress %q", rep, said)
+	}
+	for _, ub := range rep.Buffers {
+		if ub.Rows != int64(len(want[ub.Name])) || ub.RunRecords == 0 || ub.MetaBytesAfter == 0 {
+			t.Errorf("buffer %q: %+v (%d live rows)", ub.Name, ub, len(want[ub.Name]))
+		}
+	}
+	if got := upLayouts(t, dir); got["a"] != RowMetaRuns || got["b"] != RowMetaRuns {
+		t.Fatalf("layouts after the upgrade: %v", got)
+	}
+	s := openStore(t, dir)
+	for _, b := range s.Buffers() {
+		if got := checkServed(t, b, want[b.Name()]); len(got) != len(want[b.Name()]) {
+			t.Errorf("buffer %q serves %d rows, %d before the upgrade", b.Name(), len(got), len(want[b.Name()]))
+		}
+	}
+	// The stream's open trajectory continues after the upgrade.
+	a, _ := s.Buffer("a")
+	last := want["a"][a.WriteCount()-1].meta
+	if last.Done {
+		t.Fatal("fixture: the last row of a is done")
+	}
+	res := mustExtend(t, a, "s", makeBatch(a.Spec(), []row{{env: last.Env, val: 7}}, true))
+	if m := metas(t, a, res.FirstSeq)[0]; m.TrajID != last.TrajID || m.PrevSeq != last.Seq || m.Step != last.Step+1 {
+		t.Errorf("after the upgrade stream s env %d wrote %+v, want trajectory %d continued after seq %d", last.Env, m, last.TrajID, last.Seq)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Upgrade(dir, nil); !errors.Is(err, ErrNothingToUpgrade) {
+		t.Fatalf("a second upgrade: %v, want ErrNothingToUpgrade", err)
+	}
+}
+
+// TestUpgradeRefuses: a dir a running store holds, a damaged one, one of a
+// newer format and one with nothing to upgrade are refused with an error
+// that says so, and left exactly as they were.
+func TestUpgradeRefuses(t *testing.T) {
+	base := t.TempDir()
+	upBuild(t, base)
+	files := readTree(t, base)
+	cases := []struct {
+		name    string
+		prepare func(t *testing.T, dir string) func() // returns what ends it, or nil
+		want    error
+		says    string
+	}{
+		{"locked by a running store", func(t *testing.T, dir string) func() {
+			s := openStore(t, dir)
+			return func() { s.Close() }
+		}, ErrLocked, "running store"},
+		{"damaged", func(t *testing.T, dir string) func() {
+			path := colFile(bufferDir(dir, "b"), "action")
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b[headerSize+8*5] ^= 0x01
+			if err := os.WriteFile(path, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return nil
+		}, nil, "verify found problems"},
+		{"newer format", func(t *testing.T, dir string) func() {
+			db, err := bolt.Open(filepath.Join(dir, "catalog.db"), 0o644, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = db.Update(func(tx *bolt.Tx) error {
+				return tx.Bucket(bucketRBD).Put(keyFormat, []byte{byte(FormatVersion + 1), 0, 0, 0})
+			})
+			if err := errors.Join(err, db.Close()); err != nil {
+				t.Fatal(err)
+			}
+			return nil
+		}, ErrVersionMismatch, "version"},
+		{"already version 2", func(t *testing.T, dir string) func() {
+			if _, err := Upgrade(dir, nil); err != nil {
+				t.Fatal(err)
+			}
+			return nil
+		}, ErrNothingToUpgrade, "version 2 already"},
+		{"incomplete checkpoint", func(t *testing.T, dir string) func() {
+			if err := os.WriteFile(filepath.Join(dir, checkpointIncomplete), []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return nil
+		}, nil, "verify found problems"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeTree(t, dir, files)
+			done := tc.prepare(t, dir)
+			before := readTree(t, dir)
+			var beforeCat map[string]string
+			if done == nil { // a running store holds the catalog
+				beforeCat = catalogContents(t, filepath.Join(dir, "catalog.db"))
+			}
+			_, err := Upgrade(dir, &UpgradeOptions{Store: &Options{LockTimeout: 50e6}})
+			if err == nil || (tc.want != nil && !errors.Is(err, tc.want)) || !strings.Contains(err.Error(), tc.says) {
+				t.Fatalf("upgrade: %v; want an error matching %v that says %q", err, tc.want, tc.says)
+			}
+			if done != nil {
+				done()
+				return // the store changed the files itself
+			}
+			after := readTree(t, dir)
+			for _, rel := range slices.Sorted(maps.Keys(before)) {
+				if strings.HasPrefix(rel, "buffers/") && string(after[rel]) != string(before[rel]) {
+					t.Errorf("%s changed", rel)
+				}
+			}
+			for rel := range after {
+				if _, ok := before[rel]; !ok {
+					t.Errorf("%s was created", rel)
+				}
+			}
+			if got := catalogContents(t, filepath.Join(dir, "catalog.db")); beforeCat != nil && !maps.Equal(got, beforeCat) {
+				t.Errorf("the catalog changed:\n%s", diffMaps(beforeCat, got))
+			}
+		})
+	}
+}
+
+// TestUpgradeCrash kills a process upgrading the store at each step
+// (RBD_CRASH_AT: after the version 2 files are written, after a buffer's
+// spec is switched, after its rows.meta is replaced) and checks that each
+// buffer opens in version 1 or 2, never a mix, with every row as it was;
+// that an open cleans up or finishes what the upgrade left; and that
+// Upgrade then completes.
+func TestUpgradeCrash(t *testing.T) {
+	if dir := os.Getenv("RBD_TEST_UPGRADE_CHILD"); dir != "" {
+		_, err := Upgrade(dir, nil)
+		fmt.Printf("rbd-child upgrade: %v\n", err)
+		return
+	}
+	base := t.TempDir()
+	upBuild(t, base)
+	files := readTree(t, base)
+	want := upRows(t, base)
+	for _, tc := range []struct {
+		point   string
+		after   int
+		layouts map[string]RowMetaLayout // before the next open
+	}{
+		{"upgrade-files", 1, map[string]RowMetaLayout{"a": RowMetaPerRow, "b": RowMetaPerRow}},
+		{"upgrade-commit", 1, map[string]RowMetaLayout{"a": RowMetaRuns, "b": RowMetaPerRow}},
+		{"upgrade-rename", 1, map[string]RowMetaLayout{"a": RowMetaRuns, "b": RowMetaPerRow}},
+		{"upgrade-commit", 2, map[string]RowMetaLayout{"a": RowMetaRuns, "b": RowMetaRuns}},
+	} {
+		t.Run(fmt.Sprintf("%s/%d", tc.point, tc.after), func(t *testing.T) {
+			dir := t.TempDir()
+			writeTree(t, dir, files)
+			cmd := exec.Command(os.Args[0], "-test.run=^TestUpgradeCrash$", "-test.count=1")
+			cmd.Env = append(os.Environ(), "RBD_TEST_UPGRADE_CHILD="+dir, "RBD_CRASH_AT="+tc.point, fmt.Sprintf("RBD_CRASH_AFTER=%d", tc.after))
+			out, err := cmd.CombinedOutput()
+			if err == nil || strings.Contains(string(out), "rbd-child upgrade") {
+				t.Fatalf("the child was not killed at %s: %v\n%s", tc.point, err, out)
+			}
+			// Read-only first: nothing is cleaned up or finished yet.
+			if got := upLayouts(t, dir); !maps.Equal(got, tc.layouts) {
+				t.Fatalf("layouts after a kill at %s: %v, want %v", tc.point, got, tc.layouts)
+			}
+			if got := upRows(t, dir); !maps.EqualFunc(got, want, func(g, w map[int64]servedRow) bool { return len(g) == len(w) }) {
+				t.Fatalf("row counts changed")
+			}
+			s := openStore(t, dir)
+			for _, b := range s.Buffers() {
+				if got := checkServed(t, b, want[b.Name()]); len(got) != len(want[b.Name()]) {
+					t.Errorf("buffer %q serves %d rows after a kill at %s, %d before", b.Name(), len(got), tc.point, len(want[b.Name()]))
+				}
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			for name, layout := range tc.layouts {
+				bdir := bufferDir(dir, name)
+				_, pending := os.Stat(upgradeMetaFile(bdir))
+				nos, _ := runSegmentNumbers(bdir)
+				if pending == nil || (layout == RowMetaPerRow && len(nos) > 0) {
+					t.Errorf("buffer %q (%s) after an open: rows.meta.v2 left (%v), run segments %v", name, layout, pending == nil, nos)
+				}
+			}
+			if _, err := Upgrade(dir, nil); err != nil && !(tc.layouts["b"] == RowMetaRuns && errors.Is(err, ErrNothingToUpgrade)) {
+				t.Fatalf("upgrade after the kill: %v", err)
+			}
+			if got := upLayouts(t, dir); got["a"] != RowMetaRuns || got["b"] != RowMetaRuns {
+				t.Fatalf("layouts after the upgrade: %v", got)
+			}
+			s = openStore(t, dir)
+			defer s.Close()
+			for _, b := range s.Buffers() {
+				if got := checkServed(t, b, want[b.Name()]); len(got) != len(want[b.Name()]) {
+					t.Errorf("buffer %q serves %d rows after the upgrade, %d before", b.Name(), len(got), len(want[b.Name()]))
+				}
+			}
+		})
+	}
+}
