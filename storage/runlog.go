@@ -220,12 +220,24 @@ func runSegmentTarget(capacity int64) int64 { return min(max(capacity/4, 64<<10)
 // cache starts a new piece, which costs a record, never correctness.
 func (l *runLog) plan(recs []record, first int64) []pieceRow {
 	l.first = first
+	l.reset()
+	return l.planMore(recs)
+}
+
+// reset forgets the pieces planned so far.
+func (l *runLog) reset() {
 	l.pieces = l.pieces[:0]
+	clear(l.open[:])
+}
+
+// planMore is plan for rows that follow those planned since the last
+// reset (the pieces of both continue): an upgrade plans a ring's rows a
+// block at a time.
+func (l *runLog) planMore(recs []record) []pieceRow {
 	if cap(l.rows) < len(recs) {
 		l.rows = make([]pieceRow, len(recs))
 	}
 	l.rows = l.rows[:len(recs)]
-	clear(l.open[:])
 	for i := range recs {
 		r := &recs[i]
 		k := r.TrajID & int64(len(l.open)-1)

@@ -1,8 +1,10 @@
 package storage
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"slices"
@@ -55,8 +57,8 @@ type UpgradeReport struct {
 // and synced, then the catalog's spec is switched, then rows.meta is
 // replaced by a rename. Open removes the files of an upgrade that stopped
 // before the switch and finishes the rename of one that stopped after it.
-// Upgrade opens the dir again at the end and checks that every row reads
-// back with the metadata it had.
+// Upgrade opens the dir again at the end and checks that every live row
+// reads back with the metadata it had (a digest of it, in seq order).
 func Upgrade(dir string, opts *UpgradeOptions) (*UpgradeReport, error) {
 	var o UpgradeOptions
 	if opts != nil {
@@ -67,31 +69,11 @@ func Upgrade(dir string, opts *UpgradeOptions) (*UpgradeReport, error) {
 			o.Progress(fmt.Sprintf(format, args...))
 		}
 	}
-	rep, err := Verify(dir, o.Store)
-	if err != nil {
-		return nil, fmt.Errorf("upgrade %s: %w", dir, err)
-	}
-	if !rep.SnapshotAt.IsZero() {
-		return nil, fmt.Errorf("upgrade %s: %w (a running store holds it: stop it first)", dir, ErrLocked)
-	}
-	if !rep.OK() {
-		return nil, fmt.Errorf("upgrade %s: verify found problems, nothing changed (rbd verify %s lists them): %s", dir, dir, firstProblem(rep))
-	}
-	var targets []string
-	for _, br := range rep.Buffers {
-		if br.Storage == KindMemmap && br.RowMeta != RowMetaRuns {
-			targets = append(targets, br.Name)
-		}
-	}
-	if len(targets) == 0 {
-		return nil, fmt.Errorf("upgrade %s: no memmap buffer keeps rows.meta in format version 1 (every one is version 2 already, or there is none): %w", dir, ErrNothingToUpgrade)
-	}
-	say("verified %s; upgrading %s", dir, strings.Join(targets, ", "))
-
-	// 1. The version 2 files, beside the version 1 ones, synced, from a
-	// read-only open: a kill here must not count as a crash of the
-	// buffers (a flush buffer reopened after a crash resumes at its seq
-	// reservation, and its oldest rows leave the window early).
+	// Read-only opens throughout but for the switch: a kill must not
+	// count as a crash of the buffers (a flush buffer reopened after a
+	// crash resumes at its seq reservation, and its oldest rows leave
+	// the window early), and the catalog keeps its state, clean flag and
+	// saved streams as the last store left them.
 	ro := Options{ReadOnly: true}
 	if o.Store != nil {
 		ro = *o.Store
@@ -104,19 +86,36 @@ func Upgrade(dir string, opts *UpgradeOptions) (*UpgradeReport, error) {
 	if !s.snapAt.IsZero() {
 		return nil, errors.Join(fmt.Errorf("upgrade %s: %w (a running store holds it: stop it first)", dir, ErrLocked), s.Close())
 	}
+	// What Verify checks, from this open's recovery.
+	var targets []*Buffer
+	for _, b := range s.Buffers() {
+		if probs := append(slices.Clip(b.Damage()), b.checkIndex()...); len(probs) > 0 {
+			return nil, errors.Join(fmt.Errorf("upgrade %s: verify found problems, nothing changed (rbd verify %s lists them): buffer %q: %s", dir, dir, b.name, probs[0]), s.Close())
+		}
+		if b.spec.Storage == KindMemmap && b.rlog == nil {
+			targets = append(targets, b)
+		}
+	}
+	if len(targets) == 0 {
+		return nil, errors.Join(fmt.Errorf("upgrade %s: no memmap buffer keeps rows.meta in format version 1 (every one is version 2 already, or there is none): %w", dir, ErrNothingToUpgrade), s.Close())
+	}
+	names := make([]string, len(targets))
+	for i, b := range targets {
+		names[i] = b.name
+	}
+	say("verified %s; upgrading %s", dir, strings.Join(names, ", "))
+
+	// 1. The version 2 files, beside the version 1 ones, synced.
 	out := &UpgradeReport{Dir: dir}
-	before := map[string][]RowMeta{}
-	for _, name := range targets {
-		b, err := s.Buffer(name)
-		if err == nil {
-			var ub UpgradedBuffer
-			ub, before[name], err = b.writeRunFiles()
-			out.Buffers = append(out.Buffers, ub)
-			say("buffer %q: %d rows, %d run records written", name, ub.Rows, ub.RunRecords)
-		}
+	digests := map[string]metaDigest{}
+	for _, b := range targets {
+		ub, d, err := b.writeRunFiles(say)
 		if err != nil {
-			return nil, errors.Join(fmt.Errorf("upgrade %s: buffer %q: %w (the buffer is unchanged)", dir, name, err), s.Close())
+			return nil, errors.Join(fmt.Errorf("upgrade %s: buffer %q: %w (the buffer is unchanged)", dir, b.name, err), s.Close())
 		}
+		out.Buffers = append(out.Buffers, ub)
+		digests[b.name] = d
+		say("buffer %q: %d rows, %d run records written", b.name, ub.Rows, ub.RunRecords)
 	}
 	crash := s.crash
 	crash.at("upgrade-files")
@@ -134,7 +133,7 @@ func Upgrade(dir string, opts *UpgradeOptions) (*UpgradeReport, error) {
 		return nil, errors.Join(fmt.Errorf("upgrade %s: %w", dir, err), cat.close())
 	}
 	for _, e := range entries {
-		if !slices.Contains(targets, e.name) {
+		if !slices.Contains(names, e.name) {
 			continue
 		}
 		spec := e.spec
@@ -153,16 +152,19 @@ func Upgrade(dir string, opts *UpgradeOptions) (*UpgradeReport, error) {
 		return nil, fmt.Errorf("upgrade %s: %w", dir, err)
 	}
 
-	// 3. Read it back (read-only too: the catalog keeps its state, clean
-	// flag and saved streams as the last store left them).
+	// 3. Read it back: the same rows with the same metadata.
+	say("reading the upgraded buffers back")
 	s, err = Open(dir, &ro)
 	if err != nil {
 		return nil, fmt.Errorf("upgrade %s: reopen after the upgrade: %w", dir, err)
 	}
-	for i, name := range targets {
+	for i, name := range names {
 		b, err := s.Buffer(name)
 		if err == nil {
-			err = b.checkUpgraded(before[name])
+			var d metaDigest
+			if d, err = b.metaDigest(); err == nil && d != digests[name] {
+				err = fmt.Errorf("its live rows read as %d rows with metadata digest %016x, %d rows and %016x before", d.rows, d.sum, digests[name].rows, digests[name].sum)
+			}
 		}
 		if err == nil {
 			out.Buffers[i].MetaBytesAfter = fileBytes(metaFile(b.dir)) + b.rlog.files()
@@ -174,87 +176,91 @@ func Upgrade(dir string, opts *UpgradeOptions) (*UpgradeReport, error) {
 	if err := s.Close(); err != nil {
 		return nil, fmt.Errorf("upgrade %s: close: %w", dir, err)
 	}
-	say("upgraded %d buffers", len(targets))
+	say("upgraded %d buffers", len(names))
 	return out, nil
-}
-
-func firstProblem(rep *VerifyReport) string {
-	if len(rep.Problems) > 0 {
-		return rep.Problems[0]
-	}
-	for _, b := range rep.Buffers {
-		if len(b.Problems) > 0 {
-			return fmt.Sprintf("buffer %q: %s", b.Name, b.Problems[0])
-		}
-	}
-	return ""
 }
 
 // upgradeMetaFile is where Upgrade writes a buffer's version 2 rows.meta
 // before the switch.
 func upgradeMetaFile(dir string) string { return metaFile(dir) + ".v2" }
 
+// upgradeBlock is how many slots an upgrade converts at a time: it holds a
+// block's records, not the ring's.
+const upgradeBlock = 1 << 16
+
 // writeRunFiles writes the version 2 files of a version 1 memmap buffer,
 // opened read-only, beside its files, from its live rows, and syncs them:
 // rows.meta.v2 (with the same durable watermark: rows the version 1 files
 // did not have on stable storage are not claimed) and runs.00000001.rbdr.
-// It returns what it wrote and the live rows' metadata, to check the
-// result against.
-func (b *Buffer) writeRunFiles() (UpgradedBuffer, []RowMeta, error) {
+// It returns what it wrote and a digest of the live rows' metadata, to
+// check the result against.
+func (b *Buffer) writeRunFiles(say func(string, ...any)) (UpgradedBuffer, metaDigest, error) {
 	ub := UpgradedBuffer{Name: b.name, MetaBytesBefore: fileBytes(metaFile(b.dir))}
 	if b.rlog != nil || b.cs != nil || !b.persistent {
-		return ub, nil, fmt.Errorf("not a memmap buffer with rows.meta in format version 1")
+		return ub, metaDigest{}, fmt.Errorf("not a memmap buffer with rows.meta in format version 1")
 	}
 	if err := removeUpgradeLeftovers(b.dir); err != nil {
-		return ub, nil, err
+		return ub, metaDigest{}, err
 	}
-	wc := b.writeCount.Load()
-	var recs []record
-	var crcs []uint32
-	for seq := max(0, wc-b.capacity); seq < wc; seq++ {
-		slot := seq % b.capacity
-		if b.stamps.Load(slot) != seq {
-			continue // a hole
-		}
-		r, ok := decodeRecord(b.rec(slot))
-		if !ok || r.Seq != seq {
-			return ub, nil, fmt.Errorf("seq %d: its record no longer checks", seq)
-		}
-		recs = append(recs, r)
-		crcs = append(crcs, r.DataCRC)
+	d, err := b.metaDigest()
+	if err != nil {
+		return ub, d, err
 	}
-	seqs := make([]int64, len(recs))
-	for i := range recs {
-		seqs[i] = recs[i].Seq
+	fail := func(err error) (UpgradedBuffer, metaDigest, error) {
+		return ub, d, errors.Join(err, removeUpgradeLeftovers(b.dir))
 	}
-	meta := make([]RowMeta, len(seqs))
-	if err := b.ReadIndex(func(ix Index) { ix.Rows(seqs, meta) }); err != nil {
-		return ub, nil, err
-	}
-
-	var l runLog
-	rows := l.plan(recs, 0)
-	ub.Rows, ub.RunRecords = int64(len(recs)), int64(len(l.pieces))
-
 	hdr := metaHeader{Version: metaVersionRuns, RecordSize: fileRunRecordSize, UID: b.uid, Capacity: uint64(b.capacity), Name: b.name}.encode()
 	putWatermark(hdr, b.sync.durable)
-	data := make([]byte, b.capacity*fileRunRecordSize)
-	var scratch [12]byte
-	for i := range recs {
-		slot := recs[i].Seq % b.capacity
-		// The version 1 data CRC covers the same bytes in the same
-		// order; the version 2 checksum continues it over the record.
-		drec := data[slot*fileRunRecordSize : (slot+1)*fileRunRecordSize]
-		putFileRunRecord(drec, recs[i].Seq, rows[i], crcs[i], &scratch)
-	}
-	mf, err := createAllocated(upgradeMetaFile(b.dir), headerSize+int64(len(data)), hdr)
-	if err == nil {
-		_, err = mf.WriteAt(data, headerSize)
-		err = errors.Join(err, mf.Sync(), mf.Close())
-	}
+	mf, err := createAllocated(upgradeMetaFile(b.dir), headerSize+b.capacity*fileRunRecordSize, hdr)
 	if err != nil {
-		return ub, nil, errors.Join(fmt.Errorf("write %s: %w", upgradeMetaFile(b.dir), err), removeUpgradeLeftovers(b.dir))
+		return fail(fmt.Errorf("create %s: %w", upgradeMetaFile(b.dir), err))
 	}
+	// Oldest row first, a block of slots at a time (never across the
+	// ring's end), pieces continued from block to block.
+	var l runLog
+	l.reset()
+	var recs []record
+	data := make([]byte, min(b.capacity, upgradeBlock)*fileRunRecordSize)
+	var scratch [12]byte
+	wc := b.writeCount.Load()
+	first := max(0, wc-b.capacity)
+	blocks := 0
+	for lo := first; lo < wc; {
+		s0 := lo % b.capacity
+		hi := min(wc, lo+upgradeBlock, lo+b.capacity-s0)
+		recs = recs[:0]
+		for seq := lo; seq < hi; seq++ {
+			if b.stamps.Load(seq%b.capacity) != seq {
+				continue // a hole
+			}
+			r, ok := decodeRecord(b.rec(seq % b.capacity))
+			if !ok || r.Seq != seq {
+				return fail(errors.Join(fmt.Errorf("seq %d: its record no longer checks", seq), mf.Close()))
+			}
+			recs = append(recs, r)
+		}
+		rows := l.planMore(recs)
+		block := data[:(hi-lo)*fileRunRecordSize]
+		clear(block)
+		for i := range recs {
+			at := (recs[i].Seq - lo) * fileRunRecordSize
+			// The version 1 data CRC covers the same bytes in the same
+			// order; the version 2 checksum continues it over the record.
+			putFileRunRecord(block[at:at+fileRunRecordSize], recs[i].Seq, rows[i], recs[i].DataCRC, &scratch)
+		}
+		if _, err := mf.WriteAt(block, headerSize+s0*fileRunRecordSize); err != nil {
+			return fail(errors.Join(fmt.Errorf("write %s: %w", upgradeMetaFile(b.dir), err), mf.Close()))
+		}
+		ub.Rows += int64(len(recs))
+		lo = hi
+		if blocks++; blocks%32 == 0 {
+			say("buffer %q: %d of %d slots", b.name, lo-first, wc-first)
+		}
+	}
+	if err := errors.Join(mf.Sync(), mf.Close()); err != nil {
+		return fail(fmt.Errorf("write %s: %w", upgradeMetaFile(b.dir), err))
+	}
+	ub.RunRecords = int64(len(l.pieces))
 
 	n := int64(len(l.pieces)) * runLogRecordSize
 	path := filepath.Join(b.dir, runSegName(1))
@@ -272,9 +278,57 @@ func (b *Buffer) writeRunFiles() (UpgradedBuffer, []RowMeta, error) {
 		err = syncDir(b.dir)
 	}
 	if err != nil {
-		return ub, nil, errors.Join(fmt.Errorf("write %s: %w", path, err), removeUpgradeLeftovers(b.dir))
+		return fail(fmt.Errorf("write %s: %w", path, err))
 	}
-	return ub, meta, nil
+	return ub, d, nil
+}
+
+// metaDigest sums up the metadata of a buffer's live rows: Upgrade
+// compares it before and after.
+type metaDigest struct {
+	rows int64
+	sum  uint64
+}
+
+// metaDigest reads every live row's metadata (what samples return of it:
+// traj_id, step, links, env, flags, version) into a digest, in seq order.
+func (b *Buffer) metaDigest() (metaDigest, error) {
+	var d metaDigest
+	h := fnv.New64a()
+	seqs := make([]int64, 0, upgradeBlock)
+	metas := make([]RowMeta, upgradeBlock)
+	var w [8 * 8]byte
+	le := binary.LittleEndian
+	wc := b.writeCount.Load()
+	for lo := max(0, wc-b.capacity); lo < wc; lo += upgradeBlock {
+		seqs = seqs[:0]
+		for seq := lo; seq < min(wc, lo+upgradeBlock); seq++ {
+			seqs = append(seqs, seq)
+		}
+		ms := metas[:len(seqs)]
+		if err := b.ReadIndex(func(ix Index) { ix.Rows(seqs, ms) }); err != nil {
+			return d, err
+		}
+		for i := range ms {
+			m := &ms[i]
+			if m.Seq < 0 {
+				continue
+			}
+			var flags int64
+			for k, f := range []bool{m.Done, m.Terminated, m.Truncated, m.HasTail} {
+				if f {
+					flags |= 1 << k
+				}
+			}
+			for k, v := range []int64{m.Seq, m.TrajID, m.Step, m.PrevSeq, m.NextSeq, m.Env, m.PolicyVersion, flags} {
+				le.PutUint64(w[8*k:], uint64(v))
+			}
+			h.Write(w[:])
+			d.rows++
+		}
+	}
+	d.sum = h.Sum64()
+	return d, nil
 }
 
 // removeUpgradeLeftovers deletes, from the dir of a buffer in version 1,
@@ -300,28 +354,6 @@ func finishRunsUpgrade(dir string) error {
 		return fmt.Errorf("replace rows.meta: %w", err)
 	}
 	return syncDir(dir)
-}
-
-// checkUpgraded compares the live rows' metadata after an upgrade with
-// what they were before it.
-func (b *Buffer) checkUpgraded(before []RowMeta) error {
-	seqs := make([]int64, len(before))
-	for i := range before {
-		seqs[i] = before[i].Seq
-	}
-	after := make([]RowMeta, len(seqs))
-	if err := b.ReadIndex(func(ix Index) { ix.Rows(seqs, after) }); err != nil {
-		return err
-	}
-	if got := len(b.LiveSeqs(0, int(b.capacity))); got != len(before) {
-		return fmt.Errorf("%d live rows, %d before", got, len(before))
-	}
-	for i := range before {
-		if after[i] != before[i] {
-			return fmt.Errorf("seq %d reads as %+v, was %+v", seqs[i], after[i], before[i])
-		}
-	}
-	return nil
 }
 
 // openUpgradeState handles, as a buffer's files are opened, an upgrade

@@ -194,7 +194,7 @@ func TestUpgradeRefuses(t *testing.T) {
 				t.Fatal(err)
 			}
 			return nil
-		}, nil, "verify found problems"},
+		}, ErrIncompleteCheckpoint, "incomplete checkpoint"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
