@@ -1,12 +1,15 @@
 package storage
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/rbdb/rbd/internal/testbin"
 )
 
 // TestResolveSeq: a seq stored modulo 2^47 comes back exactly from any
@@ -201,5 +204,67 @@ func TestRunSegmentCutAtCreation(t *testing.T) {
 				t.Fatalf("run segments %v after the next extend, want the newest numbered 3", nos)
 			}
 		})
+	}
+}
+
+// TestRunLogDiskFull: a memmap buffer with run records on a full disk
+// refuses an extend whose run records need a new segment, with an
+// out-of-space error and nothing of the batch written, and takes the same
+// batch once space returns, without a restart; reopened, it holds every
+// acknowledged row and verifies clean.
+func TestRunLogDiskFull(t *testing.T) {
+	dir := testbin.MountTmpfs(t, 8<<20)
+	s := openStore(t, dir)
+	spec := testSpec(KindMemmap, 4096, true)
+	spec.RowMetaLayout = RowMetaRuns
+	b := mustCreate(t, s, "r", spec)
+	refStore := openStore(t, t.TempDir())
+	defer refStore.Close()
+	ref := mustCreate(t, refStore, "r", testSpec(KindMemory, 4096, true))
+	// One-row episodes: a run record a row, a 64 KiB segment every 1,023
+	// rows.
+	rows := make([]row, 100)
+	filler := testbin.FillDisk(t, dir)
+	refused := 0
+	for k := range 60 {
+		for i := range rows {
+			rows[i] = row{env: int64(i % 4), val: float32(k*100 + i), terminated: true, final: float32(i)}
+		}
+		batch := makeBatch(spec, rows, true)
+		wc := b.WriteCount()
+		if _, err := b.Extend("s", batch); err != nil {
+			if !errors.Is(err, ErrInsufficientStorage) {
+				t.Fatalf("extend on a full disk: %v", err)
+			}
+			if b.WriteCount() != wc {
+				t.Fatalf("a refused extend moved the write count %d -> %d", wc, b.WriteCount())
+			}
+			refused++
+			if err := os.Remove(filler); err != nil {
+				t.Fatal(err)
+			}
+			mustExtend(t, b, "s", batch)
+			filler = testbin.FillDisk(t, dir)
+		}
+		mustExtend(t, ref, "s", makeBatch(spec, rows, true))
+	}
+	if refused == 0 {
+		t.Fatal("the run log never ran out of space")
+	}
+	t.Logf("extends refused for space %d times, each taken again after space returned", refused)
+	compareBuffers(t, ref, b)
+	os.Remove(filler)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, dir)
+	defer s.Close()
+	b, err := s.Buffer("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	compareBuffers(t, ref, b)
+	if rep, err := Verify(dir, nil); err != nil || !rep.OK() {
+		t.Fatalf("verify: %v %+v", err, rep)
 	}
 }
