@@ -82,6 +82,9 @@ func TestCheckpointWhileWriting(t *testing.T) {
 	// Run records: the copy reads memory records and their runs while
 	// writers free and reuse runs; the restore builds runs again.
 	t.Run("memory-runs", func(t *testing.T) { testCheckpointWhileWriting(t, KindMemory, RowMetaRuns) })
+	// rows.meta version 2: the copy takes the file records as they are
+	// and the run segments pinned, while writers append to them.
+	t.Run("memmap-runs", func(t *testing.T) { testCheckpointWhileWriting(t, KindMemmap, RowMetaRuns) })
 }
 
 func testCheckpointWhileWriting(t *testing.T, kind Kind, layout RowMetaLayout) {

@@ -22,6 +22,9 @@ func TestConcurrentReadersNeverSeeTornRows(t *testing.T) {
 	// another; the env and link checks below catch a run record read
 	// from the wrong run.
 	t.Run("memory-runs", func(t *testing.T) { testTornRows(t, KindMemory, RowMetaRuns) })
+	// rows.meta version 2: the same memory records, beside file records
+	// and a run log the writers append to.
+	t.Run("memmap-runs", func(t *testing.T) { testTornRows(t, KindMemmap, RowMetaRuns) })
 }
 
 func testTornRows(t *testing.T, kind Kind, layout RowMetaLayout) {

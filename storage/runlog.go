@@ -197,6 +197,7 @@ type runSegment struct {
 	size    int64            // the file's size
 	used    int64            // bytes of header and records appended (segments of this open)
 	dirty   bool
+	syncing int   // syncs in progress (not collected meanwhile)
 	maxLast int64 // the largest last seq of its pieces, -1 if none
 }
 
@@ -369,7 +370,7 @@ func (l *runLog) collectLocked(keepFrom int64) error {
 	var errs []error
 	kept := l.segs[:0]
 	for i, s := range l.segs {
-		if i == len(l.segs)-1 || s.maxLast >= keepFrom {
+		if i == len(l.segs)-1 || s.maxLast >= keepFrom || s.syncing > 0 {
 			kept = append(kept, s)
 			continue
 		}
@@ -387,27 +388,52 @@ func (l *runLog) collectLocked(keepFrom int64) error {
 
 // sync makes every piece appended so far durable.
 func (l *runLog) sync() error {
-	// Under segMu throughout: a collection must not unmap a segment
-	// being synced (syncs of the run log are a few pages).
+	type job struct {
+		s *runSegment
+		n int
+	}
 	l.segMu.Lock()
-	defer l.segMu.Unlock()
-	var errs []error
+	var jobs []job
 	for _, s := range l.segs {
-		if !s.dirty || s.r == nil {
-			continue
+		if s.dirty && s.r != nil {
+			jobs = append(jobs, job{s, int(s.used)})
+			s.dirty = false
+			s.syncing++
 		}
-		if err := s.r.SyncRange(0, int(s.used)); err != nil {
+	}
+	dir := l.dirDirty
+	l.dirDirty = false
+	l.segMu.Unlock()
+	// Outside segMu, so that writers go on appending while the pages go
+	// to disk (milliseconds on a real one); a segment being synced is not
+	// collected (syncing), and whatever is appended meanwhile is dirty
+	// again for the next sync.
+	failed := make([]bool, len(jobs))
+	var errs []error
+	for i, j := range jobs {
+		if err := j.s.r.SyncRange(0, j.n); err != nil {
 			errs = append(errs, err)
-			continue
+			failed[i] = true
 		}
-		s.dirty = false
 	}
-	if l.dirDirty && len(errs) == 0 {
+	dirFailed := false
+	if dir {
 		if err := syncDir(l.b.dir); err != nil {
-			return err
+			errs = append(errs, err)
+			dirFailed = true
 		}
-		l.dirDirty = false
 	}
+	l.segMu.Lock()
+	for i, j := range jobs {
+		j.s.syncing--
+		if failed[i] {
+			j.s.dirty = true
+		}
+	}
+	if dirFailed {
+		l.dirDirty = true
+	}
+	l.segMu.Unlock()
 	return errors.Join(errs...)
 }
 
