@@ -476,19 +476,7 @@ func TestGoldenFormatEncoding(t *testing.T) {
 	}
 	got := sb.String()
 
-	const path = "testdata/v1/encoding.golden"
-	if *updateFormat {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test ./storage -run TestGoldenFormatEncoding -update-format)", err)
-	}
-	if got != string(want) {
-		t.Errorf("encodings differ from %s (a format change needs a new version):\n%s", path, lineDiff(string(want), got))
-	}
+	checkEncodingGolden(t, "testdata/v1/encoding.golden", got)
 
 	// The dump agrees with the named offsets, as docs/format.md states them.
 	le := binary.LittleEndian
@@ -539,19 +527,7 @@ func TestGoldenV2FormatEncoding(t *testing.T) {
 	section(fmt.Sprintf("run record %+v", piece), pieceBytes)
 	got := sb.String()
 
-	const path = "testdata/v2/encoding.golden"
-	if *updateFormat {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test ./storage -run TestGoldenV2FormatEncoding -update-format)", err)
-	}
-	if got != string(want) {
-		t.Errorf("encodings differ from %s (a format change needs a new version):\n%s", path, lineDiff(string(want), got))
-	}
+	checkEncodingGolden(t, "testdata/v2/encoding.golden", got)
 
 	// The dump agrees with the named offsets, as docs/format.md states them.
 	le := binary.LittleEndian
@@ -579,6 +555,25 @@ func TestGoldenV2FormatEncoding(t *testing.T) {
 	}
 	if _, why := decodeRunPiece(make([]byte, runLogRecordSize)); why == "" {
 		t.Errorf("a run record of zeros decodes")
+	}
+}
+
+// checkEncodingGolden compares the dumps of a format's encoders with its
+// golden file (-update-format rewrites it; review the diff: any change to
+// a byte of a released version is a format break).
+func checkEncodingGolden(t *testing.T, path, got string) {
+	t.Helper()
+	if *updateFormat {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./storage -run %s -update-format)", err, t.Name())
+	}
+	if got != string(want) {
+		t.Errorf("encodings differ from %s (a format change needs a new version):\n%s", path, lineDiff(string(want), got))
 	}
 }
 

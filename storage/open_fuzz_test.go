@@ -49,13 +49,7 @@ func fzBuildLayout(t testing.TB, s *Store, layout RowMetaLayout) {
 func FuzzOpenDamaged(f *testing.F) {
 	p := pristine(f, "fuzz", fzBuild)
 	files := slices.Sorted(maps.Keys(p.files))
-	index := func(rel string) uint8 {
-		i := slices.Index(files, rel)
-		if i < 0 {
-			f.Fatalf("fixture has no %s (files %q)", rel, files)
-		}
-		return uint8(i)
-	}
+	index := func(rel string) uint8 { return fuzzFileIndex(f, files, rel) }
 	meta := index("buffers/f/rows.meta")
 	obs := index("buffers/f/f.observation.col")
 	tail := index("buffers/f/tail.observation.col")
@@ -93,13 +87,7 @@ func FuzzOpenDamaged(f *testing.F) {
 func FuzzOpenDamagedRuns(f *testing.F) {
 	p := pristine(f, "fuzz-runs", fzBuildRuns)
 	files := slices.Sorted(maps.Keys(p.files))
-	index := func(rel string) uint8 {
-		i := slices.Index(files, rel)
-		if i < 0 {
-			f.Fatalf("fixture has no %s (files %q)", rel, files)
-		}
-		return uint8(i)
-	}
+	index := func(rel string) uint8 { return fuzzFileIndex(f, files, rel) }
 	meta := index("buffers/f/rows.meta")
 	runs := index("buffers/f/" + runSegName(1))
 	rec := func(slot, at uint32) uint32 { return headerSize + slot*fileRunRecordSize + at }
@@ -129,6 +117,16 @@ func FuzzOpenDamagedRuns(f *testing.F) {
 	f.Fuzz(func(t *testing.T, file uint8, off uint32, val byte, trunc bool) {
 		openDamaged(t, p, files, file, off, val, trunc)
 	})
+}
+
+// fuzzFileIndex is the index of rel among a fixture's files (the fuzzers
+// pick a file by index).
+func fuzzFileIndex(f *testing.F, files []string, rel string) uint8 {
+	i := slices.Index(files, rel)
+	if i < 0 {
+		f.Fatalf("fixture has no %s (files %q)", rel, files)
+	}
+	return uint8(i)
 }
 
 // openDamaged damages one file of p (XOR of one byte, or truncation), then

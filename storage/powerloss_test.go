@@ -62,16 +62,7 @@ func powerLossScramble(t *testing.T, dir, buf, variant string, rng *rand.Rand) (
 			continue // durable
 		}
 		slots = append(slots, slot)
-		switch variant {
-		case "random":
-			powerLossRandom(rng, rec)
-		case "zeros":
-			clear(rec)
-		case "crc":
-			rec[crcOff] ^= 0x10
-		default:
-			t.Fatalf("unknown variant %q", variant)
-		}
+		powerLossDestroy(t, variant, rng, rec, crcOff)
 	}
 	if err := os.WriteFile(path, data, 0o644); err != nil {
 		t.Fatal(err)
@@ -129,18 +120,27 @@ func powerLossRuns(t *testing.T, bdir string, durable int64, variant string, rng
 			if p, why := decodeRunPiece(rec); why != "" || p.FirstSeq < durable {
 				continue
 			}
-			switch variant {
-			case "random":
-				powerLossRandom(rng, rec)
-			case "zeros":
-				clear(rec)
-			case "crc":
-				rec[rlCRC] ^= 0x10
-			}
+			powerLossDestroy(t, variant, rng, rec, rlCRC)
 		}
 		if err := os.WriteFile(path, data, 0o644); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// powerLossDestroy destroys a record as a power loss may: random bytes,
+// zeros, or ("crc") one flipped bit of its checksum at crcOff.
+func powerLossDestroy(t *testing.T, variant string, rng *rand.Rand, rec []byte, crcOff int) {
+	t.Helper()
+	switch variant {
+	case "random":
+		powerLossRandom(rng, rec)
+	case "zeros":
+		clear(rec)
+	case "crc":
+		rec[crcOff] ^= 0x10
+	default:
+		t.Fatalf("unknown variant %q", variant)
 	}
 }
 
