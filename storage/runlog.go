@@ -273,8 +273,8 @@ func (l *runLog) planMore(recs []record) []pieceRow {
 // segments wholly below keepFrom then). It runs before any row of the
 // batch is written, so a row whose record is whole has its piece in the
 // file (durable once the segment is synced, which syncFiles does before
-// the rows). On an error nothing of the batch counts: the file is cut
-// back to where the write began.
+// the rows). The only error is a segment that cannot be created (a full
+// disk): nothing of the batch is written then.
 func (l *runLog) appendPlanned(keepFrom int64) error {
 	if len(l.pieces) == 0 {
 		return nil
