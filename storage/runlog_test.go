@@ -327,3 +327,38 @@ func TestRunLogFsyncWriters(t *testing.T) {
 		t.Fatalf("run segments %v: the writers never filled one", nos)
 	}
 }
+
+// TestRunLogHugeBatch: one extend of 70,000 rows of one trajectory (more
+// than a piece can span) and one larger than the ring, into a memmap
+// buffer with run records: the pieces split where they must, and the rows
+// read back the same after a reopen.
+func TestRunLogHugeBatch(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	spec := testSpec(KindMemmap, 100_000, true)
+	spec.RowMetaLayout = RowMetaRuns
+	b := mustCreate(t, s, "h", spec)
+	rows := make([]row, 70_000)
+	for i := range rows {
+		rows[i] = row{val: float32(i)}
+	}
+	mustExtend(t, b, "s", makeBatch(spec, rows, true))
+	rows = make([]row, 130_000) // wraps the ring within the batch
+	for i := range rows {
+		rows[i] = row{env: int64(i % 2), val: float32(-i), truncated: i == len(rows)-1, final: 1}
+	}
+	mustExtend(t, b, "s", makeBatch(spec, rows, true))
+	want := servedRows(t, b)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, dir)
+	defer s.Close()
+	b, err := s.Buffer("h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := checkServed(t, b, want); len(got) != len(want) || len(got) != 100_000 {
+		t.Fatalf("%d rows after reopening, %d before (ring of 100,000)", len(got), len(want))
+	}
+}
