@@ -3,8 +3,11 @@
   (b) rbd's Python client against `rbd serve` (a memory buffer, compact_obs),
   (c) rbd in-process from Go (bench/compare/inproc),
 printing rows/s, batches/s and bytes held per transition for each, in one run.
-CartPole runs in-process twice: with the default row metadata and with run
-records (a memory buffer's "row_meta": "runs").
+CartPole runs in-process four times: a memory buffer with the default row
+metadata and with run records ("row_meta": "runs"), and a memmap buffer
+(durability none, files in a temporary dir) with rows.meta format version 1
+and 2 (the same two row_meta values); "disk/row" is a memmap buffer's files
+over its rows.
 
 The in-process legs (numpy, Go) run --rounds times, alternating (numpy, Go,
 Go with run records, numpy, ...), and the table prints each figure's median
@@ -262,37 +265,40 @@ def main():
         cap = a.cartpole_capacity if wl == "cartpole" else a.atari_capacity
         # Small rows also with run records (row_meta "runs"): less memory a
         # row, slower samples; images have no use for them.
-        metas = ["row", "runs"] if wl == "cartpole" else ["row"]
+        metas = [("memory", "row"), ("memory", "runs"), ("memmap", "row"), ("memmap", "runs")]
+        if wl != "cartpole":
+            metas = metas[:1]
         legs = {"numpy": []}
         legs.update((m, []) for m in metas)
         for rnd in range(max(a.rounds, 1)):
             legs["numpy"].append(run_child("numpy", wl, cap, a.seconds))
-            for row_meta in metas:
+            for storage, row_meta in metas:
                 out = subprocess.run([inproc, "--workload", wl, "--capacity", str(cap), "--seconds", str(a.seconds),
-                                      "--row-meta", row_meta, "--settle"],
+                                      "--storage", storage, "--row-meta", row_meta, "--settle"],
                                      check=True, capture_output=True, text=True)
                 r = json.loads(out.stdout)
                 r["x_numpy"] = [r["sample_batches_per_s"] / legs["numpy"][rnd]["sample_batches_per_s"]]
-                legs[row_meta].append(r)
+                legs[storage, row_meta].append(r)
         results.append(combine(legs["numpy"]))
         with rbdserver.Server() as srv:
             results.append(run_child("client", wl, cap, a.seconds, ["--url", srv.url, "--server-pid", str(srv.proc.pid)]))
-        for row_meta in metas:
-            r = combine(legs[row_meta])
-            r["x_numpy"] = [x["x_numpy"][0] for x in legs[row_meta]]
+        for leg in metas:
+            r = combine(legs[leg])
+            r["x_numpy"] = [x["x_numpy"][0] for x in legs[leg]]
             results.append(r)
     print()
     print("In-process legs: medians of %d alternating rounds." % max(a.rounds, 1))
     print()
-    print("| workload | implementation | add rows/s (fill) | sample batches/s (prefetch thread; stream; shm) | x numpy | sample GB/s (shm) | held/row | layout/row |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| workload | implementation | add rows/s (fill) | sample batches/s (prefetch thread; stream; shm) | x numpy | sample GB/s (shm) | held/row | layout/row | disk/row |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
         pre, st, sh = r.get("prefetch_batches_per_s"), r.get("stream_batches_per_s"), r.get("shm_batches_per_s")
         gb = "%.2f" % r["sample_gb_per_s"] + (" (%.2f)" % r["shm_gb_per_s"] if sh else "")
-        print("| %s | %s | %s (%s) | %s%s | %s | %s | %s | %s |" % (
+        print("| %s | %s | %s (%s) | %s%s | %s | %s | %s | %s | %s |" % (
             r["workload"], r["impl"], fmt(r["add_rows_per_s"]), fmt(r["fill_rows_per_s"]),
             fmt(r["sample_batches_per_s"]), " (%s; %s; %s)" % (fmt(pre), fmt(st), fmt(sh)) if pre else "",
-            ratio_cell(r), gb, fmt(r["bytes_per_transition_rss"], "B"), fmt(r["bytes_per_transition_layout"], "B")))
+            ratio_cell(r), gb, fmt(r["bytes_per_transition_rss"], "B"), fmt(r["bytes_per_transition_layout"], "B"),
+            fmt(r.get("disk_bytes_per_transition"), "B")))
     if a.rounds > 1:
         print()
         print("Rounds (sample batches/s, in order):")

@@ -75,9 +75,13 @@ func (w *workload) done(env, tick int) bool {
 
 const nEnvs = 8
 
-func (w *workload) spec(capacity int64, rowMeta storage.RowMetaLayout) storage.Spec {
+func (w *workload) spec(capacity int64, kind storage.Kind, rowMeta storage.RowMetaLayout) storage.Spec {
+	var dur storage.Durability
+	if kind != storage.KindMemory {
+		dur = storage.DurabilityNone // the OS writes back, as a numpy ring never does
+	}
 	return storage.Spec{
-		Capacity: capacity, Storage: storage.KindMemory, CompactObs: true, ObsKeys: []string{"observation"},
+		Capacity: capacity, Storage: kind, Durability: dur, CompactObs: true, ObsKeys: []string{"observation"},
 		RowMetaLayout: rowMeta,
 		Fields: []storage.Field{
 			{Name: "observation", DType: w.obsDType, Shape: w.obsShape},
@@ -147,14 +151,15 @@ func main() {
 	seconds := flag.Float64("seconds", 2, "how long to sample")
 	settle := flag.Bool("settle", false, "collect garbage and return freed memory to the OS before each resident-set reading, so bytes_per_transition_rss counts what the buffer holds, not garbage the fill left (tests/resident)")
 	rowMeta := flag.String("row-meta", "row", "the buffer's row_meta: row (32-byte records) or runs (16-byte records and run records)")
+	kind := flag.String("storage", "memory", "the buffer's storage: memory, or memmap (files in a temporary dir, durability none)")
 	flag.Parse()
-	if err := run(*name, *capacity, *batchSize, time.Duration(*seconds*float64(time.Second)), *settle, storage.RowMetaLayout(*rowMeta)); err != nil {
+	if err := run(*name, *capacity, *batchSize, time.Duration(*seconds*float64(time.Second)), *settle, storage.Kind(*kind), storage.RowMetaLayout(*rowMeta)); err != nil {
 		fmt.Fprintln(os.Stderr, "inproc:", err)
 		os.Exit(1)
 	}
 }
 
-func run(name string, capacity int64, batchSize int, sampleFor time.Duration, settle bool, rowMeta storage.RowMetaLayout) error {
+func run(name string, capacity int64, batchSize int, sampleFor time.Duration, settle bool, kind storage.Kind, rowMeta storage.RowMetaLayout) error {
 	w, err := newWorkload(name)
 	if err != nil {
 		return err
@@ -173,7 +178,7 @@ func run(name string, capacity int64, batchSize int, sampleFor time.Duration, se
 		debug.FreeOSMemory() // a GC, then freed pages back to the OS
 	}
 	rss0 := rss()
-	buf, _, err := db.CreateBuffer("bench", w.spec(capacity, rowMeta))
+	buf, _, err := db.CreateBuffer("bench", w.spec(capacity, kind, rowMeta))
 	if err != nil {
 		return err
 	}
@@ -228,10 +233,13 @@ func run(name string, capacity int64, batchSize int, sampleFor time.Duration, se
 	}
 	elapsed := time.Since(start).Seconds()
 	impl := "rbd in-process (Go)"
-	if rowMeta != "" && rowMeta != storage.RowMetaPerRow {
-		impl = fmt.Sprintf("rbd in-process (Go), row_meta %s", rowMeta)
+	if kind != storage.KindMemory {
+		impl += ", " + string(kind)
 	}
-	return json.NewEncoder(os.Stdout).Encode(map[string]any{
+	if rowMeta != "" && rowMeta != storage.RowMetaPerRow {
+		impl += fmt.Sprintf(", row_meta %s", rowMeta)
+	}
+	res := map[string]any{
 		"impl": impl, "workload": name, "rows": info.Size,
 		"fill_rows_per_s":             float64(rows) / pass[0].Seconds(),
 		"add_rows_per_s":              float64(rows) / pass[1].Seconds(),
@@ -239,5 +247,10 @@ func run(name string, capacity int64, batchSize int, sampleFor time.Duration, se
 		"sample_gb_per_s":             float64(sampledBytes) / elapsed / 1e9,
 		"bytes_per_transition_rss":    float64(held) / float64(info.Size),
 		"bytes_per_transition_layout": float64(layout)/float64(info.Size) + float64(info.RowMetaBytes),
-	})
+	}
+	if kind != storage.KindMemory {
+		// The files' blocks over the rows: what the buffer takes on disk.
+		res["disk_bytes_per_transition"] = float64(info.DiskBytes) / float64(info.Size)
+	}
+	return json.NewEncoder(os.Stdout).Encode(res)
 }
