@@ -28,7 +28,10 @@ type column struct {
 	rowBytes int
 	// cz is the column's index among the compressed fields of a
 	// compressed buffer (its bytes live in chunks, not in data), or -1.
-	cz     int
+	cz int
+	// sparse marks a tail column file whose blocks are allocated only
+	// where a row has a final observation (sparseTails).
+	sparse bool
 	region *mmapfile.Region // nil for a column in the buffer's row group
 	data   []byte           // capacity*rowBytes, after the header for files
 	// stride is the distance in data from one row to the next. Zero means
@@ -279,7 +282,8 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) (*Buffer, error) {
 			f, _ := spec.Field(k)
 			tf := Field{Name: "next." + k, DType: f.DType, Shape: f.Shape}
 			b.tailOf[tf.Name] = i
-			b.tails = append(b.tails, &column{name: tf.Name, file: tailFileName(k), role: roleTail, field: tf, rowBytes: f.RowBytes(), cz: -1})
+			b.tails = append(b.tails, &column{name: tf.Name, file: tailFileName(k), role: roleTail, field: tf, rowBytes: f.RowBytes(), cz: -1,
+				sparse: b.persistent && sparseTail(f.RowBytes())})
 		}
 	}
 	if spec.Priority != nil {
@@ -374,7 +378,13 @@ func (b *Buffer) createFiles() (retErr error) {
 	}()
 	for _, c := range b.allColumns() {
 		path := filepath.Join(b.dir, c.file)
-		r, err := mmapfile.Create(path, headerSize+b.capacity*int64(c.rowBytes))
+		create := mmapfile.Create
+		if c.sparse {
+			create = func(path string, size int64) (*mmapfile.Region, error) {
+				return mmapfile.CreateSparse(path, size, headerSize)
+			}
+		}
+		r, err := create(path, headerSize+b.capacity*int64(c.rowBytes))
 		if err != nil {
 			return err
 		}
@@ -654,7 +664,9 @@ func syncDir(dir string) error {
 func (b *Buffer) reserveFiles() error {
 	regions := []*mmapfile.Region{b.meta}
 	for _, c := range b.allColumns() {
-		regions = append(regions, c.region)
+		if !c.sparse { // allocated row by row by the writer
+			regions = append(regions, c.region)
+		}
 	}
 	for _, r := range regions {
 		n, err := r.Unbacked()

@@ -17,9 +17,10 @@ import (
 var ErrIO = errors.New("storage: i/o error")
 
 // fileBytesNeeded is what the files of a new persistent buffer take on
-// disk, all reserved at create: the fixed-size columns and the row
-// metadata. Compressed fields go to segment files that grow with the
-// rows; one segment's worth is counted for them.
+// disk: the fixed-size columns and the row metadata, reserved at create,
+// and what grows with the rows, estimated: compressed fields go to segment
+// files (one segment's worth is counted), run records to a run log, and
+// final observations of a page or more to sparse tail files.
 func fileBytesNeeded(spec Spec) int64 {
 	if spec.Storage == KindMemory {
 		return 0
@@ -44,7 +45,16 @@ func fileBytesNeeded(spec Spec) int64 {
 	}
 	if spec.CompactObs {
 		for _, k := range spec.ObsKeys {
-			if f, ok := spec.Field(k); ok && !spec.Compressed(f) {
+			f, ok := spec.Field(k)
+			switch {
+			case !ok || spec.Compressed(f):
+			case sparseTail(f.RowBytes()):
+				// Allocated row by row, for done rows only: counted at
+				// one in 8 (episodes of 8 steps or more). More done
+				// rows than that fail their extends, cleanly, once the
+				// disk is full.
+				total = satAdd(total, satAdd(headerSize, satMul(spec.Capacity/8+1, int64(f.RowBytes()))))
+			default:
 				total = satAdd(total, col(f.RowBytes()))
 			}
 		}

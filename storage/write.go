@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"github.com/rbdb/rbd/ratelimit"
 	"hash/crc32"
+	"os"
 	"runtime/debug"
 	"time"
 )
@@ -366,6 +367,12 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 		}
 	}
 
+	// Blocks for the final observations this extend writes into sparse
+	// tail files: a full disk refuses the extend here, before any row.
+	if err := b.allocateTails(p, first, written, end); err != nil {
+		return ExtendResult{}, err
+	}
+
 	// Rows this extend overwrites leave the index before their slots are
 	// touched, so samplers stop choosing them; a reader already copying one
 	// sees its stamp change and drops it.
@@ -376,6 +383,7 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 		b.writeRow(s%capacity, &recs[r], p, r)
 	}
 
+	b.punchTails(p, first, written, end)
 	envs = b.publish(recs, first, written, end, stream, envs)
 	if b.tailIx != nil {
 		b.tailIx.release(max(0, end-capacity))
@@ -621,6 +629,69 @@ func (b *Buffer) runKeepFrom() int64 {
 		wc = min(wc, b.Durable())
 	}
 	return wc - b.capacity
+}
+
+// sparseTail reports whether a persistent buffer keeps a tail column of
+// rowBytes a row sparse: only rows with a final observation (done rows, one
+// in tens to thousands) use the column, and a row of a page or more has
+// pages of its own, which the rows without one leave as holes (an Atari
+// frame stack's tail column would otherwise double the buffer's files).
+// Smaller rows share pages with their neighbours, a live tail among them
+// in nearly every page, so their columns are allocated whole.
+func sparseTail(rowBytes int) bool { return rowBytes >= os.Getpagesize() }
+
+// allocateTails reserves, in each sparse tail file, the blocks of the rows
+// [written, end) of the extend that carry a final observation (a write
+// through the mapping into a hole would fault on a full disk). Called
+// before any row is written: its error leaves everything as it was.
+func (b *Buffer) allocateTails(p *plan, first, written, end int64) error {
+	for _, c := range b.tails {
+		if !c.sparse || c.cz >= 0 {
+			continue
+		}
+		rb := int64(c.rowBytes)
+		for s := written; s < end; s++ {
+			if p.tailRowOf(int(s-first)) < 0 {
+				continue
+			}
+			if err := c.region.Allocate(headerSize+s%b.capacity*rb, rb); err != nil {
+				return fmt.Errorf("final observation of seq %d: %w", s, err)
+			}
+		}
+	}
+	return nil
+}
+
+// punchTails gives back the blocks that the rows [written, end) of an
+// extend without a final observation leave unused in each sparse tail file
+// (what the rows they overwrote may have held): one call per stretch of
+// such rows, whole pages only. A failure only leaves the blocks allocated.
+func (b *Buffer) punchTails(p *plan, first, written, end int64) {
+	for _, c := range b.tails {
+		if !c.sparse || c.cz >= 0 {
+			continue
+		}
+		rb := int64(c.rowBytes)
+		from := written // start of the current stretch without tails
+		flush := func(to int64) {
+			for from < to {
+				// A stretch stops at the ring's end.
+				s0 := from % b.capacity
+				n := min(to-from, b.capacity-s0)
+				if err := c.region.Punch(headerSize+s0*rb, n*rb); err != nil {
+					b.log.Warn("could not give back the blocks of final observations no row uses", "file", c.region.Path(), "err", err)
+				}
+				from += n
+			}
+		}
+		for s := written; s < end; s++ {
+			if p.tailRowOf(int(s-first)) >= 0 {
+				flush(s)
+				from = s + 1
+			}
+		}
+		flush(end)
+	}
 }
 
 // crcScratchSize bounds the field bytes a row stages for its checksum at

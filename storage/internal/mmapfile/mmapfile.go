@@ -69,6 +69,59 @@ func Create(path string, size int64) (r *Region, retErr error) {
 	return mapFile(f, path, size, true)
 }
 
+// CreateSparse is Create with only the file's first allocated bytes
+// reserved: the rest are holes until Allocate reserves them. Writes
+// through the mapping must stay within reserved blocks (see reserve).
+func CreateSparse(path string, size, allocated int64) (r *Region, retErr error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", path, err)
+	}
+	defer func() {
+		if retErr != nil {
+			retErr = errors.Join(retErr, f.Close(), os.Remove(path))
+		}
+	}()
+	if err := f.Truncate(size); err != nil {
+		return nil, fmt.Errorf("truncate %s to %d: %w", path, size, err)
+	}
+	if err := reserve(f, min(allocated, size)); err != nil {
+		return nil, fmt.Errorf("reserve %d bytes for %s: %w", allocated, path, err)
+	}
+	return mapFile(f, path, size, true)
+}
+
+// Allocate reserves the blocks of the file's bytes [off, off+n), which
+// writes through the mapping may then touch without faulting on a full
+// disk. It fails with ENOSPC when the disk cannot provide them.
+func (r *Region) Allocate(off, n int64) error {
+	if r.f == nil || n <= 0 {
+		return nil
+	}
+	if err := reserveRange(r.f, off, n); err != nil {
+		return fmt.Errorf("allocate %d bytes at %d of %s: %w", n, off, r.path, err)
+	}
+	return nil
+}
+
+// Punch gives back to the filesystem the blocks of the whole pages within
+// [off, off+n), which then read as zeros and must be allocated again
+// before a write touches them.
+func (r *Region) Punch(off, n int64) error {
+	if r.f == nil {
+		return nil
+	}
+	page := int64(os.Getpagesize())
+	start, end := (off+page-1)/page*page, (off+n)/page*page
+	if end <= start {
+		return nil
+	}
+	if err := unix.Fallocate(int(r.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, start, end-start); err != nil {
+		return fmt.Errorf("punch %d bytes at %d of %s: %w", end-start, start, r.path, err)
+	}
+	return nil
+}
+
 // reserve makes the filesystem allocate every block of the file's first
 // size bytes. A write through a mapping to a block the filesystem cannot
 // allocate (the disk is full) is not an error but a SIGBUS that kills the
@@ -76,20 +129,23 @@ func Create(path string, size int64) (r *Region, retErr error) {
 // one. fallocate(2) does it in one call; where the filesystem does not
 // support it, a zero byte is written into every block that is not
 // allocated yet (what posix_fallocate does).
-func reserve(f *os.File, size int64) error {
-	err := unix.Fallocate(int(f.Fd()), 0, 0, size)
+func reserve(f *os.File, size int64) error { return reserveRange(f, 0, size) }
+
+// reserveRange is reserve for the bytes [off, off+n).
+func reserveRange(f *os.File, off, n int64) error {
+	err := unix.Fallocate(int(f.Fd()), 0, off, n)
 	if err == nil || (err != unix.EOPNOTSUPP && err != unix.ENOSYS) {
 		return err
 	}
 	page := int64(os.Getpagesize())
 	var zero [1]byte
-	for off := int64(0); off < size; off += page {
+	for p := off / page * page; p < off+n; p += page {
 		// A block that already holds data keeps it: only holes get the
 		// zero byte (reading a hole gives zeros too).
-		if next, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA); err == nil && next == off {
+		if next, err := unix.Seek(int(f.Fd()), p, unix.SEEK_DATA); err == nil && next == p {
 			continue
 		}
-		if _, err := f.WriteAt(zero[:], off); err != nil {
+		if _, err := f.WriteAt(zero[:], max(p, off)); err != nil {
 			return err
 		}
 	}
