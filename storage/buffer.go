@@ -30,8 +30,9 @@ type column struct {
 	// compressed buffer (its bytes live in chunks, not in data), or -1.
 	cz int
 	// sparse marks a tail column file whose blocks are allocated only
-	// where a row has a final observation (sparseTails).
-	sparse bool
+	// where a row has a final observation (sparseTail); noPunch, that its
+	// filesystem refused to punch holes (writers only).
+	sparse, noPunch bool
 	region *mmapfile.Region // nil for a column in the buffer's row group
 	data   []byte           // capacity*rowBytes, after the header for files
 	// stride is the distance in data from one row to the next. Zero means

@@ -665,10 +665,12 @@ func (b *Buffer) allocateTails(p *plan, first, written, end int64) error {
 // punchTails gives back the blocks that the rows [written, end) of an
 // extend without a final observation leave unused in each sparse tail file
 // (what the rows they overwrote may have held): one call per stretch of
-// such rows, whole pages only. A failure only leaves the blocks allocated.
+// such rows, whole pages only. A failure only leaves the blocks allocated;
+// after one (a filesystem without hole punching) the column is no longer
+// punched.
 func (b *Buffer) punchTails(p *plan, first, written, end int64) {
 	for _, c := range b.tails {
-		if !c.sparse || c.cz >= 0 {
+		if !c.sparse || c.cz >= 0 || c.noPunch {
 			continue
 		}
 		rb := int64(c.rowBytes)
@@ -678,8 +680,9 @@ func (b *Buffer) punchTails(p *plan, first, written, end int64) {
 				// A stretch stops at the ring's end.
 				s0 := from % b.capacity
 				n := min(to-from, b.capacity-s0)
-				if err := c.region.Punch(headerSize+s0*rb, n*rb); err != nil {
-					b.log.Warn("could not give back the blocks of final observations no row uses", "file", c.region.Path(), "err", err)
+				if err := c.region.Punch(headerSize+s0*rb, n*rb); err != nil && !c.noPunch {
+					c.noPunch = true
+					b.log.Warn("cannot give back the blocks of final observations no row uses; the file keeps them", "file", c.region.Path(), "err", err)
 				}
 				from += n
 			}
