@@ -33,8 +33,9 @@ type column struct {
 	// where a row has a final observation (sparseTail); noPunch, that its
 	// filesystem refused to punch holes (writers only).
 	sparse, noPunch bool
-	region          *mmapfile.Region // nil for a column in the buffer's row group
-	data            []byte           // capacity*rowBytes, after the header for files
+
+	region *mmapfile.Region // nil for a column in the buffer's row group
+	data   []byte           // capacity*rowBytes, after the header for files
 	// stride is the distance in data from one row to the next. Zero means
 	// rowBytes (one column after another); a memory buffer's small fields
 	// share rows instead (see interleaveSmallFields), so stride is the
