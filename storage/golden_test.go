@@ -505,9 +505,9 @@ func TestGoldenV2FormatEncoding(t *testing.T) {
 	// and tail bytes.
 	rec := make([]byte, fileRunRecordSize)
 	var scratch [12]byte
-	putFileRunRecord(rec, 11, pieceRow{delta: 2, off: 1, dist: 2}, 0xdeadbeef, &scratch)
+	putFileRunRecord(rec, 11, pieceRow{delta: 2, off: 1, dist: 2}, fileRunCRC(0xdeadbeef, 11, pieceRow{delta: 2, off: 1, dist: 2}, &scratch))
 	first := make([]byte, fileRunRecordSize)
-	putFileRunRecord(first, 1<<47+9, pieceRow{}, 0xdeadbeef, &scratch) // seq 2^47+9 is stored as 9
+	putFileRunRecord(first, 1<<47+9, pieceRow{}, fileRunCRC(0xdeadbeef, 1<<47+9, pieceRow{}, &scratch)) // seq 2^47+9 is stored as 9
 	marking := slices.Clone(rec)
 	binary.LittleEndian.PutUint64(marking[frWord:], fileRunWord(11, 2)|frWriting)
 	piece := runPiece{FirstSeq: 9, TrajID: 3, FirstStep: 0, PrevSeq: -1, Env: 1, PolicyVersion: 0x0102030405, Span: 2, Rows: 2, Flags: uint8(flagDone | flagTruncated | flagHasTail)}

@@ -246,7 +246,7 @@ func (b *Buffer) writeRunFiles(say func(string, ...any)) (UpgradedBuffer, metaDi
 			at := (recs[i].Seq - lo) * fileRunRecordSize
 			// The version 1 data CRC covers the same bytes in the same
 			// order; the version 2 checksum continues it over the record.
-			putFileRunRecord(block[at:at+fileRunRecordSize], recs[i].Seq, rows[i], recs[i].DataCRC, &scratch)
+			putFileRunRecord(block[at:at+fileRunRecordSize], recs[i].Seq, rows[i], fileRunCRC(recs[i].DataCRC, recs[i].Seq, rows[i], &scratch))
 		}
 		if _, err := mf.WriteAt(block, headerSize+s0*fileRunRecordSize); err != nil {
 			return fail(errors.Join(fmt.Errorf("write %s: %w", upgradeMetaFile(b.dir), err), mf.Close()))
