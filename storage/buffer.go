@@ -28,12 +28,7 @@ type column struct {
 	rowBytes int
 	// cz is the column's index among the compressed fields of a
 	// compressed buffer (its bytes live in chunks, not in data), or -1.
-	cz int
-	// sparse marks a tail column file whose blocks are allocated only
-	// where a row has a final observation (sparseTail); noPunch, that its
-	// filesystem refused to punch holes (writers only).
-	sparse, noPunch bool
-
+	cz     int
 	region *mmapfile.Region // nil for a column in the buffer's row group
 	data   []byte           // capacity*rowBytes, after the header for files
 	// stride is the distance in data from one row to the next. Zero means
@@ -44,6 +39,10 @@ type column struct {
 	// groupOff is the column's offset in the row group's rows (when
 	// stride is not zero).
 	groupOff int64
+	// sparse marks a tail column file whose blocks are allocated only
+	// where a row has a final observation (sparseTail); noPunch, that its
+	// filesystem refused to punch holes (writers only).
+	sparse, noPunch bool
 }
 
 func (c *column) row(slot int64) []byte {

@@ -369,8 +369,10 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 
 	// Blocks for the final observations this extend writes into sparse
 	// tail files: a full disk refuses the extend here, before any row.
-	if err := b.allocateTails(p, first, written, end); err != nil {
-		return ExtendResult{}, err
+	if b.persistent {
+		if err := b.allocateTails(p, first, written, end); err != nil {
+			return ExtendResult{}, err
+		}
 	}
 
 	// Rows this extend overwrites leave the index before their slots are
@@ -383,7 +385,9 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 		b.writeRow(s%capacity, &recs[r], p, r)
 	}
 
-	b.punchTails(p, first, written, end)
+	if b.persistent {
+		b.punchTails(p, first, written, end)
+	}
 	envs = b.publish(recs, first, written, end, stream, envs)
 	if b.tailIx != nil {
 		b.tailIx.release(max(0, end-capacity))
