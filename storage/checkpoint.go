@@ -236,7 +236,12 @@ func (cp *rowCopier) run(bdir string, res *CheckpointResult) (retErr error) {
 		}
 	}()
 	for _, c := range cp.cols {
-		f, err := createAllocated(filepath.Join(bdir, c.file), headerSize+b.capacity*int64(c.rowBytes), b.colHeaderFor(c).encode())
+		size := headerSize + b.capacity*int64(c.rowBytes)
+		allocated := size
+		if c.sparse {
+			allocated = headerSize // the copy writes the final observations it has, nothing else
+		}
+		f, err := createFile(filepath.Join(bdir, c.file), size, allocated, b.colHeaderFor(c).encode())
 		if err != nil {
 			return err
 		}
@@ -384,7 +389,26 @@ func (cp *rowCopier) copyBlock(lo, hi int64) (kept, overwritten int64, err error
 		kept++
 	}
 	for i, c := range cp.cols {
-		if _, err := cp.files[i].WriteAt(bufs[i], headerSize+s0*int64(c.rowBytes)); err != nil {
+		rb := int64(c.rowBytes)
+		if c.sparse {
+			// Only the rows with a final observation: the file keeps
+			// its holes where the source has them. (A row found
+			// overwritten above got a zero record; its tail bytes are
+			// never read.)
+			for k := range n {
+				var r record
+				b.loadRecord(lo+k, &r)
+				if r.Flags&flagHasTail == 0 {
+					continue
+				}
+				if _, err := cp.files[i].WriteAt(bufs[i][k*rb:(k+1)*rb], headerSize+(s0+k)*rb); err != nil {
+					return 0, 0, err
+				}
+			}
+			cp.advance(int64(len(bufs[i])))
+			continue
+		}
+		if _, err := cp.files[i].WriteAt(bufs[i], headerSize+s0*rb); err != nil {
 			return 0, 0, err
 		}
 		cp.advance(int64(len(bufs[i])))
@@ -637,6 +661,12 @@ func checkComplete(dir string) error {
 // createAllocated creates a file of size bytes with every block reserved
 // and hdr at its start.
 func createAllocated(path string, size int64, hdr []byte) (*os.File, error) {
+	return createFile(path, size, size, hdr)
+}
+
+// createFile creates a file of size bytes with its first allocated bytes'
+// blocks reserved (the rest holes) and hdr written at its start.
+func createFile(path string, size, allocated int64, hdr []byte) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return nil, err
@@ -644,7 +674,7 @@ func createAllocated(path string, size int64, hdr []byte) (*os.File, error) {
 	if err := f.Truncate(size); err != nil {
 		return nil, errors.Join(err, f.Close())
 	}
-	if err := mmapfile.Allocate(f, size); err != nil {
+	if err := mmapfile.Allocate(f, allocated); err != nil {
 		return nil, errors.Join(err, f.Close())
 	}
 	if _, err := f.WriteAt(hdr, 0); err != nil {

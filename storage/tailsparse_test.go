@@ -1,8 +1,10 @@
 package storage
 
 import (
+	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/rbdb/rbd/internal/testbin"
@@ -83,6 +85,24 @@ func TestSparseTails(t *testing.T) {
 			got, tails, ob, want, headerSize+256*ob)
 	}
 	compareBuffers(t, ref, b)
+	// A hot checkpoint keeps the holes: its tail file takes the live
+	// final observations, and it opens with the same rows.
+	cpDir := filepath.Join(t.TempDir(), "cp")
+	if _, err := b.Checkpoint(context.Background(), cpDir, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := fileBytes(tailFile(bufferDir(cpDir, "img"), "observation")); got > headerSize+int64(tails)*ob+slack {
+		t.Errorf("the checkpoint's tail file takes %d bytes for %d final observations of %d", got, tails, ob)
+	}
+	cs := openStore(t, cpDir)
+	cb, err := cs.Buffer("img")
+	if err != nil {
+		t.Fatal(err)
+	}
+	compareBuffers(t, ref, cb)
+	if err := cs.Close(); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +111,7 @@ func TestSparseTails(t *testing.T) {
 	}
 	s = openStore(t, dir)
 	defer s.Close()
-	b, err := s.Buffer("img")
+	b, err = s.Buffer("img")
 	if err != nil {
 		t.Fatal(err)
 	}
