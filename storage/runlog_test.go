@@ -254,19 +254,8 @@ func TestRunLogDiskFull(t *testing.T) {
 	t.Logf("extends refused for space %d times, each taken again after space returned", refused)
 	compareBuffers(t, ref, b)
 	os.Remove(filler)
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s = openStore(t, dir)
-	defer s.Close()
-	b, err := s.Buffer("r")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, b = reopenVerified(t, s, dir, "r")
 	compareBuffers(t, ref, b)
-	if rep, err := Verify(dir, nil); err != nil || !rep.OK() {
-		t.Fatalf("verify: %v %+v", err, rep)
-	}
 }
 
 // TestRunLogFsyncWriters: four writers extend an fsync buffer with run
@@ -308,18 +297,7 @@ func TestRunLogFsyncWriters(t *testing.T) {
 		t.Fatalf("write count %d, durable %d; want %d both", wc, b.Durable(), writers*extends*16)
 	}
 	nos, _ := runSegmentNumbers(b.dir)
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if rep, err := Verify(dir, nil); err != nil || !rep.OK() {
-		t.Fatalf("verify: %v %+v", err, rep)
-	}
-	s = openStore(t, dir)
-	defer s.Close()
-	b, err := s.Buffer("f")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, b = reopenVerified(t, s, dir, "f")
 	if got := checkServed(t, b, want); len(got) != len(want) {
 		t.Fatalf("%d rows after reopening, %d before", len(got), len(want))
 	}
@@ -361,4 +339,23 @@ func TestRunLogHugeBatch(t *testing.T) {
 	if got := checkServed(t, b, want); len(got) != len(want) || len(got) != 100_000 {
 		t.Fatalf("%d rows after reopening, %d before (ring of 100,000)", len(got), len(want))
 	}
+}
+
+// reopenVerified closes s, checks that Verify finds dir clean, and opens
+// it again (closed at the test's end): the store and its buffer name.
+func reopenVerified(t *testing.T, s *Store, dir, name string) (*Store, *Buffer) {
+	t.Helper()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := Verify(dir, nil); err != nil || !rep.OK() {
+		t.Fatalf("verify: %v %+v", err, rep)
+	}
+	s = openStore(t, dir)
+	t.Cleanup(func() { s.Close() })
+	b, err := s.Buffer(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, b
 }

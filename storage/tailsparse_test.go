@@ -103,18 +103,7 @@ func TestSparseTails(t *testing.T) {
 	if err := cs.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if rep, err := Verify(dir, nil); err != nil || !rep.OK() {
-		t.Fatalf("verify: %v %+v", err, rep)
-	}
-	s = openStore(t, dir)
-	defer s.Close()
-	b, err = s.Buffer("img")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, b = reopenVerified(t, s, dir, "img")
 	// A writable open does not allocate the holes back.
 	if got := fileBytes(path); got > headerSize+int64(tails)*ob+slack {
 		t.Errorf("after a reopen the tail file takes %d bytes", got)

@@ -50,24 +50,7 @@ func Anonymous(size int64) (*Region, error) {
 
 // Create makes a new file of exactly size bytes (sparse: holes cost no disk)
 // and maps it read-write. It fails if the file exists.
-func Create(path string, size int64) (r *Region, retErr error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("create %s: %w", path, err)
-	}
-	defer func() {
-		if retErr != nil {
-			retErr = errors.Join(retErr, f.Close(), os.Remove(path))
-		}
-	}()
-	if err := f.Truncate(size); err != nil {
-		return nil, fmt.Errorf("truncate %s to %d: %w", path, size, err)
-	}
-	if err := reserve(f, size); err != nil {
-		return nil, fmt.Errorf("reserve %d bytes for %s: %w", size, path, err)
-	}
-	return mapFile(f, path, size, true)
-}
+func Create(path string, size int64) (*Region, error) { return CreateSparse(path, size, size) }
 
 // CreateSparse is Create with only the file's first allocated bytes
 // reserved: the rest are holes until Allocate reserves them. Writes
