@@ -77,6 +77,10 @@ type dumpBuffer struct {
 	Damaged          int                           `json:"damaged_rows"`
 	Bytes            map[string]storage.FieldBytes `json:"bytes"`
 	DiskBytes        int64                         `json:"disk_bytes"`
+	// RowMetaBytes and RunRecords are Info's: a slot's row metadata, and
+	// the run records of a buffer with "row_meta": "runs".
+	RowMetaBytes int64 `json:"row_meta_bytes"`
+	RunRecords   int64 `json:"run_records,omitempty"`
 	// RateLimit is the limiter's state: live (from the running server's
 	// snapshot) or, on a dir no server holds, what it restarts with.
 	RateLimit *ratelimit.State `json:"rate_limit,omitempty"`
@@ -133,7 +137,8 @@ func dumpOne(b *storage.Buffer, o *dumpOptions) (dumpBuffer, error) {
 		Name: info.Name, Storage: info.Spec.Storage, Capacity: info.Spec.Capacity, Spec: info.Spec,
 		Size: info.Size, WriteCount: info.WriteCount, Durable: info.Durable, Trajectories: info.Trajectories,
 		OpenTrajectories: info.OpenTrajectories, Holes: info.Holes, Damaged: info.Damaged, Bytes: info.Bytes,
-		DiskBytes: info.DiskBytes, LengthHistogram: map[string]int{}, RateLimit: info.RateLimit,
+		DiskBytes: info.DiskBytes, RowMetaBytes: info.RowMetaBytes, RunRecords: info.RunRecords,
+		LengthHistogram: map[string]int{}, RateLimit: info.RateLimit,
 	}
 	var trajSeqs []int64
 	b.ReadIndex(func(ix storage.Index) {
@@ -284,6 +289,14 @@ func printDump(out io.Writer, res *dumpOutput) {
 		fmt.Fprintf(out, "  trajectories: %d live, %d open\n", d.Trajectories, d.OpenTrajectories)
 		if d.Storage != storage.KindMemory {
 			fmt.Fprintf(out, "  disk: %d bytes in files\n", d.DiskBytes)
+		}
+		switch {
+		case d.Spec.RowMetaLayout == storage.RowMetaRuns && d.Storage == storage.KindMemmap:
+			fmt.Fprintf(out, "  row metadata: rows.meta format version 2 (%d bytes a slot) and a run log; %d run records in memory\n", d.RowMetaBytes, d.RunRecords)
+		case d.Spec.RowMetaLayout == storage.RowMetaRuns:
+			fmt.Fprintf(out, "  row metadata: %d bytes a slot and %d run records\n", d.RowMetaBytes, d.RunRecords)
+		default:
+			fmt.Fprintf(out, "  row metadata: %d bytes a slot\n", d.RowMetaBytes)
 		}
 		if c := d.Spec.Compression; c != nil {
 			fmt.Fprintf(out, "  compression: %s level %d, chunks of %d rows, delta %v\n", c.Codec, c.Level, c.ChunkLen, c.Delta)
