@@ -40,9 +40,11 @@ type column struct {
 	// stride is not zero).
 	groupOff int64
 	// sparse marks a tail column file whose blocks are allocated only
-	// where a row has a final observation (sparseTail); noPunch, that its
-	// filesystem refused to punch holes (writers only).
+	// where a row has a final observation (sparseTail); held has a bit per
+	// slot whose blocks are allocated (punchTails); noPunch says its
+	// filesystem refused to punch holes. held and noPunch: writers only.
 	sparse, noPunch bool
+	held            slotBits
 }
 
 func (c *column) row(slot int64) []byte {
@@ -151,6 +153,9 @@ type Buffer struct {
 	// crc32's dispatch: an allocation a row), guarded by wmu.
 	runCRCScratch [12]byte
 	recBatch      []record // the records of the extend being written (batchRecords), guarded by wmu
+	// punchFrom is the first seq whose row punchTails has not looked at
+	// (sparse tail files), guarded by wmu.
+	punchFrom int64
 
 	// imu guards the trajectory index. Writers hold it only to evict and to
 	// publish rows, never while copying bytes.
@@ -486,6 +491,9 @@ func (b *Buffer) openFiles(writable bool) (retErr error) {
 				h.DType, h.Shape, h.Name, h.Capacity, want.DType, want.Shape, want.Name, want.Capacity)
 		}
 		c.data = r.Bytes()[headerSize:]
+		if c.sparse && writable {
+			b.markHeldTails(c)
+		}
 	}
 	path, err := b.openUpgradeState(writable)
 	if err != nil {
@@ -516,6 +524,21 @@ func (b *Buffer) openFiles(writable bool) (retErr error) {
 			h.Name, h.Capacity, h.RecordSize, b.name, b.capacity, want.RecordSize)
 	}
 	return b.mapRecords(r)
+}
+
+// markHeldTails marks the slots of a sparse tail file whose blocks are
+// allocated, from its data runs: the final observations of live rows, and
+// whatever an older build (which allocated the whole file) or a crash
+// before a punch left, which punchTails gives back as rows are written.
+func (b *Buffer) markHeldTails(c *column) {
+	rb, size := int64(c.rowBytes), int64(len(c.region.Bytes()))
+	for off := c.region.NextData(headerSize); off < size; {
+		end := max(c.region.NextHole(off), off+1) // never stuck, whatever lseek says
+		for slot := (off - headerSize) / rb; slot < b.capacity && headerSize+slot*rb < end; slot++ {
+			c.held.set(slot)
+		}
+		off = c.region.NextData(end)
+	}
 }
 
 func equalInts(a, b []int) bool {

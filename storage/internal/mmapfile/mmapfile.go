@@ -273,6 +273,20 @@ func (r *Region) NextData(off int64) int64 {
 	return min(next, size)
 }
 
+// NextHole returns the offset of the first byte at or after off that is
+// in a hole (or the region's size): where the data run at off ends.
+func (r *Region) NextHole(off int64) int64 {
+	size := int64(len(r.m))
+	if r.f == nil || off >= size {
+		return min(off, size)
+	}
+	next, err := unix.Seek(int(r.f.Fd()), off, unix.SEEK_HOLE)
+	if err != nil {
+		return size // as if all data: the caller assumes blocks are held
+	}
+	return min(next, size)
+}
+
 // Bytes returns the mapped memory.
 func (r *Region) Bytes() []byte { return r.m }
 
