@@ -55,12 +55,7 @@ func FuzzOpenDamaged(f *testing.F) {
 	tail := index("buffers/f/tail.observation.col")
 	prio := index("buffers/f/priority.col")
 	cat := index("catalog.db")
-	for _, s := range []struct {
-		file  uint8
-		off   uint32
-		val   byte
-		trunc bool
-	}{
+	for _, s := range []fuzzDamage{
 		{meta, 0, 0, false},                                 // pristine
 		{meta, 8, 0x02, false},                              // version
 		{meta, watermarkOff, 0x01, false},                   // watermark
@@ -91,12 +86,7 @@ func FuzzOpenDamagedRuns(f *testing.F) {
 	meta := index("buffers/f/rows.meta")
 	runs := index("buffers/f/" + runSegName(1))
 	rec := func(slot, at uint32) uint32 { return headerSize + slot*fileRunRecordSize + at }
-	for _, s := range []struct {
-		file  uint8
-		off   uint32
-		val   byte
-		trunc bool
-	}{
+	for _, s := range []fuzzDamage{
 		{meta, 0, 0, false},                                            // pristine
 		{meta, 8, 0x03, false},                                         // version 2 -> 1
 		{meta, rec(5, frWord), 0x01, false},                            // a seq
@@ -117,6 +107,15 @@ func FuzzOpenDamagedRuns(f *testing.F) {
 	f.Fuzz(func(t *testing.T, file uint8, off uint32, val byte, trunc bool) {
 		openDamaged(t, p, files, file, off, val, trunc)
 	})
+}
+
+// fuzzDamage is a seed of the damage fuzzers: XOR val into byte off of
+// file number file, or with trunc cut the file there.
+type fuzzDamage struct {
+	file  uint8
+	off   uint32
+	val   byte
+	trunc bool
 }
 
 // fuzzFileIndex is the index of rel among a fixture's files (the fuzzers

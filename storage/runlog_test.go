@@ -230,21 +230,9 @@ func TestRunLogDiskFull(t *testing.T) {
 		for i := range rows {
 			rows[i] = row{env: int64(i % 4), val: float32(k*100 + i), terminated: true, final: float32(i)}
 		}
-		batch := makeBatch(spec, rows, true)
-		wc := b.WriteCount()
-		if _, err := b.Extend("s", batch); err != nil {
-			if !errors.Is(err, ErrInsufficientStorage) {
-				t.Fatalf("extend on a full disk: %v", err)
-			}
-			if b.WriteCount() != wc {
-				t.Fatalf("a refused extend moved the write count %d -> %d", wc, b.WriteCount())
-			}
+		var was bool
+		if was, filler = extendOnFullDisk(t, dir, b, makeBatch(spec, rows, true), filler); was {
 			refused++
-			if err := os.Remove(filler); err != nil {
-				t.Fatal(err)
-			}
-			mustExtend(t, b, "s", batch)
-			filler = testbin.FillDisk(t, dir)
 		}
 		mustExtend(t, ref, "s", makeBatch(spec, rows, true))
 	}
@@ -358,4 +346,29 @@ func reopenVerified(t *testing.T, s *Store, dir, name string) (*Store, *Buffer) 
 		t.Fatal(err)
 	}
 	return s, b
+}
+
+// extendOnFullDisk extends b with batch on the stream "s" while filler
+// fills dir's disk. A refusal must be an out-of-space error that leaves the
+// write count where it was; then space is freed, the same batch goes in,
+// and the disk is filled again. It returns whether the extend was refused,
+// and the filler.
+func extendOnFullDisk(t *testing.T, dir string, b *Buffer, batch *Batch, filler string) (bool, string) {
+	t.Helper()
+	wc := b.WriteCount()
+	_, err := b.Extend("s", batch)
+	if err == nil {
+		return false, filler
+	}
+	if !errors.Is(err, ErrInsufficientStorage) {
+		t.Fatalf("extend on a full disk: %v", err)
+	}
+	if b.WriteCount() != wc {
+		t.Fatalf("a refused extend moved the write count %d -> %d", wc, b.WriteCount())
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	mustExtend(t, b, "s", batch)
+	return true, testbin.FillDisk(t, dir)
 }
