@@ -515,24 +515,19 @@ func (p *plan) envAt(r int) int64 {
 // memory buffer's record has no marker and no checksums: nothing recovers
 // it after a crash, and readers judge a row by its stamp.)
 func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
+	if b.rlog != nil {
+		b.writeRowRuns(slot, rec, p, r)
+		return
+	}
 	compact := b.compactRecords()
-	var rb, drec []byte
+	var rb []byte
 	if !compact {
 		rb = b.rec(slot)
-	}
-	var pr pieceRow
-	if b.rlog != nil {
-		drec = b.drecs[slot*fileRunRecordSize : (slot+1)*fileRunRecordSize]
-		pr = b.rlog.rows[rec.Seq-b.rlog.first]
 	}
 	le := binary.LittleEndian
 	// Swap, not Store: a full barrier, so on weakly ordered CPUs the row's
 	// plain stores below cannot become visible before the stamp is void.
 	b.stamps.Swap(slot, -1)
-	if drec != nil {
-		// As the file record's marker below.
-		le.PutUint64(drec[frWord:], fileRunWord(rec.Seq, pr.delta)|frWriting)
-	}
 	if !compact {
 		// Mark the slot as being written with this seq: after a crash
 		// here, recovery knows the ring had moved this far, so the row
@@ -563,24 +558,13 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 			staged += len(src)
 		}
 	}
-	tailRow := p.tailRowOf(r)
-	// A version 2 record's checksum goes on over its own bytes after the
-	// row's: without tail bytes between, they join the staged fields, a
-	// crc32 call fewer a row (a call costs more than 12 bytes of CRC:
-	// BenchmarkRowChecksum; BenchmarkExtendRunMeta before and after, six
-	// alternating rounds, moved within this VM's noise).
-	fused := drec != nil && tailRow < 0 && staged+12 <= len(b.crcScratch)
-	if fused {
-		runCRCBytes((*[12]byte)(b.crcScratch[staged:]), rec.Seq, pr)
-		staged += 12
-	}
 	if staged > 0 {
 		crc = crc32.Update(crc, castagnoli, b.crcScratch[:staged])
 	}
 	if b.tailIx != nil {
 		b.tailIx.begin(rec.Seq)
 	}
-	if t := tailRow; t >= 0 {
+	if t := p.tailRowOf(r); t >= 0 {
 		at := slot // where the tail columns keep this row's tail
 		if b.tailIx != nil {
 			at = b.tailIx.add(rec.Seq)
@@ -599,12 +583,6 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 	b.store.crash.at("after-data")
 	if compact {
 		b.putMemRecord(slot, rec)
-		if drec != nil {
-			if !fused {
-				crc = fileRunCRC(crc, rec.Seq, pr, &b.runCRCScratch)
-			}
-			putFileRunRecord(drec, rec.Seq, pr, crc)
-		}
 		b.stamps.Store(slot, rec.Seq)
 		b.store.crash.at("after-meta")
 		return
@@ -616,6 +594,67 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 	encodeRecord(sc, rec)
 	copy(rb[recSeq+8:], sc[recSeq+8:])
 	le.PutUint64(rb[recSeq:], uint64(rec.Seq))
+	b.stamps.Store(slot, rec.Seq)
+	b.store.crash.at("after-meta")
+}
+
+// writeRowRuns is writeRow for a memmap buffer with rows.meta version 2:
+// the memory record as a memory buffer writes it, and the version 2 file
+// record with its writing marker first and its seq word last. A function
+// of its own: its branches in writeRow made memory and version 1 extends
+// 6-7% slower (BenchmarkExtend/kind=memory, alternating builds), so the
+// field loop is written twice on purpose.
+func (b *Buffer) writeRowRuns(slot int64, rec *record, p *plan, r int) {
+	drec := b.drecs[slot*fileRunRecordSize : (slot+1)*fileRunRecordSize]
+	pr := b.rlog.rows[rec.Seq-b.rlog.first]
+	// As writeRow: the stamp void, then the slot marked as being written
+	// with this seq (a version 2 writing marker).
+	b.stamps.Swap(slot, -1)
+	binary.LittleEndian.PutUint64(drec[frWord:], fileRunWord(rec.Seq, pr.delta)|frWriting)
+	var crc uint32
+	staged := 0 // bytes in b.crcScratch not yet checksummed
+	for i, c := range b.cols {
+		src := p.src[i][r*c.rowBytes : (r+1)*c.rowBytes]
+		copyField(c.row(slot), src)
+		if !c.field.Mutable { // updates rewrite mutable fields in place
+			if staged+len(src) > len(b.crcScratch) {
+				crc = crc32.Update(crc, castagnoli, b.crcScratch[:staged])
+				staged = 0
+			}
+			if len(src) > len(b.crcScratch) {
+				crc = crc32.Update(crc, castagnoli, src)
+				continue
+			}
+			copyField(b.crcScratch[staged:], src)
+			staged += len(src)
+		}
+	}
+	t := p.tailRowOf(r)
+	// The record's checksum goes on over its own bytes after the row's:
+	// without tail bytes between, they join the staged fields, a crc32
+	// call fewer a row (BenchmarkRowChecksum: a call costs more than 12
+	// bytes of CRC; the extend moved within this VM's noise).
+	fused := t < 0 && staged+12 <= len(b.crcScratch)
+	if fused {
+		runCRCBytes((*[12]byte)(b.crcScratch[staged:]), rec.Seq, pr)
+		staged += 12
+	}
+	if staged > 0 {
+		crc = crc32.Update(crc, castagnoli, b.crcScratch[:staged])
+	}
+	if t >= 0 {
+		for i, c := range b.tails { // at the slot, as in any file
+			src := p.tailSrc[i][t*c.rowBytes : (t+1)*c.rowBytes]
+			copy(c.row(slot), src)
+			crc = crc32.Update(crc, castagnoli, src)
+		}
+	}
+	b.store.crash.at("after-data")
+	b.putMemRecord(slot, rec)
+	if !fused {
+		crc = fileRunCRC(crc, rec.Seq, pr, &b.runCRCScratch)
+	}
+	putFileRunRecord(drec, rec.Seq, pr, crc)
 	b.stamps.Store(slot, rec.Seq)
 	b.store.crash.at("after-meta")
 }
