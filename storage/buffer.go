@@ -149,7 +149,7 @@ type Buffer struct {
 	// (BenchmarkRowChecksum).
 	crcScratch [crcScratchSize]byte
 	// runCRCScratch holds the record bytes a version 2 file record's
-	// checksum covers (runCRCBytes; an array on the stack escapes through
+	// checksum covers (fileRunCRC; an array on the stack escapes through
 	// crc32's dispatch: an allocation a row), guarded by wmu.
 	runCRCScratch [12]byte
 	recBatch      []record // the records of the extend being written (batchRecords), guarded by wmu

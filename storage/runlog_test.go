@@ -107,8 +107,7 @@ func TestRunSegmentsCollected(t *testing.T) {
 	dir := t.TempDir()
 	s := openStore(t, dir)
 	defer s.Close()
-	spec := testSpec(KindMemmap, 1000, true)
-	spec.RowMetaLayout = RowMetaRuns
+	spec := runsSpec(1000)
 	spec.Durability = DurabilityNone
 	b := mustCreate(t, s, "b", spec)
 	// One-row episodes: a run record per row, 64 bytes a row, so that a
@@ -163,8 +162,7 @@ func TestRunSegmentCutAtCreation(t *testing.T) {
 		t.Run(fmt.Sprintf("bytes=%d/junk=%v", tc.size, tc.junk), func(t *testing.T) {
 			dir := t.TempDir()
 			s := openStore(t, dir)
-			spec := testSpec(KindMemmap, 64, true)
-			spec.RowMetaLayout = RowMetaRuns
+			spec := runsSpec(64)
 			b := mustCreate(t, s, "b", spec)
 			rows := make([]row, 40)
 			for i := range rows {
@@ -215,8 +213,7 @@ func TestRunSegmentCutAtCreation(t *testing.T) {
 func TestRunLogDiskFull(t *testing.T) {
 	dir := testbin.MountTmpfs(t, 8<<20)
 	s := openStore(t, dir)
-	spec := testSpec(KindMemmap, 4096, true)
-	spec.RowMetaLayout = RowMetaRuns
+	spec := runsSpec(4096)
 	b := mustCreate(t, s, "r", spec)
 	refStore := openStore(t, t.TempDir())
 	defer refStore.Close()
@@ -253,8 +250,7 @@ func TestRunLogDiskFull(t *testing.T) {
 func TestRunLogFsyncWriters(t *testing.T) {
 	dir := t.TempDir()
 	s := openStore(t, dir)
-	spec := testSpec(KindMemmap, 512, true)
-	spec.RowMetaLayout = RowMetaRuns
+	spec := runsSpec(512)
 	spec.Durability = DurabilityFsync
 	b := mustCreate(t, s, "f", spec)
 	const writers, extends = 4, 60
@@ -301,8 +297,7 @@ func TestRunLogFsyncWriters(t *testing.T) {
 func TestRunLogHugeBatch(t *testing.T) {
 	dir := t.TempDir()
 	s := openStore(t, dir)
-	spec := testSpec(KindMemmap, 100_000, true)
-	spec.RowMetaLayout = RowMetaRuns
+	spec := runsSpec(100_000)
 	b := mustCreate(t, s, "h", spec)
 	rows := make([]row, 70_000)
 	for i := range rows {
@@ -371,4 +366,12 @@ func extendOnFullDisk(t *testing.T, dir string, b *Buffer, batch *Batch, filler 
 	}
 	mustExtend(t, b, "s", batch)
 	return true, testbin.FillDisk(t, dir)
+}
+
+// runsSpec is testSpec's compact memmap buffer of capacity rows with
+// rows.meta format version 2.
+func runsSpec(capacity int64) Spec {
+	spec := testSpec(KindMemmap, capacity, true)
+	spec.RowMetaLayout = RowMetaRuns
+	return spec
 }

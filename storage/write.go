@@ -362,7 +362,7 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	// chunks do; nothing has changed yet if this fails either.
 	if b.rlog != nil {
 		b.rlog.plan(recs[written-first:], written)
-		if err := b.rlog.appendPlanned(b.runKeepFrom()); err != nil {
+		if err := b.rlog.appendPlanned(b.runKeepFrom); err != nil {
 			return ExtendResult{}, err
 		}
 	}
@@ -629,20 +629,10 @@ func (b *Buffer) writeRowRuns(slot int64, rec *record, p *plan, r int) {
 			staged += len(src)
 		}
 	}
-	t := p.tailRowOf(r)
-	// The record's checksum goes on over its own bytes after the row's:
-	// without tail bytes between, they join the staged fields, a crc32
-	// call fewer a row (BenchmarkRowChecksum: a call costs more than 12
-	// bytes of CRC; the extend moved within this VM's noise).
-	fused := t < 0 && staged+12 <= len(b.crcScratch)
-	if fused {
-		runCRCBytes((*[12]byte)(b.crcScratch[staged:]), rec.Seq, pr)
-		staged += 12
-	}
 	if staged > 0 {
 		crc = crc32.Update(crc, castagnoli, b.crcScratch[:staged])
 	}
-	if t >= 0 {
+	if t := p.tailRowOf(r); t >= 0 {
 		for i, c := range b.tails { // at the slot, as in any file
 			src := p.tailSrc[i][t*c.rowBytes : (t+1)*c.rowBytes]
 			copy(c.row(slot), src)
@@ -651,33 +641,25 @@ func (b *Buffer) writeRowRuns(slot int64, rec *record, p *plan, r int) {
 	}
 	b.store.crash.at("after-data")
 	b.putMemRecord(slot, rec)
-	if !fused {
-		crc = fileRunCRC(crc, rec.Seq, pr, &b.runCRCScratch)
-	}
-	putFileRunRecord(drec, rec.Seq, pr, crc)
+	putFileRunRecord(drec, rec.Seq, pr, fileRunCRC(crc, rec.Seq, pr, &b.runCRCScratch))
 	b.stamps.Store(slot, rec.Seq)
 	b.store.crash.at("after-meta")
 }
 
-// runCRCBytes puts bytes [0, 8) and [12, 16) of the version 2 file record
-// of seq into t: what its checksum covers after the row's bytes.
-func runCRCBytes(t *[12]byte, seq int64, pr pieceRow) {
+// fileRunCRC is the checksum of the version 2 file record of seq whose row
+// bytes have checksum dataCRC: it goes on over the record's bytes [0, 8)
+// and [12, 16), which it puts in t (scratch).
+func fileRunCRC(dataCRC uint32, seq int64, pr pieceRow, t *[12]byte) uint32 {
 	le := binary.LittleEndian
 	le.PutUint64(t[0:], fileRunWord(seq, pr.delta))
 	le.PutUint16(t[8:], pr.off)
 	le.PutUint16(t[10:], pr.dist)
-}
-
-// fileRunCRC is the checksum of the version 2 file record of seq whose row
-// bytes have checksum dataCRC; t is scratch.
-func fileRunCRC(dataCRC uint32, seq int64, pr pieceRow, t *[12]byte) uint32 {
-	runCRCBytes(t, seq, pr)
 	return crc32.Update(dataCRC, castagnoli, t[:])
 }
 
 // putFileRunRecord completes the version 2 file record of seq (its writing
 // marker stored) whose checksum, over the row's bytes and the record's
-// (runCRCBytes), is crc: the checksum and the piece's offset and distance
+// (fileRunCRC), is crc: the checksum and the piece's offset and distance
 // first, the seq word, which clears the marker, last.
 func putFileRunRecord(drec []byte, seq int64, pr pieceRow, crc uint32) {
 	le := binary.LittleEndian
@@ -706,7 +688,8 @@ func (b *Buffer) runKeepFrom() int64 {
 // Smaller rows share pages with their neighbours: a page can go back only
 // when none of its slots holds a final observation, so a punch is rarely
 // possible and each costs a journalled filesystem operation (512-byte
-// rows forced sparse: extends 20-30% slower for no disk given back). So
+// rows forced sparse: extends 17-35% slower for no disk given back,
+// BenchmarkExtendSparseTails run at that size). So
 // their columns are allocated whole.
 func sparseTail(rowBytes int) bool { return rowBytes >= os.Getpagesize() }
 
