@@ -172,6 +172,18 @@ type runLog struct {
 	pins     int  // checkpoints copying the segments: none is deleted
 	dirDirty bool // a segment was created or deleted since the last sync
 
+	// A segment is made ahead of need, off the writer's path: when a
+	// segment starts, a goroutine creates the next one (the spare) and
+	// deletes the segments the window has left. Creating a file,
+	// allocating and mapping it, and unmapping and unlinking the dead
+	// ones took 5% of a CartPole extend's CPU, at every 1,024th piece.
+	// preparing is closed when the spare in the making is ready or has
+	// failed (nil: none is); a writer that needs a segment before then
+	// waits for it. bg counts the goroutines; close waits for them.
+	spare     *runSegment
+	preparing chan struct{}
+	bg        sync.WaitGroup
+
 	// Scratch of the batch being written (wmu): its pieces and, for the
 	// row of seq first+i, rows[i].
 	first  int64
@@ -179,9 +191,6 @@ type runLog struct {
 	rows   []pieceRow
 	open   [256]int32 // 1 + index in pieces of a trajectory's open piece, by its low bits
 	buf    []byte
-
-	// writeFault, when set (tests), fails the next segment writes.
-	writeFault func() error
 }
 
 // runSegment is one run segment file. Segments a build creates are mapped
@@ -209,9 +218,9 @@ func newRunLog(b *Buffer) *runLog {
 // rows: a quarter of a byte a slot (64 KiB to 64 MiB). The log holds the
 // pieces of the window (2 bytes a row for CartPole-like batches of 8 envs)
 // plus at most two segments of slack (the one being filled, the oldest
-// one partly dead): half a byte a row, above 256 Ki rows. A segment costs
-// a file creation (no sync: the next sync does it) every 30-odd extends of
-// 256 rows.
+// one partly dead) and the spare: 0.75 bytes a row, above 256 Ki rows. A
+// segment starts every 30-odd extends of 256 rows (a file creation, made
+// ahead by prepareNext; no sync: the next sync does it).
 func runSegmentTarget(capacity int64) int64 { return min(max(capacity/4, 64<<10), 64<<20) }
 
 // plan cuts recs (one extend's rows in seq order) into pieces and returns
@@ -269,9 +278,10 @@ func (l *runLog) planMore(recs []record) []pieceRow {
 }
 
 // appendPlanned writes the pieces of the last plan at the end of the
-// active segment, starting a new one when it is full (and deleting then
-// the segments wholly below keepFrom(), asked only then: for an fsync
-// buffer it takes the sync lock). It runs before any row of the
+// active segment, starting a new one when it is full (and then having
+// the segments wholly below keepFrom() deleted in the background; it is
+// asked only then: for an fsync buffer it takes the sync lock). It runs
+// before any row of the
 // batch is written, so a row whose record is whole has its piece in the
 // file (durable once the segment is synced, which syncFiles does before
 // the rows). The only error is a segment that cannot be created (a full
@@ -298,12 +308,10 @@ func (l *runLog) appendPlanned(keepFrom func() int64) error {
 	}
 	if seg == nil || seg.used+int64(len(buf)) > seg.size {
 		var err error
-		if seg, err = l.createSegment(int64(len(buf))); err != nil {
+		if seg, err = l.startSegment(int64(len(buf))); err != nil {
 			return err
 		}
-		if err := l.collectLocked(keepFrom()); err != nil {
-			return err
-		}
+		l.prepareNext(keepFrom())
 	}
 	at := seg.used
 	dst := seg.r.Bytes()[at : at+int64(len(buf))]
@@ -322,18 +330,81 @@ func (l *runLog) appendPlanned(keepFrom func() int64) error {
 	return nil
 }
 
-// createSegment starts a new segment file with room for at least need
-// bytes of records, all its blocks allocated (a full disk is an error
-// here, not a fault later). Called with segMu held.
-func (l *runLog) createSegment(need int64) (*runSegment, error) {
-	no := l.nextSeg
-	path := filepath.Join(l.b.dir, runSegName(no))
-	size := max(l.target, segHeaderSize+need)
-	if l.writeFault != nil {
-		if err := l.writeFault(); err != nil {
-			return nil, fmt.Errorf("create run segment %s: %w", path, err)
-		}
+// startSegment makes a new segment the active one, with room for at least
+// need bytes of records: the spare if one is ready (or being made: it
+// waits for it) and large enough, else one created here. Called with
+// segMu held; it drops it while it waits.
+func (l *runLog) startSegment(need int64) (*runSegment, error) {
+	for l.preparing != nil {
+		done := l.preparing
+		l.segMu.Unlock()
+		<-done
+		l.segMu.Lock()
 	}
+	s := l.spare
+	l.spare = nil
+	if s != nil && s.size < segHeaderSize+need {
+		// A batch larger than a segment (one run record a row): the spare
+		// goes, the segment is made to measure.
+		err := errors.Join(s.r.Close(), os.Remove(s.path))
+		l.dirDirty = true
+		if err != nil {
+			l.b.log.Warn("remove a spare run segment", "buffer", l.b.name, "err", err)
+		}
+		s = nil
+	}
+	if s == nil {
+		var err error
+		if s, err = l.createSegment(l.nextSeg, max(l.target, segHeaderSize+need)); err != nil {
+			return nil, err
+		}
+		l.nextSeg++
+		l.dirDirty = true
+	}
+	l.newSeg = false
+	l.segs = append(l.segs, s)
+	return s, nil
+}
+
+// prepareNext starts the goroutine that makes the next spare and deletes
+// the segments whose pieces all end below keepFrom. Called with segMu
+// held, when a segment starts.
+func (l *runLog) prepareNext(keepFrom int64) {
+	if l.preparing != nil {
+		return
+	}
+	done := make(chan struct{})
+	l.preparing = done
+	no := l.nextSeg
+	l.nextSeg++
+	l.bg.Add(1)
+	go func() {
+		defer l.bg.Done()
+		s, err := l.createSegment(no, l.target)
+		l.segMu.Lock()
+		l.preparing = nil
+		if err == nil {
+			l.spare = s
+			l.dirDirty = true
+		}
+		l.segMu.Unlock()
+		close(done)
+		if err != nil {
+			// Not an error of any write: the writer that needs the
+			// segment creates it and reports its error (a full disk).
+			l.b.log.Debug("make a spare run segment", "buffer", l.b.name, "err", err)
+		}
+		if err := l.collect(keepFrom); err != nil {
+			l.b.log.Warn("delete run segments", "buffer", l.b.name, "err", err)
+		}
+	}()
+}
+
+// createSegment creates segment file no of size bytes, mapped, all its
+// blocks allocated (a full disk is an error here, not a fault later),
+// with its header. It touches no field of the log.
+func (l *runLog) createSegment(no uint64, size int64) (*runSegment, error) {
+	path := filepath.Join(l.b.dir, runSegName(no))
 	r, err := mmapfile.Create(path, size)
 	if err != nil {
 		return nil, fmt.Errorf("create run segment: %w", err)
@@ -345,47 +416,53 @@ func (l *runLog) createSegment(need int64) (*runSegment, error) {
 	// above the watermark). Synced here, at a segment every 30-odd
 	// extends, they held CartPole extends at 42.9-47.6 µs, against
 	// 37.5-40.0 synced later (BenchmarkExtendRunMeta, three runs each).
-	l.dirDirty = true
-	l.nextSeg++
-	l.newSeg = false
-	s := &runSegment{no: no, path: path, r: r, size: size, used: segHeaderSize, maxLast: -1, dirty: true}
-	l.segs = append(l.segs, s)
-	return s, nil
+	return &runSegment{no: no, path: path, r: r, size: size, used: segHeaderSize, maxLast: -1, dirty: true}, nil
 }
 
-// collect deletes the segments whose pieces all end below keepFrom.
+// collect deletes the segments (never the active one) whose pieces all
+// end below keepFrom, a seq below which no row can come back: the window's
+// start as of the last sync for fsync buffers, the current one for the
+// others (after a crash they resume at or past the seq reservation, so
+// their window never starts lower). The segments leave the list under
+// segMu and the files go outside it, so that appends do not wait for the
+// unlinks; a segment that could not be deleted goes back on the list.
 func (l *runLog) collect(keepFrom int64) error {
 	l.segMu.Lock()
-	defer l.segMu.Unlock()
-	return l.collectLocked(keepFrom)
-}
-
-// collectLocked deletes the segments (never the active one) whose pieces
-// all end below keepFrom, a seq below which no row can come back: the
-// window's start as of the last sync for fsync buffers, the current one
-// for the others (after a crash they resume at or past the seq
-// reservation, so their window never starts lower). Called with segMu
-// held.
-func (l *runLog) collectLocked(keepFrom int64) error {
 	if l.pins > 0 {
+		l.segMu.Unlock()
 		return nil
 	}
-	var errs []error
+	var dead []*runSegment
 	kept := l.segs[:0]
 	for i, s := range l.segs {
 		if i == len(l.segs)-1 || s.maxLast >= keepFrom || s.syncing > 0 {
 			kept = append(kept, s)
 			continue
 		}
+		dead = append(dead, s)
+	}
+	clear(l.segs[len(kept):])
+	l.segs = kept
+	l.segMu.Unlock()
+	if len(dead) == 0 {
+		return nil
+	}
+	var errs []error
+	var failed []*runSegment
+	for _, s := range dead {
 		if s.r != nil {
 			errs = append(errs, s.r.Close())
 			s.r = nil
 		}
-		errs = append(errs, os.Remove(s.path))
-		l.dirDirty = true
+		if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+			failed = append(failed, s)
+		}
 	}
-	clear(l.segs[len(kept):])
-	l.segs = kept
+	l.segMu.Lock()
+	l.dirDirty = true
+	l.segs = append(failed, l.segs...)
+	l.segMu.Unlock()
 	return errors.Join(errs...)
 }
 
@@ -440,7 +517,11 @@ func (l *runLog) sync() error {
 	return errors.Join(errs...)
 }
 
+// close waits for the spare's goroutine, unmaps the segments and deletes
+// the spare (a spare a crash leaves is an empty segment, which an open
+// takes as one and the window collects).
 func (l *runLog) close() error {
+	l.bg.Wait()
 	l.segMu.Lock()
 	defer l.segMu.Unlock()
 	var errs []error
@@ -449,6 +530,10 @@ func (l *runLog) close() error {
 			errs = append(errs, s.r.Close())
 			s.r = nil
 		}
+	}
+	if s := l.spare; s != nil {
+		l.spare = nil
+		errs = append(errs, s.r.Close(), os.Remove(s.path))
 	}
 	return errors.Join(errs...)
 }
@@ -460,6 +545,9 @@ func (l *runLog) files() int64 {
 	var n int64
 	for _, s := range l.segs {
 		n += s.size
+	}
+	if l.spare != nil {
+		n += l.spare.size
 	}
 	return n
 }

@@ -670,7 +670,7 @@ func putFileRunRecord(drec []byte, seq int64, pr pieceRow, crc uint32) {
 }
 
 // runKeepFrom is the seq below which no row of the buffer can come back
-// after a crash (runLog.collectLocked): the window's start as of the last
+// after a crash (runLog.collect): the window's start as of the last
 // sync for fsync buffers, the current one for the others.
 func (b *Buffer) runKeepFrom() int64 {
 	wc := b.writeCount.Load()
