@@ -45,6 +45,9 @@ type column struct {
 	// filesystem refused to punch holes. held and noPunch: writers only.
 	sparse, noPunch bool
 	held            slotBits
+	// dense marks a dense tail file (densetail.go): entries of rowBytes
+	// and a trailer, stride apart, placed by the buffer's tailIndex.
+	dense bool
 }
 
 func (c *column) row(slot int64) []byte {
@@ -87,9 +90,11 @@ type Buffer struct {
 	recs       []byte           // capacity records, recPitch bytes apart
 	recPitch   int64            // recordSize, or the row group's row size
 	// tailIx places a compact memory buffer's final observations densely
-	// in its tail columns (nil for other buffers: their tails are at the
-	// slot).
-	tailIx *tailIndex
+	// in its tail columns, and a memmap buffer's in dense tail files (nil
+	// for other buffers: their tails are at the slot). tailScan is what
+	// recovery read of dense tail files (nil outside recover).
+	tailIx   *tailIndex
+	tailScan *denseTailScan
 	// wide holds the values of the memory records that do not fit their
 	// 32-bit slots (see memRecordSize); empty in real workloads.
 	wide     wideRecords
@@ -361,8 +366,12 @@ func (b *Buffer) mapMemory() (retErr error) {
 }
 
 func (b *Buffer) colHeaderFor(c *column) colHeader {
+	v := FormatVersion // and for tails at the slot
+	if c.dense {
+		v = tailVersionDense
+	}
 	return colHeader{
-		Version: FormatVersion, Role: c.role, UID: b.uid,
+		Version: v, Role: c.role, UID: b.uid,
 		Capacity: uint64(b.capacity), RowBytes: uint64(c.rowBytes),
 		DType: c.field.DType, Shape: c.field.Shape, Name: c.field.Name,
 	}
@@ -383,15 +392,18 @@ func (b *Buffer) createFiles() (retErr error) {
 			retErr = errors.Join(retErr, b.unmap(), os.RemoveAll(b.dir))
 		}
 	}()
+	if b.spec.Storage == KindMemmap && len(b.tails) > 0 && !b.store.slotTails {
+		b.setDenseTails()
+	}
 	for _, c := range b.allColumns() {
 		path := filepath.Join(b.dir, c.file)
 		create := mmapfile.Create
-		if c.sparse {
+		if c.sparse || c.dense {
 			create = func(path string, size int64) (*mmapfile.Region, error) {
 				return mmapfile.CreateSparse(path, size, headerSize)
 			}
 		}
-		r, err := create(path, headerSize+b.capacity*int64(c.rowBytes))
+		r, err := create(path, b.colFileSize(c))
 		if err != nil {
 			return err
 		}
@@ -467,9 +479,18 @@ func (b *Buffer) openFiles(writable bool) (retErr error) {
 			retErr = b.reserveFiles()
 		}
 	}()
+	if b.spec.Storage == KindMemmap && len(b.tails) > 0 {
+		dense, err := b.tailFilesDense()
+		if err != nil {
+			return err
+		}
+		if dense {
+			b.setDenseTails()
+		}
+	}
 	for _, c := range b.allColumns() {
 		path := filepath.Join(b.dir, c.file)
-		r, err := mmapfile.Open(path, headerSize+b.capacity*int64(c.rowBytes), writable)
+		r, err := mmapfile.Open(path, b.colFileSize(c), writable)
 		if err != nil {
 			var se *mmapfile.SizeError
 			if errors.As(err, &se) {
@@ -489,6 +510,9 @@ func (b *Buffer) openFiles(writable bool) (retErr error) {
 		if h.Role != want.Role || h.Capacity != want.Capacity || h.RowBytes != want.RowBytes || h.DType != want.DType || h.Name != want.Name || !equalInts(h.Shape, want.Shape) {
 			return corruptf(path, 0, "header describes %s %v %q capacity %d, catalog says %s %v %q capacity %d",
 				h.DType, h.Shape, h.Name, h.Capacity, want.DType, want.Shape, want.Name, want.Capacity)
+		}
+		if h.Version != want.Version {
+			return fmt.Errorf("%s: column format version %d, this build reads %d for %s columns: %w", path, h.Version, want.Version, c.name, ErrVersionMismatch)
 		}
 		c.data = r.Bytes()[headerSize:]
 		if c.sparse && writable {
@@ -689,7 +713,7 @@ func syncDir(dir string) error {
 func (b *Buffer) reserveFiles() error {
 	regions := []*mmapfile.Region{b.meta}
 	for _, c := range b.allColumns() {
-		if !c.sparse { // allocated row by row by the writer
+		if !c.sparse && !c.dense { // allocated row by row by the writer
 			regions = append(regions, c.region)
 		}
 	}

@@ -237,8 +237,11 @@ func (cp *rowCopier) run(bdir string, res *CheckpointResult) (retErr error) {
 	}()
 	for _, c := range cp.cols {
 		size := headerSize + b.capacity*int64(c.rowBytes)
+		if c.dense {
+			size = b.colFileSize(c)
+		}
 		allocated := size
-		if c.sparse {
+		if c.sparse || c.dense {
 			allocated = headerSize // the copy writes the final observations it has, nothing else
 		}
 		f, err := createFile(filepath.Join(bdir, c.file), size, allocated, b.colHeaderFor(c).encode())
@@ -307,9 +310,28 @@ func (cp *rowCopier) copyBlock(lo, hi int64) (kept, overwritten int64, err error
 	n := hi - lo
 	s0 := lo % b.capacity
 	bufs := make([][]byte, len(cp.cols)+1)
+	entries := make([][]tailEntry, len(cp.cols)) // dense tail columns: what bufs[i] holds
 	for i, c := range cp.cols {
 		rb := int64(c.rowBytes)
 		copyCol := func() {
+			if c.dense {
+				// Dense tail files: the entries of the rows with a final
+				// observation, trailer included, go to the same entry of
+				// the copy.
+				bufs[i] = bufs[i][:0]
+				entries[i] = entries[i][:0]
+				pitch := c.pitch()
+				for k := range n {
+					var r record
+					b.loadRecord(lo+k, &r)
+					if r.Flags&flagHasTail != 0 {
+						at := b.tailIx.pos(lo + k)
+						bufs[i] = append(bufs[i], c.data[at*pitch:(at+1)*pitch]...)
+						entries[i] = append(entries[i], tailEntry{lo + k, at})
+					}
+				}
+				return
+			}
 			if c.role == roleTail && b.tailIx != nil {
 				// Dense tails (tailIndex): checkpoint files keep them
 				// at the slot, as memmap buffers do.
@@ -367,11 +389,13 @@ func (cp *rowCopier) copyBlock(lo, hi int64) (kept, overwritten int64, err error
 	// once one row is found overwritten, every older one is (or is about
 	// to be) too, whatever its stamp says at the moment it is read.
 	lost := false
+	missing := make([]bool, n)
 	for i := n - 1; i >= 0; i-- {
 		seq := lo + i
 		rec := recs[i*recordSize : (i+1)*recordSize]
 		hole := inHoles(cp.st.holes, seq)
 		if lost || b.stamps.Load(s0+i) != seq {
+			missing[i] = true
 			// A hole of the source, or overwritten since the capture (a
 			// row below the capture's write count was complete then):
 			// missing from the copy either way.
@@ -390,6 +414,21 @@ func (cp *rowCopier) copyBlock(lo, hi int64) (kept, overwritten int64, err error
 	}
 	for i, c := range cp.cols {
 		rb := int64(c.rowBytes)
+		if c.dense {
+			// The entries of the rows kept: one found overwritten above
+			// may have been read from an entry a newer row holds.
+			pitch := c.pitch()
+			for e, te := range entries[i] {
+				if missing[te.seq-lo] {
+					continue
+				}
+				if _, err := cp.files[i].WriteAt(bufs[i][int64(e)*pitch:int64(e+1)*pitch], headerSize+te.at*pitch); err != nil {
+					return 0, 0, err
+				}
+			}
+			cp.advance(int64(len(bufs[i])))
+			continue
+		}
 		if c.sparse {
 			// Only the rows with a final observation: the file keeps
 			// its holes where the source has them. (A row found
@@ -428,7 +467,7 @@ func (cp *rowCopier) sealRecord(rec []byte, bufs [][]byte, i int64) {
 	r, _ := decodeRecord(rec)
 	var crc uint32
 	for k, c := range cp.cols {
-		// Mutable fields stay out, as in writeRow and dataCRC.
+		// Mutable fields stay out, as in writeRow and rowCRC.
 		if c.role == rolePriority || (c.role == roleTail && r.Flags&flagHasTail == 0) || c.cz >= 0 || c.field.Mutable {
 			continue
 		}

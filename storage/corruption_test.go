@@ -294,6 +294,24 @@ func (d *cvDir) truncate(rel string, size int64) {
 
 func (d *cvDir) size(rel string) int64 { return int64(len(d.read(rel))) }
 
+// tailEntry is the offset of seq's entry in the dense tail file of key
+// (16-byte observations).
+func (d *cvDir) tailEntry(key string, seq int64) int64 {
+	d.t.Helper()
+	off, ok := denseTailEntry(d.read(d.tail(key)), seq, 16)
+	if !ok {
+		d.t.Fatalf("%s: no entry holds seq %d's final observation", d.tail(key), seq)
+	}
+	return off
+}
+
+func (d *cvDir) putU64(rel string, off int64, v int64) {
+	d.t.Helper()
+	b := d.read(rel)
+	binary.LittleEndian.PutUint64(b[off:], uint64(v))
+	d.write(rel, b)
+}
+
 // rowOff is the offset of seq's row in a column whose rows have n bytes.
 func rowOff(seq int64, n int) int64 { return headerSize + seq%cvCap*int64(n) }
 
@@ -404,8 +422,16 @@ func corruptCases(layout RowMetaLayout) []corruptCase {
 			wantErr: ErrCorrupt, wantFile: cvBufRel(cvBuf, "tail.observation.col"), wantOff: 16},
 		{name: "tail header says field", compact: true, corrupt: func(d *cvDir) { d.patchColHeader(d.tail(obs), func(h *colHeader) { h.Role = roleField }) },
 			wantErr: ErrCorrupt, wantFile: cvBufRel(cvBuf, "tail.observation.col"), wantOff: 0},
-		{name: "tail byte of a done row flipped below watermark", compact: true, corrupt: func(d *cvDir) { d.xor(d.tail(obs), rowOff(cvDone, 16)+2, 0x04) },
+		{name: "tail byte of a done row flipped below watermark", compact: true, corrupt: func(d *cvDir) { d.xor(d.tail(obs), d.tailEntry(obs, cvDone)+2, 0x04) },
 			lost: []int64{cvDone}},
+		{name: "tail entry of a done row names another seq", compact: true, corrupt: func(d *cvDir) { d.putU64(d.tail(obs), d.tailEntry(obs, cvDone)+16, cvSeq+1) },
+			lost: []int64{cvDone}},
+		{name: "tail entry of a done row zeroed", compact: true, corrupt: func(d *cvDir) {
+			b := d.read(d.tail(obs))
+			off := d.tailEntry(obs, cvDone)
+			clear(b[off : off+16+tailTrailerSize])
+			d.write(d.tail(obs), b)
+		}, lost: []int64{cvDone}},
 
 		// priority.col (the compact fixture has priorities).
 		{name: "priority column truncated by 1 byte", compact: true, corrupt: func(d *cvDir) { d.truncate(d.prio(), d.size(d.prio())-1) },

@@ -7,7 +7,7 @@ import (
 
 // TestWriteRowDataCRC checks that the data checksum a writer puts in each
 // row's record is the one recovery computes from the stored columns
-// (dataCRC, a checksum call per field): writeRow stages the fields side by
+// (rowCRC, a checksum call per field): writeRow stages the fields side by
 // side and checksums them in as few calls as fit its scratch, and that must
 // not change a single checksum, whatever the fields' sizes and order.
 func TestWriteRowDataCRC(t *testing.T) {
@@ -83,7 +83,7 @@ func TestWriteRowDataCRC(t *testing.T) {
 				if !ok || r.Seq != seq {
 					t.Fatalf("seq %d: record ok=%v seq %d", seq, ok, r.Seq)
 				}
-				if want := b.dataCRC(slot, r.Flags); r.DataCRC != want {
+				if want, _ := b.rowCRC(seq, r.Flags, func(uint32) bool { return true }); r.DataCRC != want {
 					t.Errorf("seq %d: record's data checksum %08x, the stored fields' %08x", seq, r.DataCRC, want)
 				}
 			}

@@ -19,8 +19,8 @@ var ErrIO = errors.New("storage: i/o error")
 // fileBytesNeeded is what the files of a new persistent buffer take on
 // disk: the fixed-size columns and the row metadata, reserved at create,
 // and what grows with the rows, estimated: compressed fields go to segment
-// files (one segment's worth is counted), run records to a run log, and
-// final observations of a page or more to sparse tail files.
+// files (one segment's worth is counted), run records to a run log, and a
+// memmap buffer's final observations to dense tail files.
 func fileBytesNeeded(spec Spec) int64 {
 	if spec.Storage == KindMemory {
 		return 0
@@ -48,6 +48,12 @@ func fileBytesNeeded(spec Spec) int64 {
 			f, ok := spec.Field(k)
 			switch {
 			case !ok || spec.Compressed(f):
+			case spec.Storage == KindMemmap:
+				// Dense: allocated as done rows come, counted at one in
+				// 8 (episodes of 8 steps or more) and the blocks
+				// allocated ahead; more done rows than that fail their
+				// extends, cleanly, once the disk is full.
+				total = satAdd(total, satAdd(headerSize+2<<20, satMul(spec.Capacity/8+1, int64(f.RowBytes())+tailTrailerSize)))
 			case sparseTail(f.RowBytes()):
 				// Allocated row by row, for done rows only: counted at
 				// one in 8 (episodes of 8 steps or more). More done

@@ -14,6 +14,17 @@ import (
 // refused with ErrVersionMismatch, never guessed at.
 const FormatVersion uint32 = 1
 
+// tailVersionDense is the column format version of a dense tail file: the
+// k-th final observation ever written is entry k mod rows, each entry the
+// observation's bytes and then the seq of its row (tailstore.go). Version
+// 1 tail files keep a row's final observation at its slot. Other column
+// files stay at FormatVersion.
+const tailVersionDense uint32 = 2
+
+// tailTrailerSize is the u64 after each entry of a dense tail file: the
+// seq of the row the entry belongs to, plus 1 (0: never written).
+const tailTrailerSize = 8
+
 const (
 	// headerSize is the size of every file header. Data starts right after
 	// it, page aligned, so row bytes can be mapped and synced by page.
@@ -90,10 +101,10 @@ func decodeColHeader(path string, b []byte) (colHeader, error) {
 		return h, corruptf(path, colHeaderCRCOff, "header checksum %08x, computed %08x", got, want)
 	}
 	h.Version = le.Uint32(b[8:])
-	if h.Version != FormatVersion {
-		return h, fmt.Errorf("%s: column format version %d, this build reads %d: %w", path, h.Version, FormatVersion, ErrVersionMismatch)
-	}
 	h.Role = le.Uint32(b[12:])
+	if h.Version != FormatVersion && h.Version != tailVersionDense {
+		return h, fmt.Errorf("%s: column format version %d, this build reads %d and %d (dense tail files): %w", path, h.Version, FormatVersion, tailVersionDense, ErrVersionMismatch)
+	}
 	h.UID = le.Uint64(b[16:])
 	h.Capacity = le.Uint64(b[24:])
 	h.RowBytes = le.Uint64(b[32:])

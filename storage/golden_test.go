@@ -31,6 +31,10 @@ const (
 	// goldenDirV2 holds the same buffer with rows.meta in format version
 	// 2 and a run log (gen_golden.go -row-meta runs).
 	goldenDirV2 = "testdata/v2/datadir"
+	// goldenDirTails2 holds the same buffer with rows.meta in version 1
+	// and a dense tail file (tail format version 2): gen_golden.go -o
+	// storage/testdata/tails2/datadir, by the first build that had them.
+	goldenDirTails2 = "testdata/tails2/datadir"
 )
 
 // goldenRow is one live row of the golden buffer; its field values follow
@@ -128,6 +132,42 @@ func TestGoldenV1Contents(t *testing.T) {
 // TestGoldenV2Contents: the version 2 golden dir reads as the same rows.
 func TestGoldenV2Contents(t *testing.T) {
 	testGoldenContents(t, goldenCopyOf(t, goldenDirV2), goldenDirV2, RowMetaRuns)
+}
+
+// TestGoldenDenseTailsContents: the golden dir with a dense tail file reads
+// as the same rows; its tail file is version 2, entry k holding the k-th
+// final observation written (the generator's done rows 4, 7 and 10) with
+// its seq + 1 after it.
+func TestGoldenDenseTailsContents(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(goldenDirTails2, "buffers", "golden", "tail.observation.col"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := decodeColHeader("golden", data)
+	if err != nil || h.Version != tailVersionDense || h.Role != roleTail || h.RowBytes != 8 {
+		t.Fatalf("tail header %+v, %v", h, err)
+	}
+	if len(data) != headerSize+256*16 {
+		t.Fatalf("tail file of %d bytes, want 4096 + 256 entries of 16", len(data))
+	}
+	var named []int64
+	for k := range 256 {
+		e := data[headerSize+16*k : headerSize+16*(k+1)]
+		if v := binary.LittleEndian.Uint64(e[8:]); v != 0 {
+			x := float32(int64(v) - 1)
+			if got := [2]float32{math.Float32frombits(binary.LittleEndian.Uint32(e)), math.Float32frombits(binary.LittleEndian.Uint32(e[4:]))}; got != [2]float32{1000 + x, -1000 - x} {
+				t.Errorf("entry %d (seq %v): %v", k, x, got)
+			}
+			if int64(k) != int64(len(named)) {
+				t.Errorf("entry %d follows %d entries", k, len(named))
+			}
+			named = append(named, int64(v)-1)
+		}
+	}
+	if !slices.Equal(named, []int64{4, 7, 10}) {
+		t.Fatalf("entries name seqs %v, want the done rows 4, 7, 10", named)
+	}
+	testGoldenContents(t, goldenCopyOf(t, goldenDirTails2), goldenDirTails2, RowMetaPerRow)
 }
 
 // TestGoldenV1Upgraded: the version 1 golden dir, upgraded to version 2
@@ -514,6 +554,13 @@ func TestGoldenV2FormatEncoding(t *testing.T) {
 	pieceBytes := make([]byte, runLogRecordSize)
 	piece.encode(pieceBytes)
 	seg := segHeader{Magic: runSegMagic, Version: metaVersionRuns, UID: uid, Number: 3}.encode()
+	// A dense tail file (tail format version 2): its header, and the
+	// entry of seq 11's final observation [1011, -1011] as writers end it.
+	dtail := colHeader{Version: tailVersionDense, Role: roleTail, UID: uid, Capacity: 8, RowBytes: 8, DType: Float32, Shape: []int{2}, Name: "next.observation"}
+	entry := make([]byte, 8+tailTrailerSize)
+	binary.LittleEndian.PutUint32(entry[0:], math.Float32bits(1011))
+	binary.LittleEndian.PutUint32(entry[4:], math.Float32bits(-1011))
+	putTailTrailer(&column{rowBytes: 8, stride: 8 + tailTrailerSize, data: entry}, 0, 11)
 
 	var sb strings.Builder
 	section := func(title string, b []byte) {
@@ -525,6 +572,8 @@ func TestGoldenV2FormatEncoding(t *testing.T) {
 	section("record of seq 11 being written (bit 47 of the first word set, checksum not yet valid)", marking[:8])
 	section(fmt.Sprintf("run segment header uid %#x number 3", uint64(uid)), seg)
 	section(fmt.Sprintf("run record %+v", piece), pieceBytes)
+	section(fmt.Sprintf("dense tail column header %+v (first 512 bytes)", dtail), dtail.encode()[:512])
+	section("dense tail entry: seq 11's final observation [1011 -1011], then seq + 1", entry)
 	got := sb.String()
 
 	checkEncodingGolden(t, "testdata/v2/encoding.golden", got)
@@ -545,6 +594,9 @@ func TestGoldenV2FormatEncoding(t *testing.T) {
 		le.Uint64(pieceBytes[40:]) != 0x0102030405 || le.Uint16(pieceBytes[48:]) != 2 || le.Uint16(pieceBytes[50:]) != 2 || pieceBytes[52] != 0x0d ||
 		le.Uint32(pieceBytes[60:]) != crc32.Checksum(pieceBytes[:60], castagnoli) {
 		t.Errorf("run record fields are not where docs/format.md says: % x", pieceBytes)
+	}
+	if db := dtail.encode(); le.Uint32(db[8:]) != 2 || le.Uint32(db[12:]) != roleTail || le.Uint64(entry[8:]) != 12 {
+		t.Errorf("dense tail header version or entry trailer are not where docs/format.md says")
 	}
 	if string(seg[:8]) != "RBDRUNS\x00" || le.Uint32(seg[8:]) != 2 || le.Uint64(seg[24:]) != 3 {
 		t.Errorf("run segment header fields are not where docs/format.md says")

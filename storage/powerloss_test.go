@@ -84,6 +84,26 @@ func powerLossScramble(t *testing.T, dir, buf, variant string, rng *rand.Rand) (
 			t.Fatal(err)
 		}
 		rb := int64(ch.RowBytes)
+		if ch.Version == tailVersionDense {
+			// Entries written after the last sync: those of rows at or
+			// above the watermark (entries go in seq order).
+			pitch := rb + tailTrailerSize
+			for off := int64(headerSize); off+pitch <= int64(len(cdata)); off += pitch {
+				entry := cdata[off : off+pitch]
+				if v := int64(binary.LittleEndian.Uint64(entry[rb:])); v == 0 || v-1 < durable {
+					continue
+				}
+				if variant == "random" {
+					powerLossRandom(rng, entry)
+				} else {
+					clear(entry)
+				}
+			}
+			if err := os.WriteFile(cpath, cdata, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
 		for _, slot := range slots {
 			row := cdata[headerSize+slot*rb : headerSize+(slot+1)*rb]
 			if variant == "random" {
@@ -240,7 +260,7 @@ func TestPowerLossDamageBelowWatermark(t *testing.T) {
 			return target{metaFile(bdir), headerSize + 77*recordSize + recStep, 77}
 		}},
 		{"tail", func(bdir string, done []int64) target {
-			return target{powerLossTailPath(bdir, "observation"), colOff(done[1], 16, 5), done[1]}
+			return target{powerLossTailPath(bdir, "observation"), denseTailOff(t, powerLossTailPath(bdir, "observation"), done[1], 16) + 5, done[1]}
 		}},
 	}
 	for _, tc := range cases {
@@ -424,4 +444,30 @@ func powerLossFlip(t *testing.T, path string, off int64) {
 	if _, err := f.WriteAt(b[:], off); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// denseTailOff is the offset in the dense tail file at path (entries of rb
+// bytes and a trailer) of seq's final observation.
+func denseTailOff(t *testing.T, path string, seq int64, rb int64) int64 {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	off, ok := denseTailEntry(data, seq, rb)
+	if !ok {
+		t.Fatalf("%s: no entry holds seq %d's final observation", path, seq)
+	}
+	return off
+}
+
+// denseTailEntry finds seq's entry in the bytes of a dense tail file.
+func denseTailEntry(data []byte, seq int64, rb int64) (int64, bool) {
+	pitch := rb + tailTrailerSize
+	for off := int64(headerSize); off+pitch <= int64(len(data)); off += pitch {
+		if binary.LittleEndian.Uint64(data[off+rb:]) == uint64(seq+1) {
+			return off, true
+		}
+	}
+	return 0, false
 }

@@ -314,10 +314,10 @@ func (b *Buffer) touchColumns(cols []Column, slots []int64) {
 	}
 	for _, c := range cols {
 		switch {
-		case c.c.stride != 0:
-			lo, hi = min(lo, c.c.groupOff), max(hi, c.c.groupOff+int64(c.RowBytes))
 		case c.Tail && b.tailIx != nil:
 			// Tails are not at the slots (tailIndex), and few rows have one.
+		case c.c.stride != 0:
+			lo, hi = min(lo, c.c.groupOff), max(hi, c.c.groupOff+int64(c.RowBytes))
 		case c.c.cz < 0 && c.RowBytes <= rowGroupMaxField:
 			prefetchSlots(c.c.data, slots, c.c.pitch(), int64(c.RowBytes))
 		}
@@ -329,8 +329,9 @@ func (b *Buffer) touchColumns(cols []Column, slots []int64) {
 }
 
 // tailSlots returns where the tail columns hold the tails of the rows at
-// slots (the rows of seqs, recs their records), appended to dst: a memory
-// buffer's tailIndex places them densely, other buffers at the slot. A
+// slots (the rows of seqs, recs their records), appended to dst: the
+// tailIndex of a memory buffer or of dense tail files places them
+// densely, other buffers keep them at the slot. A
 // row without a tail keeps its slot, which gatherColumn does not read.
 func (b *Buffer) tailSlots(seqs, slots []int64, recs []record, dst []int64) []int64 {
 	if b.tailIx == nil {

@@ -86,6 +86,11 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 			return -1, err
 		}
 	}
+	if b.tailIx != nil && b.tails[0].dense {
+		// Before the first pass: a version 2 row is complete only if its
+		// checksum, final observation included, holds.
+		b.tailScan = b.scanDenseTails()
+	}
 	maxSeq := int64(-1)
 	err = b.scanRecords(st.SeqReserved, func(slot int64, rec []byte) error {
 		if runs != nil {
@@ -231,7 +236,12 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 			lost(seq, fmt.Sprintf("unknown flags %#x", r.Flags))
 			continue
 		default:
-			if got := b.dataCRC(slot, r.Flags); got != r.DataCRC {
+			got, why := b.rowCRC(seq, r.Flags, func(crc uint32) bool { return crc == r.DataCRC })
+			if why != "" {
+				lost(seq, why)
+				continue
+			}
+			if got != r.DataCRC {
 				lost(seq, fmt.Sprintf("data checksum %08x, record says %08x", got, r.DataCRC))
 				continue
 			}
@@ -278,6 +288,9 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 			r.Seq = seq
 			b.putMemRecord(slot, &r)
 		}
+		if b.tailScan != nil && r.Flags&flagHasTail != 0 {
+			b.acceptDenseTail(seq, b.tailScan.found)
+		}
 		b.stamps.Store(slot, seq)
 		maxTraj = max(maxTraj, r.TrajID)
 		if b.prio != nil {
@@ -293,6 +306,9 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 				b.prio.set(slot, raw)
 			}
 		}
+	}
+	if b.tailScan != nil {
+		b.finishDenseTails(!b.store.readOnly)
 	}
 	b.setWriteCount(wc)
 	b.sync.durable = durable
@@ -417,26 +433,6 @@ func (b *Buffer) overwrittenMeanwhile(seq int64) bool {
 	return raw > seq || markedSeq(raw) > seq
 }
 
-// dataCRC recomputes the data checksum of the row in slot. Mutable fields
-// are left out: an update rewrites them in place without touching the
-// record, so a crash mid-update must not make the row look damaged.
-func (b *Buffer) dataCRC(slot int64, flags uint32) uint32 {
-	var crc uint32
-	for _, c := range b.cols {
-		if c.cz < 0 && !c.field.Mutable {
-			crc = crc32.Update(crc, castagnoli, c.row(slot))
-		}
-	}
-	if flags&flagHasTail != 0 {
-		for _, c := range b.tails {
-			if c.cz < 0 {
-				crc = crc32.Update(crc, castagnoli, c.row(slot))
-			}
-		}
-	}
-	return crc
-}
-
 func mergeRanges(rs [][2]int64) [][2]int64 {
 	var out [][2]int64
 	for _, r := range rs {
@@ -505,9 +501,16 @@ func (b *Buffer) fileRunAt(slot, seq int64, runs *loadedRuns) (record, string) {
 	if last {
 		flags = uint32(p.Flags)
 	}
-	crc := crc32.Update(b.dataCRC(slot, flags), castagnoli, c[frWord:frWord+8])
-	crc = crc32.Update(crc, castagnoli, c[frOff:])
-	if want := le.Uint32(c[frCRC:]); crc != want {
+	want := le.Uint32(c[frCRC:])
+	recCRC := func(data uint32) uint32 {
+		crc := crc32.Update(data, castagnoli, c[frWord:frWord+8])
+		return crc32.Update(crc, castagnoli, c[frOff:])
+	}
+	data, why := b.rowCRC(seq, flags, func(data uint32) bool { return recCRC(data) == want })
+	if why != "" {
+		return record{}, why
+	}
+	if crc := recCRC(data); crc != want {
 		return record{}, fmt.Sprintf("checksum %08x, record says %08x", crc, want)
 	}
 	r := record{Seq: seq, TrajID: p.TrajID, Step: p.FirstStep + int64(off), PrevSeq: p.PrevSeq, Env: p.Env, Flags: flags, PolicyVersion: p.PolicyVersion}

@@ -110,6 +110,11 @@ type Store struct {
 	// trash empties <data>/trash in the background (see delete.go).
 	trash trashWorker
 	hooks storeHooks // tests make delete steps fail
+	// slotTails, set by tests, gives new memmap buffers tail files of
+	// format version 1 (a final observation at its row's slot, sparse for
+	// rows of a page or more), as builds before dense tail files made
+	// them: stores keep opening those.
+	slotTails bool
 	// snapMu orders snapshot writes; snapSeq numbers them.
 	snapMu  sync.Mutex
 	snapSeq uint64

@@ -63,6 +63,7 @@ func testSparseTails(t *testing.T, ob, ep, rows int) {
 	const capacity = 256
 	dir := t.TempDir()
 	s := openStore(t, dir)
+	s.slotTails = true
 	spec := sparseSpec(capacity, ob)
 	b := mustCreate(t, s, "img", spec)
 	ref := mustCreate(t, openStore(t, t.TempDir()), "img", func() Spec { r := spec; r.Storage, r.Durability = KindMemory, ""; return r }())
@@ -129,9 +130,16 @@ func testSparseTails(t *testing.T, ob, ep, rows int) {
 // an out-of-space error, and goes in once space returns, without a
 // restart. (Extends without one may be refused too, when the seq
 // reservation's catalog commit finds no room.)
-func TestSparseTailsDiskFull(t *testing.T) {
+func TestSparseTailsDiskFull(t *testing.T) { testTailsDiskFull(t, true, 700) }
+
+// testTailsDiskFull is TestSparseTailsDiskFull for version 1 tail files
+// at the slot (slot) or dense tail files, over rows rows of 8 KiB frames
+// in a ring of 128; reopened, the buffer holds every acknowledged row and
+// verifies clean.
+func testTailsDiskFull(t *testing.T, slot bool, rows int) {
 	dir := testbin.MountTmpfs(t, 8<<20)
 	s := openStore(t, dir)
+	s.slotTails = slot
 	const ob = 64 * 64 * 2
 	spec := sparseSpec(128, ob)
 	b := mustCreate(t, s, "img", spec)
@@ -140,7 +148,7 @@ func TestSparseTailsDiskFull(t *testing.T) {
 	ref := mustCreate(t, openStore(t, t.TempDir()), "img", rs)
 	filler := testbin.FillDisk(t, dir)
 	refused, withTails := 0, 0
-	for k := 0; k < 700; k += 10 {
+	for k := 0; k < rows; k += 10 {
 		batch := sparseBatch(k, 10, ob, 7)
 		var was bool
 		if was, filler = extendOnFullDisk(t, dir, b, batch, filler); was {
@@ -157,24 +165,22 @@ func TestSparseTailsDiskFull(t *testing.T) {
 	t.Logf("%d extends refused for space (%d with final observations), each taken again after space returned", refused, withTails)
 	compareBuffers(t, ref, b)
 	os.Remove(filler)
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if rep, err := Verify(dir, nil); err != nil || !rep.OK() {
-		t.Fatalf("verify: %v %+v", err, rep)
-	}
+	_, b = reopenVerified(t, s, dir, "img")
+	compareBuffers(t, ref, b)
 }
 
 // BenchmarkExtendSparseTails extends a compact memmap buffer of ob-byte
 // observations in 256-row batches from 2 envs (an Atari frame stack,
 // 28,224 bytes, with episodes of 1,000 steps; an 8 KiB frame with
-// episodes of 200), its tail file sparse and, for comparison, allocated
-// whole: what the allocations and punches cost a writer, and the files'
-// bytes a row (disk_B/row).
+// episodes of 200; a 16-byte CartPole observation with episodes of 200)
+// in each tail file layout: dense (what new buffers get), and the version
+// 1 files of older builds at the slot, sparse (rows of a page or more)
+// and allocated whole. It reports what allocations and punches cost a
+// writer, and the files' bytes a row (disk_B/row).
 //
 // go test ./storage -run '^$' -bench BenchmarkExtendSparseTails -benchtime 1s -count 3
 func BenchmarkExtendSparseTails(b *testing.B) {
-	for _, ob := range []int{28224, 8192} {
+	for _, ob := range []int{28224, 8192, 16} {
 		b.Run(fmt.Sprintf("bytes=%d", ob), func(b *testing.B) { benchExtendSparseTails(b, ob) })
 	}
 }
@@ -188,20 +194,23 @@ func benchExtendSparseTails(b *testing.B, ob int) {
 		capacity = 5000
 	}
 	const batch = 256
-	for _, sparse := range []bool{true, false} {
-		b.Run(fmt.Sprintf("sparse=%v", sparse), func(b *testing.B) {
+	for _, layout := range []string{"dense", "sparse", "whole"} {
+		if layout == "sparse" && !sparseTail(ob) {
+			continue
+		}
+		b.Run("layout="+layout, func(b *testing.B) {
 			s := openStore(b, b.TempDir())
+			s.slotTails = layout != "dense"
 			b.Cleanup(func() { s.Close() })
 			spec := sparseSpec(capacity, ob)
 			spec.Durability = DurabilityNone
 			buf := mustCreate(b, s, "p", spec)
-			c := buf.tails[0]
-			if !sparse && c.sparse {
+			if c := buf.tails[0]; layout == "whole" && c.sparse {
 				if err := c.region.Allocate(0, headerSize+capacity*int64(ob)); err != nil {
 					b.Fatal(err)
 				}
+				c.sparse = false
 			}
-			c.sparse = sparse
 			batches := make([]*Batch, 64)
 			for i := range batches {
 				batches[i] = sparseBatch(i*batch, batch, ob, map[bool]int{true: 500, false: 100}[ob > 10000])
@@ -234,6 +243,7 @@ func TestSparseTailsFromWholeFile(t *testing.T) {
 	const ob, capacity = 8192, 128
 	dir := t.TempDir()
 	s := openStore(t, dir)
+	s.slotTails = true
 	spec := sparseSpec(capacity, ob)
 	b := mustCreate(t, s, "img", spec)
 	for k := 0; k < capacity; k += 32 {

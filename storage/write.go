@@ -390,7 +390,9 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	}
 	envs = b.publish(recs, first, written, end, stream, envs)
 	if b.tailIx != nil {
-		b.tailIx.release(max(0, end-capacity))
+		if err := b.tailIx.release(max(0, end-capacity)); err != nil {
+			b.log.Warn("cannot give back the blocks of final observations no row uses; the file keeps them", "err", err)
+		}
 	}
 	size := b.liveRows()
 	b.limiter.SetSize(size)
@@ -575,6 +577,9 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 			}
 			src := p.tailSrc[i][t*c.rowBytes : (t+1)*c.rowBytes]
 			copy(c.row(at), src)
+			if c.dense {
+				putTailTrailer(c, at, rec.Seq)
+			}
 			if b.persistent {
 				crc = crc32.Update(crc, castagnoli, src)
 			}
@@ -632,10 +637,20 @@ func (b *Buffer) writeRowRuns(slot int64, rec *record, p *plan, r int) {
 	if staged > 0 {
 		crc = crc32.Update(crc, castagnoli, b.crcScratch[:staged])
 	}
+	if b.tailIx != nil {
+		b.tailIx.begin(rec.Seq)
+	}
 	if t := p.tailRowOf(r); t >= 0 {
-		for i, c := range b.tails { // at the slot, as in any file
+		at := slot // a tail file of an older build keeps it at the slot
+		if b.tailIx != nil {
+			at = b.tailIx.add(rec.Seq)
+		}
+		for i, c := range b.tails {
 			src := p.tailSrc[i][t*c.rowBytes : (t+1)*c.rowBytes]
-			copy(c.row(slot), src)
+			copy(c.row(at), src)
+			if c.dense {
+				putTailTrailer(c, at, rec.Seq)
+			}
 			crc = crc32.Update(crc, castagnoli, src)
 		}
 	}
@@ -644,6 +659,12 @@ func (b *Buffer) writeRowRuns(slot int64, rec *record, p *plan, r int) {
 	putFileRunRecord(drec, rec.Seq, pr, fileRunCRC(crc, rec.Seq, pr, &b.runCRCScratch))
 	b.stamps.Store(slot, rec.Seq)
 	b.store.crash.at("after-meta")
+}
+
+// putTailTrailer ends entry at of dense tail column c with the seq of its
+// row (plus 1: zeros are an entry never written).
+func putTailTrailer(c *column, at, seq int64) {
+	binary.LittleEndian.PutUint64(c.data[at*c.stride+int64(c.rowBytes):], uint64(seq+1))
 }
 
 // fileRunCRC is the checksum of the version 2 file record of seq whose row
@@ -693,11 +714,20 @@ func (b *Buffer) runKeepFrom() int64 {
 // their columns are allocated whole.
 func sparseTail(rowBytes int) bool { return rowBytes >= os.Getpagesize() }
 
-// allocateTails reserves, in each sparse tail file, the blocks of the rows
-// [written, end) of the extend that carry a final observation (a write
-// through the mapping into a hole would fault on a full disk). Called
-// before any row is written: its error leaves everything as it was.
+// allocateTails reserves, in each dense or sparse tail file, the blocks
+// of the final observations of the rows [written, end) (a write through
+// the mapping into a hole would fault on a full disk). Called before any
+// row is written: its error leaves everything as it was.
 func (b *Buffer) allocateTails(p *plan, first, written, end int64) error {
+	if b.tailIx != nil && b.tailIx.files {
+		var n int64
+		for s := written; s < end; s++ {
+			if p.tailRowOf(int(s-first)) >= 0 {
+				n++
+			}
+		}
+		return b.tailIx.allocate(n)
+	}
 	for _, c := range b.tails {
 		if !c.sparse || c.cz >= 0 {
 			continue

@@ -23,6 +23,12 @@
 // first build that had version 2, 2026-11-27; never regenerated either):
 //
 //	go run ./storage/testdata/gen_golden.go -row-meta runs
+//
+// Builds since dense tail files (tail format version 2, 2026-11-27) write
+// the buffer's tail.observation.col densely: the first of them wrote
+// storage/testdata/tails2/datadir (never regenerated either), with
+//
+//	go run ./storage/testdata/gen_golden.go -o storage/testdata/tails2/datadir
 package main
 
 import (
