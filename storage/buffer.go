@@ -410,6 +410,7 @@ func (b *Buffer) createFiles() (retErr error) {
 		c.region = r
 		copy(r.Bytes(), b.colHeaderFor(c).encode())
 		c.data = r.Bytes()[headerSize:]
+		c.adviseDense()
 		if err := r.SyncRange(0, headerSize); err != nil {
 			return err
 		}
@@ -515,6 +516,7 @@ func (b *Buffer) openFiles(writable bool) (retErr error) {
 			return fmt.Errorf("%s: column format version %d, this build reads %d for %s columns: %w", path, h.Version, want.Version, c.name, ErrVersionMismatch)
 		}
 		c.data = r.Bytes()[headerSize:]
+		c.adviseDense()
 		if c.sparse && writable {
 			b.markHeldTails(c)
 		}

@@ -38,6 +38,19 @@ func (b *Buffer) setDenseTails() {
 	b.tailIx = newTailIndex(b.capacity, b.tails)
 }
 
+// adviseDense keeps a dense tail file's page cache in single pages
+// (madvise MADV_RANDOM: no readahead on a fault). A write fault into a
+// hole otherwise reads ahead into a large folio, and a punch whose range
+// ends inside a dirty large folio leaves the folio, whose writeback then
+// allocates the punched blocks again: on Linux 6.18, ext4, an 8 KiB-frame
+// ring of 10^4 rows kept 17 MB of dead entries where 2 were live. It is
+// advice: an error leaves the readahead on.
+func (c *column) adviseDense() {
+	if c.dense {
+		_ = c.region.AdviseRandom()
+	}
+}
+
 // colFileSize is the size of column c's file.
 func (b *Buffer) colFileSize(c *column) int64 {
 	if c.dense {

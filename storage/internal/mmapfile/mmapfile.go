@@ -352,3 +352,14 @@ func (r *Region) AdviseHugePages() error {
 	}
 	return unix.Madvise(r.m, unix.MADV_HUGEPAGE)
 }
+
+// AdviseRandom tells the kernel that the region's pages are used in no
+// order (madvise MADV_RANDOM): a fault reads no pages around it, so the
+// page cache holds the file in single pages, not in the large folios
+// readahead would make.
+func (r *Region) AdviseRandom() error {
+	if len(r.m) == 0 {
+		return nil
+	}
+	return unix.Madvise(r.m, unix.MADV_RANDOM)
+}
