@@ -64,7 +64,10 @@ func FuzzOpenDamaged(f *testing.F) {
 		{obs, headerSize + 3*16, 0x80, false},               // a row's first byte
 		{obs, colHeaderCRCOff, 0x01, false},                 // header checksum
 		{obs, headerSize, 0, true},                          // header only
-		{tail, headerSize + 9*16 + 1, 0x01, false},          // the final observation of seq 9 (slot 9)
+		{tail, headerSize + 2*24 + 1, 0x01, false},          // a dense tail entry's observation (entry 2)
+		{tail, headerSize + 2*24 + 16, 0x01, false},         // its trailer: names another seq
+		{tail, headerSize + 3*24 + 23, 0x80, false},         // entry 3's trailer: a seq far away
+		{tail, 8, 0x03, false},                              // tail format version 2 -> 1 (header checksum fails)
 		{meta, headerSize + 15*recordSize + 7, 0x80, false}, // sign bit of seq 23's record: reads as a writing marker
 		{prio, headerSize + 5*8 + 7, 0x40, false},           // seq 21's priority 1.0 becomes +Inf
 		{cat, 0, 0, true},                                   // empty catalog
