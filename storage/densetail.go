@@ -43,8 +43,8 @@ func (b *Buffer) setDenseTails() {
 // hole otherwise reads ahead into a large folio, and a punch whose range
 // ends inside a dirty large folio leaves the folio, whose writeback then
 // allocates the punched blocks again: on Linux 6.18, ext4, an 8 KiB-frame
-// ring of 10^4 rows kept 17 MB of dead entries where 2 were live. It is
-// advice: an error leaves the readahead on.
+// ring of 10^4 rows kept a 17.4 MB tail file for 0.4 MB of live entries.
+// It is advice: an error leaves the readahead on.
 func (c *column) adviseDense() {
 	if c.dense {
 		_ = c.region.AdviseRandom()

@@ -171,8 +171,9 @@ func testTailsDiskFull(t *testing.T, slot bool, rows int) {
 
 // BenchmarkExtendSparseTails extends a compact memmap buffer of ob-byte
 // observations in 256-row batches from 2 envs (an Atari frame stack,
-// 28,224 bytes, with episodes of 1,000 steps; an 8 KiB frame with
-// episodes of 200; a 16-byte CartPole observation with episodes of 200)
+// 28,224 bytes, with episodes of 500 steps per env, a done row every
+// 1,000 rows; an 8 KiB frame and a 16-byte CartPole observation with
+// episodes of 100 steps per env, a done row every 200)
 // in each tail file layout: dense (what new buffers get), and the version
 // 1 files of older builds at the slot, sparse (rows of a page or more)
 // and allocated whole. It reports what allocations and punches cost a
