@@ -481,6 +481,9 @@ func (b *Buffer) openFiles(writable bool) (retErr error) {
 		}
 	}()
 	if b.spec.Storage == KindMemmap && len(b.tails) > 0 {
+		if err := b.openTailsUpgradeState(writable); err != nil {
+			return err
+		}
 		dense, err := b.tailFilesDense()
 		if err != nil {
 			return err

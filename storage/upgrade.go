@@ -14,7 +14,7 @@ import (
 )
 
 // ErrNothingToUpgrade is returned by Upgrade for a data dir with no memmap
-// buffer in rows.meta format version 1.
+// buffer in rows.meta format version 1 or with version 1 tail files.
 var ErrNothingToUpgrade = errors.New("storage: nothing to upgrade")
 
 // UpgradeOptions configures Upgrade. Nil gives the defaults.
@@ -36,6 +36,12 @@ type UpgradedBuffer struct {
 	// the run log) take on disk.
 	MetaBytesBefore int64 `json:"meta_bytes_before"`
 	MetaBytesAfter  int64 `json:"meta_bytes_after"`
+	// Tails is the final observations moved into dense tail files (0 when
+	// the tail files were not converted); TailBytesBefore and
+	// TailBytesAfter are what the tail files take on disk.
+	Tails           int64 `json:"tails"`
+	TailBytesBefore int64 `json:"tail_bytes_before"`
+	TailBytesAfter  int64 `json:"tail_bytes_after"`
 }
 
 // UpgradeReport is the result of Upgrade.
@@ -46,19 +52,22 @@ type UpgradeReport struct {
 
 // Upgrade converts every memmap buffer of the data dir whose rows.meta is
 // format version 1 (64-byte records) to version 2 (16-byte records and a
-// run log: "row_meta": "runs", docs/format.md), keeping every row, link,
-// stream and counter. It refuses, changing nothing, a dir a running store
-// holds (ErrLocked), one of a newer format (ErrVersionMismatch), one that
-// Verify finds damaged, an incomplete checkpoint, and one with nothing to
-// upgrade (ErrNothingToUpgrade).
+// run log: "row_meta": "runs", docs/format.md), and whose tail files keep
+// final observations at the slot (version 1) to dense tail files (version
+// 2), keeping every row, link, stream and counter. It refuses, changing
+// nothing, a dir a running store holds (ErrLocked), one of a newer format
+// (ErrVersionMismatch), one that Verify finds damaged, an incomplete
+// checkpoint, and one with nothing to upgrade (ErrNothingToUpgrade).
 //
-// A kill at any point leaves each buffer in version 1 or in version 2,
-// never a mix: the version 2 files are written beside the version 1 ones
-// and synced, then the catalog's spec is switched, then rows.meta is
-// replaced by a rename. Open removes the files of an upgrade that stopped
-// before the switch and finishes the rename of one that stopped after it.
-// Upgrade opens the dir again at the end and checks that every live row
-// reads back with the metadata it had (a digest of it, in seq order).
+// A kill at any point leaves rows.meta in version 1 or 2 and the tail
+// files all in version 1 or all in version 2: the version 2 files are
+// written beside the version 1 ones and synced; then rows.meta's switch
+// is committed by the catalog's spec and done by a rename, and the tail
+// files' by a marker file and done by renames. Open removes the files of
+// an upgrade that stopped before a commit and finishes the renames of one
+// that stopped after it. Upgrade opens the dir again at the end and checks
+// that every live row reads back with the metadata and final observation
+// it had (a digest of them, in seq order).
 func Upgrade(dir string, opts *UpgradeOptions) (*UpgradeReport, error) {
 	var o UpgradeOptions
 	if opts != nil {
@@ -88,16 +97,22 @@ func Upgrade(dir string, opts *UpgradeOptions) (*UpgradeReport, error) {
 	}
 	// What Verify checks, from this open's recovery.
 	var targets []*Buffer
+	metaTo, tailsTo := map[string]bool{}, map[string]bool{}
 	for _, b := range s.Buffers() {
 		if probs := append(slices.Clip(b.Damage()), b.checkIndex()...); len(probs) > 0 {
 			return nil, errors.Join(fmt.Errorf("upgrade %s: verify found problems, nothing changed (rbd verify %s lists them): buffer %q: %s", dir, dir, b.name, probs[0]), s.Close())
 		}
-		if b.spec.Storage == KindMemmap && b.rlog == nil {
+		if b.spec.Storage != KindMemmap {
+			continue
+		}
+		metaTo[b.name] = b.rlog == nil
+		tailsTo[b.name] = len(b.tails) > 0 && !b.tails[0].dense
+		if metaTo[b.name] || tailsTo[b.name] {
 			targets = append(targets, b)
 		}
 	}
 	if len(targets) == 0 {
-		return nil, errors.Join(fmt.Errorf("upgrade %s: no memmap buffer keeps rows.meta in format version 1 (every one is version 2 already, or there is none): %w", dir, ErrNothingToUpgrade), s.Close())
+		return nil, errors.Join(fmt.Errorf("upgrade %s: no memmap buffer keeps rows.meta in format version 1 or final observations at the slot (every one is version 2 already, or there is none): %w", dir, ErrNothingToUpgrade), s.Close())
 	}
 	names := make([]string, len(targets))
 	for i, b := range targets {
@@ -109,13 +124,21 @@ func Upgrade(dir string, opts *UpgradeOptions) (*UpgradeReport, error) {
 	out := &UpgradeReport{Dir: dir}
 	digests := map[string]metaDigest{}
 	for _, b := range targets {
-		ub, d, err := b.writeRunFiles(say)
+		ub := UpgradedBuffer{Name: b.name, MetaBytesBefore: fileBytes(metaFile(b.dir))}
+		d, err := b.metaDigest()
+		if err == nil && metaTo[b.name] {
+			err = b.writeRunFiles(&ub, say)
+		}
+		if err == nil && tailsTo[b.name] {
+			err = b.writeDenseTailFiles(&ub, say)
+		}
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("upgrade %s: buffer %q: %w (the buffer is unchanged)", dir, b.name, err), s.Close())
 		}
+		ub.Rows = d.rows
 		out.Buffers = append(out.Buffers, ub)
 		digests[b.name] = d
-		say("buffer %q: %d rows, %d run records written", b.name, ub.Rows, ub.RunRecords)
+		say("buffer %q: %d rows, %d run records, %d final observations written", b.name, ub.Rows, ub.RunRecords, ub.Tails)
 	}
 	crash := s.crash
 	crash.at("upgrade-files")
@@ -136,17 +159,30 @@ func Upgrade(dir string, opts *UpgradeOptions) (*UpgradeReport, error) {
 		if !slices.Contains(names, e.name) {
 			continue
 		}
-		spec := e.spec
-		spec.RowMetaLayout = RowMetaRuns
-		if err := cat.putSpec(e.name, spec); err != nil {
-			return nil, errors.Join(fmt.Errorf("upgrade %s: buffer %q: switch the spec: %w (the buffer is unchanged)", dir, e.name, err), cat.close())
+		bdir := bufferDir(dir, e.name)
+		if metaTo[e.name] {
+			spec := e.spec
+			spec.RowMetaLayout = RowMetaRuns
+			if err := cat.putSpec(e.name, spec); err != nil {
+				return nil, errors.Join(fmt.Errorf("upgrade %s: buffer %q: switch the spec: %w (the buffer is unchanged)", dir, e.name, err), cat.close())
+			}
+			crash.at("upgrade-commit")
+			if err := finishRunsUpgrade(bdir); err != nil {
+				// The catalog says version 2: the next open finishes it.
+				return nil, errors.Join(fmt.Errorf("upgrade %s: buffer %q: %w (the next open finishes the upgrade)", dir, e.name, err), cat.close())
+			}
+			crash.at("upgrade-rename")
 		}
-		crash.at("upgrade-commit")
-		if err := finishRunsUpgrade(bufferDir(dir, e.name)); err != nil {
-			// The catalog says version 2: the next open finishes it.
-			return nil, errors.Join(fmt.Errorf("upgrade %s: buffer %q: %w (the next open finishes the upgrade)", dir, e.name, err), cat.close())
+		if tailsTo[e.name] {
+			if err := commitTailsUpgrade(bdir); err != nil {
+				return nil, errors.Join(fmt.Errorf("upgrade %s: buffer %q: %w (its tail files are unchanged)", dir, e.name, err), cat.close())
+			}
+			crash.at("upgrade-tails-commit")
+			if err := finishTailsUpgrade(bdir); err != nil {
+				return nil, errors.Join(fmt.Errorf("upgrade %s: buffer %q: %w (the next open finishes the upgrade)", dir, e.name, err), cat.close())
+			}
+			crash.at("upgrade-tails-rename")
 		}
-		crash.at("upgrade-rename")
 	}
 	if err := cat.close(); err != nil {
 		return nil, fmt.Errorf("upgrade %s: %w", dir, err)
@@ -168,6 +204,7 @@ func Upgrade(dir string, opts *UpgradeOptions) (*UpgradeReport, error) {
 		}
 		if err == nil {
 			out.Buffers[i].MetaBytesAfter = fileBytes(metaFile(b.dir)) + b.rlog.files()
+			out.Buffers[i].TailBytesAfter = b.tailFileBytes()
 		}
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("upgrade %s: buffer %q after the upgrade: %w", dir, name, err), s.Close())
@@ -192,22 +229,16 @@ const upgradeBlock = 1 << 16
 // opened read-only, beside its files, from its live rows, and syncs them:
 // rows.meta.v2 (with the same durable watermark: rows the version 1 files
 // did not have on stable storage are not claimed) and runs.00000001.rbdr.
-// It returns what it wrote and a digest of the live rows' metadata, to
-// check the result against.
-func (b *Buffer) writeRunFiles(say func(string, ...any)) (UpgradedBuffer, metaDigest, error) {
-	ub := UpgradedBuffer{Name: b.name, MetaBytesBefore: fileBytes(metaFile(b.dir))}
+// It notes what it wrote in ub.
+func (b *Buffer) writeRunFiles(ub *UpgradedBuffer, say func(string, ...any)) error {
 	if b.rlog != nil || b.cs != nil || !b.persistent {
-		return ub, metaDigest{}, fmt.Errorf("not a memmap buffer with rows.meta in format version 1")
+		return fmt.Errorf("not a memmap buffer with rows.meta in format version 1")
 	}
 	if err := removeUpgradeLeftovers(b.dir); err != nil {
-		return ub, metaDigest{}, err
+		return err
 	}
-	d, err := b.metaDigest()
-	if err != nil {
-		return ub, d, err
-	}
-	fail := func(err error) (UpgradedBuffer, metaDigest, error) {
-		return ub, d, errors.Join(err, removeUpgradeLeftovers(b.dir))
+	fail := func(err error) error {
+		return errors.Join(err, removeUpgradeLeftovers(b.dir))
 	}
 	hdr := metaHeader{Version: metaVersionRuns, RecordSize: fileRunRecordSize, UID: b.uid, Capacity: uint64(b.capacity), Name: b.name}.encode()
 	putWatermark(hdr, b.sync.durable)
@@ -251,7 +282,6 @@ func (b *Buffer) writeRunFiles(say func(string, ...any)) (UpgradedBuffer, metaDi
 		if _, err := mf.WriteAt(block, headerSize+s0*fileRunRecordSize); err != nil {
 			return fail(errors.Join(fmt.Errorf("write %s: %w", upgradeMetaFile(b.dir), err), mf.Close()))
 		}
-		ub.Rows += int64(len(recs))
 		lo = hi
 		if blocks++; blocks%32 == 0 {
 			say("buffer %q: %d of %d slots", b.name, lo-first, wc-first)
@@ -280,7 +310,7 @@ func (b *Buffer) writeRunFiles(say func(string, ...any)) (UpgradedBuffer, metaDi
 	if err != nil {
 		return fail(fmt.Errorf("write %s: %w", path, err))
 	}
-	return ub, d, nil
+	return nil
 }
 
 // metaDigest sums up the metadata of a buffer's live rows: Upgrade
@@ -291,12 +321,23 @@ type metaDigest struct {
 }
 
 // metaDigest reads every live row's metadata (what samples return of it:
-// traj_id, step, links, env, flags, version) into a digest, in seq order.
+// traj_id, step, links, env, flags, version) and final observations into
+// a digest, in seq order.
 func (b *Buffer) metaDigest() (metaDigest, error) {
 	var d metaDigest
 	h := fnv.New64a()
 	seqs := make([]int64, 0, upgradeBlock)
 	metas := make([]RowMeta, upgradeBlock)
+	var tails []Column
+	var tailDst [][]byte
+	for _, c := range b.tails {
+		col, ok := b.Column(c.name)
+		if !ok {
+			return d, fmt.Errorf("no column %q", c.name)
+		}
+		tails = append(tails, col)
+		tailDst = append(tailDst, make([]byte, upgradeBlock*c.rowBytes))
+	}
 	var w [8 * 8]byte
 	le := binary.LittleEndian
 	wc := b.writeCount.Load()
@@ -307,6 +348,13 @@ func (b *Buffer) metaDigest() (metaDigest, error) {
 		}
 		ms := metas[:len(seqs)]
 		if err := b.ReadIndex(func(ix Index) { ix.Rows(seqs, ms) }); err != nil {
+			return d, err
+		}
+		dst := make([][]byte, len(tails))
+		for i, c := range tails {
+			dst[i] = tailDst[i][:len(seqs)*c.RowBytes]
+		}
+		if _, err := b.Gather(seqs, tails, dst, nil); err != nil {
 			return d, err
 		}
 		for i := range ms {
@@ -324,6 +372,9 @@ func (b *Buffer) metaDigest() (metaDigest, error) {
 				le.PutUint64(w[8*k:], uint64(v))
 			}
 			h.Write(w[:])
+			for k, c := range tails {
+				h.Write(dst[k][i*c.RowBytes : (i+1)*c.RowBytes]) // zeros without a final observation
+			}
 			d.rows++
 		}
 	}
@@ -384,4 +435,159 @@ func (b *Buffer) openUpgradeState(writable bool) (string, error) {
 	}
 	b.log.Warn("finishing an upgrade to rows.meta version 2 that stopped after it switched the buffer", "dir", b.dir)
 	return path, finishRunsUpgrade(b.dir)
+}
+
+// The tail files' part of an upgrade: dense tail files written beside the
+// version 1 ones (tail.<key>.col.v2), committed by a marker file, put in
+// place by renames.
+
+func upgradeTailFile(dir, file string) string { return filepath.Join(dir, file+".v2") }
+
+func tailsUpgradeMarker(dir string) string { return filepath.Join(dir, "tails.upgrade") }
+
+// writeDenseTailFiles writes, beside the version 1 tail files of a
+// buffer opened read-only, dense tail files holding the final
+// observations of its live rows in seq order (entry k the k-th), and
+// syncs them. It notes what it wrote in ub.
+func (b *Buffer) writeDenseTailFiles(ub *UpgradedBuffer, say func(string, ...any)) error {
+	if err := removeTailsUpgradeLeftovers(b.dir); err != nil {
+		return err
+	}
+	fail := func(err error) error { return errors.Join(err, removeTailsUpgradeLeftovers(b.dir)) }
+	// The dense layout of these tails, on copies of the columns.
+	dense := make([]*column, len(b.tails))
+	for i, c := range b.tails {
+		d := *c
+		d.dense, d.sparse, d.stride = true, false, int64(c.rowBytes)+tailTrailerSize
+		dense[i] = &d
+	}
+	rows := newTailIndex(b.capacity, dense).rows
+	ub.TailBytesBefore = b.tailFileBytes()
+	wc := b.writeCount.Load()
+	for i, c := range b.tails {
+		pitch := dense[i].pitch()
+		f, err := createFile(upgradeTailFile(b.dir, c.file), headerSize+rows*pitch, headerSize, b.colHeaderFor(dense[i]).encode())
+		if err != nil {
+			return fail(err)
+		}
+		// Entries in blocks: they are consecutive, from entry 0.
+		var block []byte
+		var k, at int64
+		flush := func() error {
+			_, err := f.WriteAt(block, headerSize+at*pitch)
+			at, block = k, block[:0]
+			return err
+		}
+		for seq := max(0, wc-b.capacity); seq < wc && err == nil; seq++ {
+			slot := seq % b.capacity
+			if b.stamps.Load(slot) != seq {
+				continue // a hole
+			}
+			var r record
+			b.loadRecord(seq, &r)
+			if r.Flags&flagHasTail == 0 {
+				continue
+			}
+			block = append(block, c.row(slot)...)
+			block = binary.LittleEndian.AppendUint64(block, uint64(seq+1))
+			if k++; len(block) >= 1<<20 {
+				err = flush()
+			}
+		}
+		if err == nil {
+			err = flush()
+		}
+		if err = errors.Join(err, f.Sync(), f.Close()); err != nil {
+			return fail(fmt.Errorf("write %s: %w", upgradeTailFile(b.dir, c.file), err))
+		}
+		ub.Tails = k
+	}
+	say("buffer %q: %d final observations in dense tail files", b.name, ub.Tails)
+	if err := syncDir(b.dir); err != nil {
+		return fail(err)
+	}
+	return nil
+}
+
+// tailFileBytes is the disk space the buffer's tail files take.
+func (b *Buffer) tailFileBytes() int64 {
+	var n int64
+	for _, c := range b.tails {
+		n += fileBytes(filepath.Join(b.dir, c.file))
+	}
+	return n
+}
+
+// commitTailsUpgrade commits a buffer's dense tail files written beside
+// its version 1 ones: from the marker on, an open finishes the renames.
+func commitTailsUpgrade(dir string) error {
+	f, err := os.OpenFile(tailsUpgradeMarker(dir), os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("commit the tail files: %w", err)
+	}
+	if err := errors.Join(f.Close(), syncDir(dir)); err != nil {
+		return fmt.Errorf("commit the tail files: %w", err)
+	}
+	return nil
+}
+
+// finishTailsUpgrade renames every dense tail file an upgrade committed
+// over its version 1 file, then deletes the marker (each step synced: a
+// kill leaves the marker until every rename is done).
+func finishTailsUpgrade(dir string) error {
+	pending, err := filepath.Glob(filepath.Join(dir, "tail.*.col.v2"))
+	if err != nil {
+		return err
+	}
+	for _, p := range pending {
+		if err := os.Rename(p, strings.TrimSuffix(p, ".v2")); err != nil {
+			return fmt.Errorf("replace %s: %w", filepath.Base(p), err)
+		}
+	}
+	if err := syncDir(dir); err != nil {
+		return err
+	}
+	if err := os.Remove(tailsUpgradeMarker(dir)); err != nil {
+		return fmt.Errorf("remove %s: %w", tailsUpgradeMarker(dir), err)
+	}
+	return syncDir(dir)
+}
+
+// removeTailsUpgradeLeftovers deletes the dense tail files of an upgrade
+// that stopped before it committed them.
+func removeTailsUpgradeLeftovers(dir string) error {
+	pending, err := filepath.Glob(filepath.Join(dir, "tail.*.col.v2"))
+	var errs []error
+	errs = append(errs, err)
+	for _, p := range pending {
+		errs = append(errs, os.Remove(p))
+	}
+	return errors.Join(errs...)
+}
+
+// openTailsUpgradeState handles, before a memmap buffer's tail files are
+// opened, an upgrade of them that stopped: committed (the marker), its
+// renames are finished (writable) or the dense files read where they are;
+// not committed, its files are removed (writable) or ignored.
+func (b *Buffer) openTailsUpgradeState(writable bool) error {
+	if _, err := os.Stat(tailsUpgradeMarker(b.dir)); err != nil {
+		if !writable {
+			return nil
+		}
+		pending, _ := filepath.Glob(filepath.Join(b.dir, "tail.*.col.v2"))
+		if len(pending) > 0 {
+			b.log.Warn("removing the dense tail files of an upgrade that stopped before it committed them", "dir", b.dir)
+		}
+		return removeTailsUpgradeLeftovers(b.dir)
+	}
+	if writable {
+		b.log.Warn("finishing an upgrade to dense tail files that stopped after it committed them", "dir", b.dir)
+		return finishTailsUpgrade(b.dir)
+	}
+	for _, c := range b.tails {
+		if _, err := os.Stat(upgradeTailFile(b.dir, c.file)); err == nil {
+			c.file += ".v2"
+		}
+	}
+	return nil
 }

@@ -14,16 +14,22 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// upBuild writes the store the upgrade tests convert: two memmap buffers
-// in rows.meta version 1 (one compact with priorities, both wrapped, with
-// open trajectories on a stream), a memory buffer and a compressed one,
-// which Upgrade leaves as they are.
+// upBuild writes the store the upgrade tests convert, as the builds before
+// dense tail files wrote it: two memmap buffers in rows.meta version 1
+// (one compact with priorities, both wrapped, with open trajectories on a
+// stream), a compact memmap buffer in version 2 whose final observations
+// are at the slot, a memory buffer and a compressed one, which Upgrade
+// leaves as they are.
 func upBuild(t testing.TB, dir string) {
 	t.Helper()
 	s := openStore(t, dir)
-	for i, name := range []string{"a", "b"} {
-		spec := testSpec(KindMemmap, 48+int64(16*i), i == 0)
+	s.slotTails = true
+	for i, name := range []string{"a", "b", "c"} {
+		spec := testSpec(KindMemmap, 48+int64(16*i), i != 1)
 		spec.RowMetaLayout = RowMetaPerRow
+		if i == 2 {
+			spec.RowMetaLayout = RowMetaRuns
+		}
 		if i == 0 {
 			spec.Priority = &PriorityOptions{Alpha: 0.6, Eps: 1e-6}
 		}
@@ -57,6 +63,33 @@ func upRows(t testing.TB, dir string) map[string]map[int64]servedRow {
 	out := map[string]map[int64]servedRow{}
 	for _, b := range s.Buffers() {
 		out[b.Name()] = servedRows(t, b)
+	}
+	return out
+}
+
+// upTails returns, for each compact memmap buffer, whether its tail files
+// are dense, as an open would read them (a committed upgrade's files
+// where they are).
+func upTails(t testing.TB, dir string) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	for _, name := range []string{"a", "c"} {
+		bdir := bufferDir(dir, name)
+		path := tailFile(bdir, "observation")
+		if _, err := os.Stat(tailsUpgradeMarker(bdir)); err == nil {
+			if _, err := os.Stat(upgradeTailFile(bdir, tailFileName("observation"))); err == nil {
+				path = upgradeTailFile(bdir, tailFileName("observation"))
+			}
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := decodeColHeader(path, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[name] = h.Version == tailVersionDense
 	}
 	return out
 }
@@ -106,16 +139,22 @@ func TestUpgrade(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Buffers) != 2 || rep.Buffers[0].Name != "a" || rep.Buffers[1].Name != "b" || len(said) < 3 {
+	if len(rep.Buffers) != 3 || rep.Buffers[0].Name != "a" || rep.Buffers[1].Name != "b" || rep.Buffers[2].Name != "c" || len(said) < 3 {
 		t.Fatalf("report %+v, progress %q", rep, said)
 	}
 	for _, ub := range rep.Buffers {
-		if ub.Rows != int64(len(want[ub.Name])) || ub.RunRecords == 0 || ub.MetaBytesAfter == 0 {
+		tails := ub.Name != "b" // compact
+		meta := ub.Name != "c"  // rows.meta version 1
+		if ub.Rows != int64(len(want[ub.Name])) || (ub.RunRecords > 0) != meta || ub.MetaBytesAfter == 0 ||
+			(ub.Tails > 0) != tails || (tails && (ub.TailBytesBefore == 0 || ub.TailBytesAfter == 0)) {
 			t.Errorf("buffer %q: %+v (%d live rows)", ub.Name, ub, len(want[ub.Name]))
 		}
 	}
-	if got := upLayouts(t, dir); got["a"] != RowMetaRuns || got["b"] != RowMetaRuns {
+	if got := upLayouts(t, dir); got["a"] != RowMetaRuns || got["b"] != RowMetaRuns || got["c"] != RowMetaRuns {
 		t.Fatalf("layouts after the upgrade: %v", got)
+	}
+	if got := upTails(t, dir); !got["a"] || !got["c"] {
+		t.Fatalf("dense tail files after the upgrade: %v", got)
 	}
 	s := openStore(t, dir)
 	for _, b := range s.Buffers() {
@@ -248,15 +287,20 @@ func TestUpgradeCrash(t *testing.T) {
 	upBuild(t, base)
 	files := readTree(t, base)
 	want := upRows(t, base)
+	v1, v2 := RowMetaPerRow, RowMetaRuns
 	for _, tc := range []struct {
 		point   string
 		after   int
 		layouts map[string]RowMetaLayout // before the next open
+		dense   map[string]bool          // tail files, before the next open
 	}{
-		{"upgrade-files", 1, map[string]RowMetaLayout{"a": RowMetaPerRow, "b": RowMetaPerRow}},
-		{"upgrade-commit", 1, map[string]RowMetaLayout{"a": RowMetaRuns, "b": RowMetaPerRow}},
-		{"upgrade-rename", 1, map[string]RowMetaLayout{"a": RowMetaRuns, "b": RowMetaPerRow}},
-		{"upgrade-commit", 2, map[string]RowMetaLayout{"a": RowMetaRuns, "b": RowMetaRuns}},
+		{"upgrade-files", 1, map[string]RowMetaLayout{"a": v1, "b": v1, "c": v2}, map[string]bool{"a": false, "c": false}},
+		{"upgrade-commit", 1, map[string]RowMetaLayout{"a": v2, "b": v1, "c": v2}, map[string]bool{"a": false, "c": false}},
+		{"upgrade-rename", 1, map[string]RowMetaLayout{"a": v2, "b": v1, "c": v2}, map[string]bool{"a": false, "c": false}},
+		{"upgrade-tails-commit", 1, map[string]RowMetaLayout{"a": v2, "b": v1, "c": v2}, map[string]bool{"a": true, "c": false}},
+		{"upgrade-tails-rename", 1, map[string]RowMetaLayout{"a": v2, "b": v1, "c": v2}, map[string]bool{"a": true, "c": false}},
+		{"upgrade-commit", 2, map[string]RowMetaLayout{"a": v2, "b": v2, "c": v2}, map[string]bool{"a": true, "c": false}},
+		{"upgrade-tails-commit", 2, map[string]RowMetaLayout{"a": v2, "b": v2, "c": v2}, map[string]bool{"a": true, "c": true}},
 	} {
 		t.Run(fmt.Sprintf("%s/%d", tc.point, tc.after), func(t *testing.T) {
 			dir := t.TempDir()
@@ -270,6 +314,9 @@ func TestUpgradeCrash(t *testing.T) {
 			// Read-only first: nothing is cleaned up or finished yet.
 			if got := upLayouts(t, dir); !maps.Equal(got, tc.layouts) {
 				t.Fatalf("layouts after a kill at %s: %v, want %v", tc.point, got, tc.layouts)
+			}
+			if got := upTails(t, dir); !maps.Equal(got, tc.dense) {
+				t.Fatalf("dense tail files after a kill at %s: %v, want %v", tc.point, got, tc.dense)
 			}
 			if got := upRows(t, dir); !maps.EqualFunc(got, want, func(g, w map[int64]servedRow) bool { return len(g) == len(w) }) {
 				t.Fatalf("row counts changed")
@@ -290,12 +337,23 @@ func TestUpgradeCrash(t *testing.T) {
 				if pending == nil || (layout == RowMetaPerRow && len(nos) > 0) {
 					t.Errorf("buffer %q (%s) after an open: rows.meta.v2 left (%v), run segments %v", name, layout, pending == nil, nos)
 				}
+				left, _ := filepath.Glob(filepath.Join(bdir, "tail.*.col.v2"))
+				if _, err := os.Stat(tailsUpgradeMarker(bdir)); err == nil || len(left) > 0 {
+					t.Errorf("buffer %q after an open: the tails' upgrade marker (%v) or dense files %q left", name, err == nil, left)
+				}
 			}
-			if _, err := Upgrade(dir, nil); err != nil && !(tc.layouts["b"] == RowMetaRuns && errors.Is(err, ErrNothingToUpgrade)) {
+			if got := upTails(t, dir); !maps.Equal(got, tc.dense) {
+				t.Fatalf("dense tail files after an open following a kill at %s: %v, want %v", tc.point, got, tc.dense)
+			}
+			done := tc.layouts["b"] == RowMetaRuns && tc.dense["c"]
+			if _, err := Upgrade(dir, nil); err != nil && !(done && errors.Is(err, ErrNothingToUpgrade)) {
 				t.Fatalf("upgrade after the kill: %v", err)
 			}
-			if got := upLayouts(t, dir); got["a"] != RowMetaRuns || got["b"] != RowMetaRuns {
+			if got := upLayouts(t, dir); got["a"] != RowMetaRuns || got["b"] != RowMetaRuns || got["c"] != RowMetaRuns {
 				t.Fatalf("layouts after the upgrade: %v", got)
+			}
+			if got := upTails(t, dir); !got["a"] || !got["c"] {
+				t.Fatalf("dense tail files after the upgrade: %v", got)
 			}
 			s = openStore(t, dir)
 			defer s.Close()
