@@ -1,11 +1,9 @@
 package storage
 
 import (
-	"context"
 	"encoding/binary"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 )
@@ -73,27 +71,7 @@ func testDenseTails(t *testing.T, ob, ep, rows int) {
 		t.Errorf("the tail file takes %d bytes for %d live final observations of %d bytes (allowed %d; a column at the slot takes %d)", got, live, ob, allowed, whole)
 	}
 	compareBuffers(t, ref, b)
-	cpDir := filepath.Join(t.TempDir(), "cp")
-	if _, err := b.Checkpoint(context.Background(), cpDir, nil); err != nil {
-		t.Fatal(err)
-	}
-	if got := fileBytes(tailFile(bufferDir(cpDir, "img"), "observation")); got > allowed {
-		t.Errorf("the checkpoint's tail file takes %d bytes for %d live final observations", got, live)
-	}
-	cs := openStore(t, cpDir)
-	cb, err := cs.Buffer("img")
-	if err != nil {
-		t.Fatal(err)
-	}
-	compareBuffers(t, ref, cb)
-	if err := cs.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s, b = reopenVerified(t, s, dir, "img")
-	if got := fileBytes(path); got > allowed {
-		t.Errorf("after a reopen the tail file takes %d bytes", got)
-	}
-	compareBuffers(t, ref, b)
+	s, b = checkTailCopies(t, s, dir, b, ref, allowed)
 	extend(rows, rows+3*capacity)
 	compareBuffers(t, ref, b)
 	_, b = reopenVerified(t, s, dir, "img")

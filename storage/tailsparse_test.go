@@ -101,12 +101,21 @@ func testSparseTails(t *testing.T, ob, ep, rows int) {
 	compareBuffers(t, ref, b)
 	// A hot checkpoint keeps the holes: its tail file takes the live
 	// final observations, and it opens with the same rows.
+	checkTailCopies(t, s, dir, b, ref, allowed)
+}
+
+// checkTailCopies checks, for the tail tests, that a hot checkpoint of b
+// (buffer "img" of the store s in dir) has a tail file of at most allowed
+// bytes and the rows of ref, and that so has b reopened (a writable open
+// allocates no hole back). It returns the reopened store and buffer.
+func checkTailCopies(t *testing.T, s *Store, dir string, b, ref *Buffer, allowed int64) (*Store, *Buffer) {
+	t.Helper()
 	cpDir := filepath.Join(t.TempDir(), "cp")
 	if _, err := b.Checkpoint(context.Background(), cpDir, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := fileBytes(tailFile(bufferDir(cpDir, "img"), "observation")); got > allowed {
-		t.Errorf("the checkpoint's tail file takes %d bytes for %d pages of live final observations", got, len(pages))
+		t.Errorf("the checkpoint's tail file takes %d bytes, allowed %d", got, allowed)
 	}
 	cs := openStore(t, cpDir)
 	cb, err := cs.Buffer("img")
@@ -117,12 +126,12 @@ func testSparseTails(t *testing.T, ob, ep, rows int) {
 	if err := cs.Close(); err != nil {
 		t.Fatal(err)
 	}
-	_, b = reopenVerified(t, s, dir, "img")
-	// A writable open does not allocate the holes back.
-	if got := fileBytes(path); got > allowed {
-		t.Errorf("after a reopen the tail file takes %d bytes", got)
+	s, b = reopenVerified(t, s, dir, "img")
+	if got := fileBytes(tailFile(b.dir, "observation")); got > allowed {
+		t.Errorf("after a reopen the tail file takes %d bytes, allowed %d", got, allowed)
 	}
 	compareBuffers(t, ref, b)
+	return s, b
 }
 
 // TestSparseTailsDiskFull: on a full disk an extend whose final
