@@ -30,6 +30,9 @@ func testDenseTails(t *testing.T, ob, ep, rows int) {
 	if c := b.tails[0]; !c.dense || c.sparse {
 		t.Fatalf("the final observation column of a new memmap buffer is not dense: %+v", c)
 	}
+	if info, err := b.Info(); err != nil || info.TailLayout != "dense" {
+		t.Fatalf("info: tail_layout %q, %v", info.TailLayout, err)
+	}
 	path := tailFile(b.dir, "observation")
 	if got := fileBytes(path); got > headerSize {
 		t.Fatalf("a new dense tail file takes %d bytes", got)
@@ -230,5 +233,26 @@ func TestDenseTailsSeqWrittenTwice(t *testing.T) {
 	}
 	if got := checkServed(t, b, want); len(got) != len(want) {
 		t.Fatalf("%d rows served, want %d", len(got), len(want))
+	}
+}
+
+// TestTailLayoutInfo: Info says where each kind keeps final observations.
+func TestTailLayoutInfo(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	defer s.Close()
+	for _, tc := range []struct {
+		kind    Kind
+		compact bool
+		want    string
+	}{
+		{KindMemory, true, "dense"},
+		{KindMemmap, true, "dense"},
+		{KindCompressed, true, "chunks"}, // testSpec compresses the observation
+		{KindMemmap, false, ""},
+	} {
+		b := mustCreate(t, s, fmt.Sprintf("%s-%v", tc.kind, tc.compact), testSpec(tc.kind, 64, tc.compact))
+		if info, err := b.Info(); err != nil || info.TailLayout != tc.want {
+			t.Errorf("%s compact %v: tail_layout %q (%v), want %q", tc.kind, tc.compact, info.TailLayout, err, tc.want)
+		}
 	}
 }

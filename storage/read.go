@@ -495,6 +495,13 @@ type Info struct {
 	// each 64-byte record on average, and a workload whose runs are a few
 	// rows long is better served by the default layout.
 	RunRecords int64 `json:"run_records,omitempty"`
+	// TailLayout says where a compact_obs buffer keeps its final
+	// observations: "dense" (memory buffers, and memmap buffers' dense tail
+	// files), "slot" (a tail file with each at its row's slot: compressed
+	// buffers' plain obs keys, and memmap buffers of builds before dense
+	// tail files, which rbd upgrade converts) or "chunks" (a compressed
+	// obs key); empty for other buffers.
+	TailLayout string `json:"tail_layout,omitempty"`
 	// Cache counts lookups in the decoded-chunk cache of compressed
 	// buffers (nil for other kinds).
 	Cache *CacheStats `json:"chunk_cache,omitempty"`
@@ -617,6 +624,14 @@ func (b *Buffer) Info() (Info, error) {
 		info.Bytes[c.name] = fb
 	}
 	for _, c := range b.tails {
+		switch {
+		case c.cz >= 0:
+			info.TailLayout = "chunks"
+		case b.tailIx != nil:
+			info.TailLayout = "dense"
+		default:
+			info.TailLayout = "slot"
+		}
 		fb := FieldBytes{Logical: info.Size * int64(c.rowBytes)}
 		if c.cz < 0 {
 			fb.Stored = b.storedBytes(c, tails*int64(c.rowBytes))

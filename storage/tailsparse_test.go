@@ -70,6 +70,9 @@ func testSparseTails(t *testing.T, ob, ep, rows int) {
 	if c := b.tails[0]; !c.sparse {
 		t.Fatalf("a final observation column of %d bytes a row is not sparse", ob)
 	}
+	if info, err := b.Info(); err != nil || info.TailLayout != "slot" {
+		t.Fatalf("info: tail_layout %q, %v", info.TailLayout, err)
+	}
 	path := tailFile(b.dir, "observation")
 	if got := fileBytes(path); got > 2*headerSize {
 		t.Fatalf("a new tail file takes %d bytes", got)

@@ -81,6 +81,8 @@ type dumpBuffer struct {
 	// the run records of a buffer with "row_meta": "runs".
 	RowMetaBytes int64 `json:"row_meta_bytes"`
 	RunRecords   int64 `json:"run_records,omitempty"`
+	// TailLayout is Info's: where final observations are kept.
+	TailLayout string `json:"tail_layout,omitempty"`
 	// RateLimit is the limiter's state: live (from the running server's
 	// snapshot) or, on a dir no server holds, what it restarts with.
 	RateLimit *ratelimit.State `json:"rate_limit,omitempty"`
@@ -137,7 +139,7 @@ func dumpOne(b *storage.Buffer, o *dumpOptions) (dumpBuffer, error) {
 		Name: info.Name, Storage: info.Spec.Storage, Capacity: info.Spec.Capacity, Spec: info.Spec,
 		Size: info.Size, WriteCount: info.WriteCount, Durable: info.Durable, Trajectories: info.Trajectories,
 		OpenTrajectories: info.OpenTrajectories, Holes: info.Holes, Damaged: info.Damaged, Bytes: info.Bytes,
-		DiskBytes: info.DiskBytes, RowMetaBytes: info.RowMetaBytes, RunRecords: info.RunRecords,
+		DiskBytes: info.DiskBytes, RowMetaBytes: info.RowMetaBytes, RunRecords: info.RunRecords, TailLayout: info.TailLayout,
 		LengthHistogram: map[string]int{}, RateLimit: info.RateLimit,
 	}
 	var trajSeqs []int64
@@ -297,6 +299,12 @@ func printDump(out io.Writer, res *dumpOutput) {
 			fmt.Fprintf(out, "  row metadata: %d bytes a slot and %d run records\n", d.RowMetaBytes, d.RunRecords)
 		default:
 			fmt.Fprintf(out, "  row metadata: %d bytes a slot\n", d.RowMetaBytes)
+		}
+		switch {
+		case d.TailLayout == "dense" && d.Storage == storage.KindMemmap:
+			fmt.Fprintf(out, "  final observations: dense tail files (tail format version 2)\n")
+		case d.TailLayout == "slot" && d.Storage == storage.KindMemmap:
+			fmt.Fprintf(out, "  final observations: at the slot (tail format version 1; rbd upgrade makes them dense)\n")
 		}
 		if c := d.Spec.Compression; c != nil {
 			fmt.Fprintf(out, "  compression: %s level %d, chunks of %d rows, delta %v\n", c.Codec, c.Level, c.ChunkLen, c.Delta)
