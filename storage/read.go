@@ -623,15 +623,8 @@ func (b *Buffer) Info() (Info, error) {
 		}
 		info.Bytes[c.name] = fb
 	}
+	info.TailLayout = b.tailLayout()
 	for _, c := range b.tails {
-		switch {
-		case c.cz >= 0:
-			info.TailLayout = "chunks"
-		case b.tailIx != nil:
-			info.TailLayout = "dense"
-		default:
-			info.TailLayout = "slot"
-		}
 		fb := FieldBytes{Logical: info.Size * int64(c.rowBytes)}
 		if c.cz < 0 {
 			fb.Stored = b.storedBytes(c, tails*int64(c.rowBytes))
@@ -660,6 +653,21 @@ func (b *Buffer) Info() (Info, error) {
 		info.DiskBytes = 0
 	}
 	return info, nil
+}
+
+// tailLayout is Info.TailLayout: where the buffer keeps its final
+// observations ("" for a buffer that keeps none).
+func (b *Buffer) tailLayout() string {
+	switch {
+	case len(b.tails) == 0:
+		return ""
+	case b.tails[0].cz >= 0:
+		return "chunks"
+	case b.tailIx != nil:
+		return "dense"
+	default:
+		return "slot"
+	}
 }
 
 // storedBytes is the disk space a column file takes (sparse regions cost

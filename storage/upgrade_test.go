@@ -156,6 +156,15 @@ func TestUpgrade(t *testing.T) {
 	if got := upTails(t, dir); !got["a"] || !got["c"] {
 		t.Fatalf("dense tail files after the upgrade: %v", got)
 	}
+	if vr, err := Verify(dir, nil); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, br := range vr.Buffers {
+			if want := map[string]string{"a": "dense", "c": "dense", "z": "chunks", "m": "dense"}[br.Name]; br.TailLayout != want {
+				t.Errorf("verify: buffer %q tail_layout %q after the upgrade, want %q", br.Name, br.TailLayout, want)
+			}
+		}
+	}
 	s := openStore(t, dir)
 	for _, b := range s.Buffers() {
 		if got := checkServed(t, b, want[b.Name()]); len(got) != len(want[b.Name()]) {

@@ -15,12 +15,15 @@ type BufferReport struct {
 	Storage Kind   `json:"storage"`
 	// RowMeta is the buffer's row metadata layout ("row" or "runs"; for
 	// memmap buffers, rows.meta format version 1 or 2).
-	RowMeta    RowMetaLayout `json:"row_meta"`
-	WriteCount int64         `json:"write_count"`
-	LiveRows   int64         `json:"live_rows"`
-	Durable    int64         `json:"durable_seq"`
-	Holes      int64         `json:"holes"`
-	Problems   []string      `json:"problems,omitempty"`
+	RowMeta RowMetaLayout `json:"row_meta"`
+	// TailLayout is where a compact_obs buffer keeps its final
+	// observations (Info.TailLayout: "dense", "slot" or "chunks").
+	TailLayout string   `json:"tail_layout,omitempty"`
+	WriteCount int64    `json:"write_count"`
+	LiveRows   int64    `json:"live_rows"`
+	Durable    int64    `json:"durable_seq"`
+	Holes      int64    `json:"holes"`
+	Problems   []string `json:"problems,omitempty"`
 }
 
 // VerifyReport is the result of Verify.
@@ -83,6 +86,7 @@ func Verify(dir string, opts *Options) (*VerifyReport, error) {
 			continue
 		}
 		br.WriteCount = b.writeCount.Load()
+		br.TailLayout = b.tailLayout()
 		br.LiveRows = b.ix.rows
 		br.Durable = b.sync.durable
 		for _, h := range b.holes {
