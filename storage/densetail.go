@@ -32,10 +32,16 @@ import (
 // layout and the buffer its tail index.
 func (b *Buffer) setDenseTails() {
 	for _, c := range b.tails {
-		c.dense, c.sparse = true, false
-		c.stride = int64(c.rowBytes) + tailTrailerSize
+		c.makeDense()
 	}
 	b.tailIx = newTailIndex(b.capacity, b.tails)
+}
+
+// makeDense gives tail column c the dense layout: entries of its row bytes
+// and a trailer.
+func (c *column) makeDense() {
+	c.dense, c.sparse = true, false
+	c.stride = int64(c.rowBytes) + tailTrailerSize
 }
 
 // adviseDense keeps a dense tail file's page cache in single pages
@@ -60,8 +66,10 @@ func (b *Buffer) colFileSize(c *column) int64 {
 }
 
 // tailFilesDense reports whether the tail files in dir are dense (their
-// headers say tail format version 2): every one must agree. A file that
-// cannot be read is left to the open that follows to report.
+// headers say tail format version 2): every one must agree. It reads the
+// version before the files are mapped because the layout decides their
+// size, which the mapping checks; the open that follows checks the whole
+// header (and reports a file that cannot be read).
 func (b *Buffer) tailFilesDense() (bool, error) {
 	dense := 0
 	for _, c := range b.tails {

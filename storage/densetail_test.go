@@ -187,37 +187,27 @@ func TestDenseTailsOutOfOrder(t *testing.T) {
 
 // TestDenseTailsSeqWrittenTwice: after a crash a writer may write a seq
 // again (an fsync buffer resumes where its complete rows end), so two
-// entries can name one seq: the one whose bytes match the row's checksum
-// is taken, wherever it is.
+// entries can name one seq. Here the newest row with a final observation
+// has a stale entry (other bytes, its seq) where its entry was, and its
+// real one an entry later: open tries the stale one first (entries sort
+// by place), finds the checksum wrong, takes the real one, and the writer
+// goes on after it.
 func TestDenseTailsSeqWrittenTwice(t *testing.T) {
 	dir, want, tails := denseTailFixture(t, 200, 300)
-	seq := tails[len(tails)/2]
+	last := tails[len(tails)-1]
 	path := tailFile(bufferDir(dir, "b"), "observation")
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pitch := int64(16 + tailTrailerSize)
-	off, ok := denseTailEntry(data, seq, 16)
-	if !ok {
-		t.Fatal("no entry for the fixture's row")
+	off, ok := denseTailEntry(data, last, 16)
+	if !ok || last-tails[len(tails)-2] < 2 || off+2*pitch > int64(len(data)) || binary.LittleEndian.Uint64(data[off+pitch+16:]) != 0 {
+		t.Fatalf("fixture: seq %d's entry at %d, the next one not free", last, off)
 	}
-	// A stale entry for the same seq, with other bytes, before the real
-	// one and after it.
-	for _, at := range []int64{off - 3*pitch, off + 200*pitch} {
-		if at < headerSize || at+pitch > int64(len(data)) {
-			t.Fatalf("no room for a stale entry at %d", at)
-		}
-		stale := make([]byte, pitch)
-		for i := range 16 {
-			stale[i] = byte(i + 1)
-		}
-		binary.LittleEndian.PutUint64(stale[16:], uint64(seq+1))
-		if at < off {
-			// Keep the entry it replaces: its row would be lost.
-			continue
-		}
-		copy(data[at:], stale)
+	copy(data[off+pitch:], data[off:off+pitch]) // the real entry, one on
+	for i := range 16 {
+		data[off+int64(i)] = byte(i + 1) // the stale one, still naming the seq
 	}
 	if err := os.WriteFile(path, data, 0o644); err != nil {
 		t.Fatal(err)
@@ -226,13 +216,21 @@ func TestDenseTailsSeqWrittenTwice(t *testing.T) {
 		t.Fatalf("verify: %v %+v", err, rep)
 	}
 	s := openStore(t, dir)
-	defer s.Close()
+	defer func() { s.Close() }()
 	b, err := s.Buffer("b")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := checkServed(t, b, want); len(got) != len(want) {
 		t.Fatalf("%d rows served, want %d", len(got), len(want))
+	}
+	// The next final observation goes after the real entry: both read
+	// back after a reopen.
+	rows := []row{{env: 7, val: 1}, {env: 7, val: 2, terminated: true, final: 77}}
+	res := mustExtend(t, b, "t", makeBatch(b.Spec(), rows, true))
+	s, b = reopenVerified(t, s, dir, "b")
+	if !b.Live(res.WriteCount-1) || !b.Live(last) {
+		t.Fatalf("after writes and a reopen: the new done row live %v, seq %d live %v", b.Live(res.WriteCount-1), last, b.Live(last))
 	}
 }
 

@@ -46,14 +46,17 @@ type tailIndex struct {
 	// tails (tail k at k*pitch) below which pages were released.
 	freed []int64
 	cols  []*column
-	// Dense tail files only (writers): allocated is, per column, the
-	// offset in the unwrapped stream below which the file's blocks are
-	// allocated; step is how far allocate reaches ahead and how much
-	// must have died before release punches (a system call each).
-	files     bool
+	// Dense tail files only (writers; nil for memory): allocated is, per
+	// column, the offset in the unwrapped stream below which the file's
+	// blocks are allocated. step is how far allocate reaches ahead and how
+	// much must have died before release gives pages back (a system call
+	// each).
 	allocated []int64
 	step      int64
 }
+
+// files reports whether the columns are dense tail files (not memory).
+func (t *tailIndex) files() bool { return t.allocated != nil }
 
 // tailRows is the number of rows a tail column gets: at least capacity
 // (every live row may be done), rounded up so that each column's size is
@@ -81,7 +84,7 @@ func newTailIndex(capacity int64, cols []*column) *tailIndex {
 		// a CartPole ring of 10^6 rows (24-byte entries) makes a call
 		// every 16,000 final observations, and holds at most two steps
 		// of blocks beyond its live tails.
-		t.files, t.allocated = true, make([]int64, len(cols))
+		t.allocated = make([]int64, len(cols))
 		size := t.rows * cols[0].pitch()
 		for _, c := range cols {
 			size = min(size, t.rows*c.pitch())
@@ -96,7 +99,7 @@ func newTailIndex(capacity int64, cols []*column) *tailIndex {
 // cannot fault on a full disk. Called before an extend writes any row; on
 // an error nothing is written and nothing changes.
 func (t *tailIndex) allocate(n int64) error {
-	if !t.files || n == 0 {
+	if !t.files() || n == 0 {
 		return nil
 	}
 	page := int64(unix.Getpagesize())
@@ -182,7 +185,7 @@ func (t *tailIndex) release(lo int64) error {
 		// allocated) is in use: pages start at reached - size at the
 		// lowest.
 		reached := t.written * pitch
-		if t.files {
+		if t.files() {
 			reached = t.allocated[ci]
 		}
 		from := max(t.freed[ci], (reached-size+page-1)/page*page)
@@ -193,7 +196,7 @@ func (t *tailIndex) release(lo int64) error {
 		for off := from; off < to; {
 			start := off % size
 			n := min(to-off, size-start)
-			if t.files {
+			if t.files() {
 				if !c.noPunch {
 					if err := c.region.Punch(headerSize+start, n); err != nil {
 						c.noPunch = true

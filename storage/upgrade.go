@@ -458,50 +458,48 @@ func (b *Buffer) writeDenseTailFiles(ub *UpgradedBuffer, say func(string, ...any
 	dense := make([]*column, len(b.tails))
 	for i, c := range b.tails {
 		d := *c
-		d.dense, d.sparse, d.stride = true, false, int64(c.rowBytes)+tailTrailerSize
+		d.makeDense()
 		dense[i] = &d
 	}
 	rows := newTailIndex(b.capacity, dense).rows
 	ub.TailBytesBefore = b.tailFileBytes()
+	// The live rows with a final observation, oldest first: entry k is
+	// the k-th of them in every tail file.
+	var withTail []int64
 	wc := b.writeCount.Load()
+	for seq := max(0, wc-b.capacity); seq < wc; seq++ {
+		var r record
+		if b.stamps.Load(seq%b.capacity) != seq {
+			continue // a hole
+		}
+		if b.loadRecord(seq, &r); r.Flags&flagHasTail != 0 {
+			withTail = append(withTail, seq)
+		}
+	}
 	for i, c := range b.tails {
 		pitch := dense[i].pitch()
 		f, err := createFile(upgradeTailFile(b.dir, c.file), headerSize+rows*pitch, headerSize, b.colHeaderFor(dense[i]).encode())
 		if err != nil {
 			return fail(err)
 		}
-		// Entries in blocks: they are consecutive, from entry 0.
+		// Entries in blocks of a MiB: they are consecutive, from entry 0.
 		var block []byte
-		var k, at int64
-		flush := func() error {
-			_, err := f.WriteAt(block, headerSize+at*pitch)
-			at, block = k, block[:0]
-			return err
-		}
-		for seq := max(0, wc-b.capacity); seq < wc && err == nil; seq++ {
-			slot := seq % b.capacity
-			if b.stamps.Load(slot) != seq {
-				continue // a hole
-			}
-			var r record
-			b.loadRecord(seq, &r)
-			if r.Flags&flagHasTail == 0 {
-				continue
-			}
-			block = append(block, c.row(slot)...)
+		at := int64(0) // the first entry in block
+		for k, seq := range withTail {
+			block = append(block, c.row(seq%b.capacity)...)
 			block = binary.LittleEndian.AppendUint64(block, uint64(seq+1))
-			if k++; len(block) >= 1<<20 {
-				err = flush()
+			if len(block) >= 1<<20 || k == len(withTail)-1 {
+				if _, err = f.WriteAt(block, headerSize+at*pitch); err != nil {
+					break
+				}
+				at, block = int64(k+1), block[:0]
 			}
-		}
-		if err == nil {
-			err = flush()
 		}
 		if err = errors.Join(err, f.Sync(), f.Close()); err != nil {
 			return fail(fmt.Errorf("write %s: %w", upgradeTailFile(b.dir, c.file), err))
 		}
-		ub.Tails = k
 	}
+	ub.Tails = int64(len(withTail))
 	say("buffer %q: %d final observations in dense tail files", b.name, ub.Tails)
 	if err := syncDir(b.dir); err != nil {
 		return fail(err)

@@ -664,7 +664,7 @@ func (b *Buffer) writeRowRuns(slot int64, rec *record, p *plan, r int) {
 // putTailTrailer ends entry at of dense tail column c with the seq of its
 // row (plus 1: zeros are an entry never written).
 func putTailTrailer(c *column, at, seq int64) {
-	binary.LittleEndian.PutUint64(c.data[at*c.stride+int64(c.rowBytes):], uint64(seq+1))
+	binary.LittleEndian.PutUint64(c.data[at*c.pitch()+int64(c.rowBytes):], uint64(seq+1))
 }
 
 // fileRunCRC is the checksum of the version 2 file record of seq whose row
@@ -719,7 +719,7 @@ func sparseTail(rowBytes int) bool { return rowBytes >= os.Getpagesize() }
 // the mapping into a hole would fault on a full disk). Called before any
 // row is written: its error leaves everything as it was.
 func (b *Buffer) allocateTails(p *plan, first, written, end int64) error {
-	if b.tailIx != nil && b.tailIx.files {
+	if b.tailIx != nil && b.tailIx.files() {
 		var n int64
 		for s := written; s < end; s++ {
 			if p.tailRowOf(int(s-first)) >= 0 {
