@@ -40,10 +40,11 @@ func testSpec(kind Kind, capacity int64, compact bool) Spec {
 	return s
 }
 
-// testMemmapRowMeta is the row_meta of testSpec's memmap buffers:
-// RBD_TEST_MEMMAP_ROW_META=runs runs every test of a memmap buffer made by
-// testSpec on rows.meta format version 2 and a run log (.ci/run does, after
-// the default run).
+// testMemmapRowMeta is the row_meta of testSpec's memmap buffers: left
+// out, they get the default of new memmap buffers (rows.meta format version
+// 2 and a run log); RBD_TEST_MEMMAP_ROW_META=row runs every test of a
+// memmap buffer made by testSpec on rows.meta format version 1, the layout
+// of buffers made by older builds (.ci/run does, after the default run).
 var testMemmapRowMeta = RowMetaLayout(os.Getenv("RBD_TEST_MEMMAP_ROW_META"))
 
 var kinds = []Kind{KindMemory, KindMemmap, KindCompressed}

@@ -240,6 +240,7 @@ func TestPowerLossDamageBelowWatermark(t *testing.T) {
 	}
 	// Offsets of slot seq in the files of the fs buffer.
 	spec := crashSpecFor(crashFsync)
+	var layout RowMetaLayout // the created buffer's
 	colOff := func(seq int64, rowBytes int, within int) int64 {
 		return headerSize + (seq%spec.Capacity)*int64(rowBytes) + int64(within)
 	}
@@ -254,7 +255,7 @@ func TestPowerLossDamageBelowWatermark(t *testing.T) {
 			return target{powerLossColPath(bdir, "action"), colOff(61, 8, 0), 61}
 		}},
 		{"record", func(bdir string, _ []int64) target {
-			if spec.RowMetaLayout == RowMetaRuns {
+			if layout == RowMetaRuns {
 				return target{metaFile(bdir), headerSize + 77*fileRunRecordSize + frOff, 77}
 			}
 			return target{metaFile(bdir), headerSize + 77*recordSize + recStep, 77}
@@ -268,6 +269,7 @@ func TestPowerLossDamageBelowWatermark(t *testing.T) {
 			dir := t.TempDir()
 			s := openStore(t, dir)
 			b := mustCreate(t, s, crashFsync, spec)
+			layout = b.Spec().RowMetaLayout // the default's, when spec leaves it out
 			tok := int64(1)
 			for i := 0; i < 10; i++ {
 				tokens := make([]int64, 20)

@@ -54,19 +54,22 @@ type RowMetaLayout string
 
 // The row metadata layouts. The strings are part of the HTTP contract.
 const (
-	// RowMetaPerRow, the default, keeps every row's metadata in a 32-byte
-	// record in the row's line (memory buffers; the fastest samples) or a
-	// 64-byte file record (memmap and compressed buffers, rows.meta
-	// format version 1).
+	// RowMetaPerRow keeps every row's metadata in a 32-byte record in the
+	// row's line (memory buffers, whose default it is: the fastest
+	// samples) or a 64-byte file record (compressed buffers, and memmap
+	// buffers that ask for it or were created before 2026-11-27: rows.meta
+	// format version 1, which older builds open).
 	RowMetaPerRow RowMetaLayout = "row"
 	// RowMetaRuns keeps a 16-byte record per row and what the consecutive
 	// rows of a trajectory share in one run record. In memory: about 15
 	// bytes a row less for small rows (a compact CartPole row group 48
 	// bytes, not 64), and a second cache line per sampled row (256-row
 	// samples 5-15% slower at 10^5 rows, 12-35% at 10^7; extends 5-10%
-	// slower; docs/performance.md). In a memmap buffer: rows.meta in
-	// format version 2 (16 bytes a slot, not 64) and a run log, with
-	// 16-byte memory records for readers. Not for compressed buffers.
+	// slower; docs/performance.md). In a memmap buffer, whose default it
+	// is (CreateBuffer writes it into the spec of a new memmap buffer
+	// whose spec leaves row_meta out): rows.meta in format version 2 (16
+	// bytes a slot, not 64) and a run log, with 16-byte memory records
+	// for readers. Not for compressed buffers.
 	RowMetaRuns RowMetaLayout = "runs"
 )
 
@@ -229,7 +232,10 @@ type Spec struct {
 	Durability  Durability
 	Compression *CompressionOptions
 	// RowMetaLayout is a memory or memmap buffer's row metadata layout
-	// ("row_meta"; "" is RowMetaPerRow).
+	// ("row_meta"). Left out (""): RowMetaPerRow for memory buffers;
+	// CreateBuffer makes it RowMetaRuns for a new memmap buffer, and in a
+	// catalog written before that default "" is RowMetaPerRow. Asked of
+	// an existing buffer, "" matches the layout it has.
 	RowMetaLayout RowMetaLayout
 	// RateLimit is the buffer's flow control (nil: none). It can change
 	// while the buffer is open (Buffer.SetRateLimit), so Equal ignores it:

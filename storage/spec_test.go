@@ -1045,3 +1045,106 @@ func TestSpecRateLimit(t *testing.T) {
 		t.Errorf("ParseRateLimit(null) = %v, %v", p, err)
 	}
 }
+
+// TestCreateBufferRowMetaDefault: a spec that leaves row_meta out gets
+// rows.meta format version 2 for a new memmap buffer (written into the
+// spec it keeps) and 32-byte records for a memory buffer; asked again, ""
+// matches whatever layout the buffer has, including a buffer of an older
+// build whose catalog spec leaves it out (version 1), so restarting a
+// service with the same spec keeps working on old data dirs.
+func TestCreateBufferRowMetaDefault(t *testing.T) {
+	cases := []struct {
+		name      string
+		kind      Kind
+		ask       RowMetaLayout
+		wantSpec  RowMetaLayout // in the created buffer's spec
+		wantBytes int64         // Info.RowMetaBytes (a memory buffer's with row-group padding)
+		conflicts RowMetaLayout // a layout the buffer refuses when asked again ("": none to try)
+	}{
+		{"memmap default", KindMemmap, "", RowMetaRuns, 16, RowMetaPerRow},
+		{"memmap row", KindMemmap, RowMetaPerRow, RowMetaPerRow, 64, RowMetaRuns},
+		{"memmap runs", KindMemmap, RowMetaRuns, RowMetaRuns, 16, RowMetaPerRow},
+		{"memory default", KindMemory, "", "", 33, RowMetaRuns},
+		{"compressed default", KindCompressed, "", "", 64, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s := openStore(t, dir)
+			spec := testSpec(tc.kind, 64, false)
+			spec.RowMetaLayout = tc.ask
+			b := mustCreate(t, s, "b", spec)
+			if got := b.Spec().RowMetaLayout; got != tc.wantSpec {
+				t.Fatalf("created spec's row_meta %q, want %q", got, tc.wantSpec)
+			}
+			info, err := b.Info()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.RowMetaBytes != tc.wantBytes {
+				t.Errorf("row_meta_bytes %d, want %d", info.RowMetaBytes, tc.wantBytes)
+			}
+			for _, ask := range []RowMetaLayout{"", tc.wantSpec} {
+				again := spec.Clone()
+				again.RowMetaLayout = ask
+				if got, created, err := s.CreateBuffer("b", again); err != nil || created || got != b {
+					t.Errorf("asked again with row_meta %q: created %v, err %v; want the existing buffer", ask, created, err)
+				}
+			}
+			if tc.conflicts != "" {
+				again := spec.Clone()
+				again.RowMetaLayout = tc.conflicts
+				if _, _, err := s.CreateBuffer("b", again); !errors.Is(err, ErrSpecConflict) {
+					t.Errorf("asked again with row_meta %q: %v, want ErrSpecConflict", tc.conflicts, err)
+				}
+			}
+			if tc.kind == KindMemory {
+				return
+			}
+			// Reopened, the buffer keeps its layout.
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			s = openStore(t, dir)
+			defer s.Close()
+			b, err = s.Buffer("b")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := b.Spec().RowMetaLayout; got != tc.wantSpec {
+				t.Errorf("reopened: row_meta %q, want %q", got, tc.wantSpec)
+			}
+		})
+	}
+
+	// A data dir of an older build: its memmap spec leaves row_meta out
+	// and its rows.meta is version 1. It stays version 1, and the spec it
+	// was made with still names it.
+	s := openStore(t, goldenCopy(t))
+	defer s.Close()
+	b, err := s.Buffer("golden")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := b.Spec()
+	if old.RowMetaLayout != "" {
+		t.Fatalf("golden v1 spec's row_meta %q, want it left out", old.RowMetaLayout)
+	}
+	if info, err := b.Info(); err != nil || info.RowMetaBytes != 64 {
+		t.Fatalf("golden v1 buffer: row_meta_bytes %d (err %v), want 64", info.RowMetaBytes, err)
+	}
+	for _, ask := range []RowMetaLayout{"", RowMetaPerRow, RowMetaRuns} {
+		again := old.Clone()
+		again.RowMetaLayout = ask
+		got, created, err := s.CreateBuffer("golden", again)
+		if ask == RowMetaRuns {
+			if !errors.Is(err, ErrSpecConflict) {
+				t.Errorf("golden asked with row_meta %q: %v, want ErrSpecConflict", ask, err)
+			}
+			continue
+		}
+		if err != nil || created || got != b {
+			t.Errorf("golden asked with row_meta %q: created %v, err %v; want the existing buffer", ask, created, err)
+		}
+	}
+}

@@ -323,10 +323,23 @@ func (s *Store) createLocked(name string, spec Spec) (b *Buffer, created bool, e
 		return nil, false, ErrClosed
 	}
 	if old, ok := s.buffers[name]; ok {
+		if spec.RowMetaLayout == "" {
+			// Left out, row_meta asks for what a new buffer would get;
+			// an existing buffer keeps the layout it was made with
+			// (buffers made before memmap's default changed keep "row").
+			spec.RowMetaLayout = cmp.Or(old.spec.RowMetaLayout, RowMetaPerRow)
+		}
 		if old.spec.Equal(spec) {
 			return old, false, nil
 		}
 		return nil, false, fmt.Errorf("create buffer %q: %w", name, ErrSpecConflict)
+	}
+	if spec.RowMetaLayout == "" && spec.Storage == KindMemmap {
+		// New memmap buffers keep rows.meta in format version 2: 16
+		// bytes of file a row, not 64 (RowMetaRuns says what it costs).
+		// The spec in the catalog says so, so that the buffer opens in
+		// its layout whatever a later build's default is.
+		spec.RowMetaLayout = RowMetaRuns
 	}
 	// policy_version is a column rbd adds; buffers created before it
 	// existed may keep a field of that name (and extends then fill that

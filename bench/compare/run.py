@@ -6,8 +6,9 @@ printing rows/s, batches/s and bytes held per transition for each, in one run.
 CartPole runs in-process four times: a memory buffer with the default row
 metadata and with run records ("row_meta": "runs"), and a memmap buffer
 (durability none, files in a temporary dir) with rows.meta format version 1
-and 2 (the same two row_meta values); "disk/row" is a memmap buffer's files
-over its rows.
+and 2 (the same two row_meta values; 2, "runs", is what a new memmap buffer
+gets by default, 1 what older builds made); "disk/row" is a memmap buffer's
+files over its rows.
 
 The in-process legs (numpy, Go) run --rounds times, alternating (numpy, Go,
 Go with run records, numpy, ...), and the table prints each figure's median

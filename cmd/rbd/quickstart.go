@@ -20,6 +20,7 @@ type quickstartOptions struct {
 	envs     int
 	capacity int64
 	seed     uint64
+	rowMeta  string
 }
 
 func newQuickstartCommand() *cobra.Command {
@@ -40,6 +41,7 @@ written. It prints the buffer's size, trajectories and bytes per field.`,
 	f.IntVar(&o.envs, "envs", 8, "CartPole envs stepped side by side")
 	f.Int64Var(&o.capacity, "capacity", 10000, "ring capacity in rows (the newest rows are kept)")
 	f.Uint64Var(&o.seed, "seed", 1, "seed of envs and policy")
+	f.StringVar(&o.rowMeta, "row-meta", "", `row metadata layout of the buffer: "runs" (left out: the default of memmap buffers, rows.meta format version 2) or "row" (rows.meta format version 1, which builds before 2026-11-27 open; "rbd upgrade" converts it)`)
 	return cmd
 }
 
@@ -62,11 +64,16 @@ func runQuickstart(out io.Writer, o *quickstartOptions) error {
 	if o.steps < 1 || o.envs < 1 || o.capacity < 1 {
 		return fmt.Errorf("--steps, --envs and --capacity must be positive")
 	}
+	spec := quickstartSpec(o.capacity)
+	spec.RowMetaLayout = storage.RowMetaLayout(o.rowMeta)
+	if err := spec.Validate(); err != nil {
+		return fmt.Errorf("--row-meta: %w", err)
+	}
 	db, err := rbd.Open(o.data, nil)
 	if err != nil {
 		return err
 	}
-	buf, _, err := db.CreateBuffer("quickstart", quickstartSpec(o.capacity))
+	buf, _, err := db.CreateBuffer("quickstart", spec)
 	if err != nil {
 		return fmt.Errorf("%w (delete %s or pass another --data to start afresh)", errorsJoin(err, db.Close()), o.data)
 	}

@@ -81,9 +81,10 @@ func run(dir string, rowMeta storage.RowMetaLayout) error {
 		Priority:   &storage.PriorityOptions{Alpha: 0.6, Eps: 1e-6},
 		Durability: storage.DurabilityFlush,
 	}
-	if rowMeta != storage.RowMetaPerRow {
-		spec.RowMetaLayout = rowMeta
-	}
+	// Spelled out: since 2026-11-27 a memmap spec that leaves row_meta
+	// out gets "runs". (The committed v1 and tails2 dirs were written
+	// before, with row_meta left out of their specs.)
+	spec.RowMetaLayout = rowMeta
 	b, _, err := s.CreateBuffer("golden", spec)
 	if err != nil {
 		return err

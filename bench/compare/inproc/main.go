@@ -10,6 +10,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -150,7 +151,7 @@ func main() {
 	batchSize := flag.Int("batch", 256, "rows per extend and per sample")
 	seconds := flag.Float64("seconds", 2, "how long to sample")
 	settle := flag.Bool("settle", false, "collect garbage and return freed memory to the OS before each resident-set reading, so bytes_per_transition_rss counts what the buffer holds, not garbage the fill left (tests/resident)")
-	rowMeta := flag.String("row-meta", "row", "the buffer's row_meta: row (32-byte records) or runs (16-byte records and run records)")
+	rowMeta := flag.String("row-meta", "", "the buffer's row_meta: row (32-byte memory records, 64-byte file records) or runs (16-byte records and run records); left out, the default of the storage kind (memory: row, memmap: runs)")
 	kind := flag.String("storage", "memory", "the buffer's storage: memory, or memmap (files in a temporary dir, durability none)")
 	flag.Parse()
 	if err := run(*name, *capacity, *batchSize, time.Duration(*seconds*float64(time.Second)), *settle, storage.Kind(*kind), storage.RowMetaLayout(*rowMeta)); err != nil {
@@ -236,8 +237,9 @@ func run(name string, capacity int64, batchSize int, sampleFor time.Duration, se
 	if kind != storage.KindMemory {
 		impl += ", " + string(kind)
 	}
-	if rowMeta != "" && rowMeta != storage.RowMetaPerRow {
-		impl += fmt.Sprintf(", row_meta %s", rowMeta)
+	// The layout the buffer got (a memmap buffer's default is runs).
+	if got := info.Spec.RowMetaLayout; kind != storage.KindMemory || (got != "" && got != storage.RowMetaPerRow) {
+		impl += fmt.Sprintf(", row_meta %s", cmp.Or(got, storage.RowMetaPerRow))
 	}
 	res := map[string]any{
 		"impl": impl, "workload": name, "rows": info.Size,
