@@ -153,10 +153,6 @@ type Buffer struct {
 	// call a CartPole row takes 15 ns, a call per field 35
 	// (BenchmarkRowChecksum).
 	crcScratch [crcScratchSize]byte
-	// runCRCScratch holds the record bytes a version 2 file record's
-	// checksum covers (fileRunCRC; an array on the stack escapes through
-	// crc32's dispatch: an allocation a row), guarded by wmu.
-	runCRCScratch [12]byte
 	recBatch      []record // the records of the extend being written (batchRecords), guarded by wmu
 	// punchFrom is the first seq whose row punchTails has not looked at
 	// (sparse tail files), guarded by wmu.

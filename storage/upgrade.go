@@ -252,7 +252,7 @@ func (b *Buffer) writeRunFiles(ub *UpgradedBuffer, say func(string, ...any)) err
 	l.reset()
 	var recs []record
 	data := make([]byte, min(b.capacity, upgradeBlock)*fileRunRecordSize)
-	var scratch [12]byte
+	var scratch [runCRCBytes]byte
 	wc := b.writeCount.Load()
 	first := max(0, wc-b.capacity)
 	blocks := 0
