@@ -153,7 +153,7 @@ type Buffer struct {
 	// call a CartPole row takes 15 ns, a call per field 35
 	// (BenchmarkRowChecksum).
 	crcScratch [crcScratchSize]byte
-	recBatch      []record // the records of the extend being written (batchRecords), guarded by wmu
+	recBatch   []record // the records of the extend being written (batchRecords), guarded by wmu
 	// punchFrom is the first seq whose row punchTails has not looked at
 	// (sparse tail files), guarded by wmu.
 	punchFrom int64
@@ -194,6 +194,10 @@ type Buffer struct {
 	// after it, so the checkpoint loop skips idle buffers without taking a
 	// lock.
 	dirty atomic.Bool
+	// writeFence is written by every extend between voiding the stamps of
+	// the slots it overwrites and writing them: an atomic add is a full
+	// memory barrier (write).
+	writeFence atomic.Int64
 	// stateMu guards the catalog-side state below.
 	stateMu   sync.Mutex
 	holes     [][2]int64
