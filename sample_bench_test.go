@@ -65,7 +65,9 @@ type sbenchConfig struct {
 	rows  int64 // capacity; rows + rows/8 are written
 	atari bool  // uint8[84,84,4] observations instead of CartPole's float32[4]
 	kind  storage.Kind
-	runs  bool // row_meta "runs": run records (memory), rows.meta format version 2 (memmap)
+	// rowMeta is the buffer's row_meta ("": the default of its kind:
+	// "row" for memory, "runs" for memmap).
+	rowMeta storage.RowMetaLayout
 }
 
 func (c sbenchConfig) String() string {
@@ -73,8 +75,8 @@ func (c sbenchConfig) String() string {
 	if c.atari {
 		shape = "atari"
 	}
-	if c.runs {
-		shape += "/runs"
+	if c.rowMeta != "" {
+		shape += "/" + string(c.rowMeta)
 	}
 	return fmt.Sprintf("%s/%s/%d", shape, c.kind, c.rows)
 }
@@ -101,9 +103,7 @@ func sbenchSpec(c sbenchConfig) storage.Spec {
 	if !c.atari {
 		s.Priority = &storage.PriorityOptions{Alpha: 0.6, Eps: 1e-6}
 	}
-	if c.runs {
-		s.RowMetaLayout = storage.RowMetaRuns
-	}
+	s.RowMetaLayout = c.rowMeta
 	if c.kind != storage.KindMemory {
 		s.Durability = storage.DurabilityNone // the OS writes back; nothing to wait for
 	}
@@ -425,8 +425,9 @@ func BenchmarkSample(b *testing.B) {
 }
 
 // BenchmarkSampleRunMeta is BenchmarkSample's uniform and slice draws from
-// buffers with run records (row_meta "runs") next to the default layout:
-// memory buffers (a 16-byte record in the row group and a run record per
+// buffers with run records (row_meta "runs") next to row_meta "row", each
+// spelled out (a memmap buffer's default is "runs", a memory buffer's
+// "row"): memory buffers (a 16-byte record in the row group and a run record per
 // stretch of a trajectory, against a 32-byte record), and memmap buffers
 // (16-byte memory records and rows.meta format version 2, against 64-byte
 // file records read from the page cache and a stamp table).
@@ -438,16 +439,12 @@ func BenchmarkSampleRunMeta(b *testing.B) {
 	for _, sk := range []storage.Kind{storage.KindMemory, storage.KindMemmap} {
 		for _, kind := range []string{"uniform", "slice"} {
 			for _, rows := range []int64{1e5, 1e7} {
-				for _, runs := range []bool{false, true} {
-					layout := "row"
-					if runs {
-						layout = "runs"
-					}
+				for _, layout := range []storage.RowMetaLayout{storage.RowMetaPerRow, storage.RowMetaRuns} {
 					b.Run(fmt.Sprintf("kind=%s/sampler=%s/rows=%s/row_meta=%s", sk, kind, sbenchRowsLabel(rows), layout), func(b *testing.B) {
 						if testing.Short() && rows > 1e5 {
 							b.Skip("-short: 10^7 rows take about 2 GB and a few seconds to fill")
 						}
-						buf := cache.get(b, dir, sbenchConfig{rows: rows, kind: sk, runs: runs})
+						buf := cache.get(b, dir, sbenchConfig{rows: rows, kind: sk, rowMeta: layout})
 						req := &SampleRequest{Sampler: kind, BatchSize: sbenchBatch}
 						if sampler.IsSlice(kind) {
 							req = &SampleRequest{Sampler: kind, NumSlices: sbenchSlices, SliceLen: sbenchSliceLen}

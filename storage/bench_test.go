@@ -211,8 +211,8 @@ func BenchmarkExtend(b *testing.B) {
 }
 
 // BenchmarkExtendRunMeta is BenchmarkExtend's memory buffers and memmap
-// buffers (durability none) with run records (row_meta "runs"), next to the
-// default layout: what placing each row in its trajectory's run costs a
+// buffers (durability none) with run records (row_meta "runs"), next to
+// row_meta "row" (each spelled out): what placing each row in its trajectory's run costs a
 // writer, and for memmap buffers what rows.meta format version 2 (16-byte
 // records and a run log, beside 16-byte memory records) costs against
 // version 1 (64-byte records and a stamp table). disk_B/row is the
