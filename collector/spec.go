@@ -23,6 +23,10 @@ type SpecOptions struct {
 	Priority bool
 	// Durability is "" (the storage default) or a durability mode.
 	Durability storage.Durability
+	// RowMeta is the buffer's row_meta: "" for the default of its
+	// storage kind (memory: "row"; memmap: "runs", rows.meta format
+	// version 2), or a storage.RowMetaLayout.
+	RowMeta storage.RowMetaLayout
 	// Compression configures a compressed buffer; nil means the defaults.
 	Compression *storage.CompressionOptions
 	// FrameDedup declares the frame stack of stacked pixel observations
@@ -62,7 +66,7 @@ func BufferSpec(env envs.Spec, o SpecOptions) storage.Spec {
 	}
 	s := storage.Spec{
 		Capacity: o.Capacity, Storage: kind, CompactObs: o.CompactObs, ObsKeys: []string{"observation"},
-		Durability: o.Durability, Compression: o.Compression,
+		Durability: o.Durability, Compression: o.Compression, RowMetaLayout: o.RowMeta,
 		Fields: []storage.Field{
 			{Name: "observation", DType: obsDT, Shape: slices.Clone(env.ObsShape)},
 			act,

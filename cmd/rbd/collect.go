@@ -38,6 +38,7 @@ type collectOptions struct {
 	tlsClient        tlsClientFlags
 	capacity         int64
 	storage          string
+	rowMeta          string
 	frameDedup       bool
 	chunkLen         int
 	level            int
@@ -74,6 +75,7 @@ func (o *collectOptions) AddFlags(f *pflag.FlagSet) {
 	o.tlsClient.addFlags(f)
 	f.Int64Var(&o.capacity, "capacity", 100_000, "capacity in rows of a buffer this command creates")
 	f.StringVar(&o.storage, "storage", "memmap", "storage kind of a buffer this command creates: memmap, memory or compressed")
+	f.StringVar(&o.rowMeta, "row-meta", "", `row metadata layout of a memory or memmap buffer this command creates: "row" or "runs" (left out: the storage kind's default, memory "row", memmap "runs"; a memmap buffer with "row" opens in builds from before 2026-11-27)`)
 	f.BoolVar(&o.frameDedup, "frame-dedup", false, "compressed storage: store each stacked frame once (catch with --frame-stack > 1)")
 	f.IntVar(&o.chunkLen, "chunk-len", 0, "compressed storage: rows of one trajectory per chunk (0: 32)")
 	f.IntVar(&o.level, "level", 0, "compressed storage: zstd level 1-22 (0: 1)")
@@ -177,6 +179,12 @@ func (o *collectOptions) validate() error {
 	case o.storage != "compressed" && (o.frameDedup || o.chunkLen != 0 || o.level != 0 || o.codec != ""):
 		errs = append(errs, fmt.Errorf("--frame-dedup, --chunk-len, --level and --codec need --storage compressed"))
 	}
+	switch {
+	case o.rowMeta != "" && o.rowMeta != string(storage.RowMetaPerRow) && o.rowMeta != string(storage.RowMetaRuns):
+		errs = append(errs, fmt.Errorf("--row-meta %q: want %s or %s", o.rowMeta, storage.RowMetaPerRow, storage.RowMetaRuns))
+	case o.rowMeta == string(storage.RowMetaRuns) && o.storage == "compressed":
+		errs = append(errs, fmt.Errorf("--row-meta %s needs --storage memory or memmap (compressed buffers keep 64-byte row records)", o.rowMeta))
+	}
 	if o.epsilon < 0 || o.epsilon > 1 {
 		errs = append(errs, fmt.Errorf("--epsilon %v: want 0..1", o.epsilon))
 	}
@@ -218,7 +226,7 @@ func runCollect(ctx context.Context, stdout, stderr io.Writer, o *collectOptions
 			return err
 		}
 	}
-	so := collector.SpecOptions{Capacity: o.capacity, Storage: storage.Kind(o.storage), CompactObs: o.compact, FrameDedup: o.frameDedup}
+	so := collector.SpecOptions{Capacity: o.capacity, Storage: storage.Kind(o.storage), CompactObs: o.compact, FrameDedup: o.frameDedup, RowMeta: storage.RowMetaLayout(o.rowMeta)}
 	if rp, ok := policy.(collector.RecurrentPolicy); ok {
 		so.RecurrentState = rp.StateSize()
 	}
@@ -297,7 +305,7 @@ func runCollect(ctx context.Context, stdout, stderr io.Writer, o *collectOptions
 
 func specError(o *collectOptions, err error, conflict bool) error {
 	if conflict {
-		return fmt.Errorf("buffer %q exists with a different spec (another env, --compact, --capacity, --storage, --policy gru-q or --hidden): "+
+		return fmt.Errorf("buffer %q exists with a different spec (another env, --compact, --capacity, --storage, --row-meta, --policy gru-q or --hidden): "+
 			"pass another --buffer or the options it was created with: %w", o.buffer, err)
 	}
 	return fmt.Errorf("create buffer %q: %w", o.buffer, err)
