@@ -297,7 +297,10 @@ func validBufferName(name string) bool {
 
 // CreateBuffer creates a buffer, or returns the existing one (created =
 // false) when its spec is identical after defaults. A different spec under
-// the same name is ErrSpecConflict.
+// the same name is ErrSpecConflict. A memmap spec that leaves RowMetaLayout
+// out creates a buffer with RowMetaRuns (the buffer's Spec says so); asked
+// of an existing buffer, a spec that leaves it out matches the layout the
+// buffer has.
 func (s *Store) CreateBuffer(name string, spec Spec) (b *Buffer, created bool, err error) {
 	if err := ValidateBufferName(name); err != nil {
 		return nil, false, err
