@@ -36,8 +36,9 @@ type Info struct {
 	// DiskBytes is the space the buffer's files take (0 for memory buffers).
 	DiskBytes int64 `json:"disk_bytes"`
 	// RowMetaBytes is what one slot's row metadata takes: 64 for the
-	// file record of memmap and compressed buffers (16 for a memmap
-	// buffer with "row_meta": "runs"), the 32-byte record (16 with
+	// file record of compressed buffers and memmap buffers with
+	// "row_meta": "row" (16 for a memmap buffer with "row_meta": "runs",
+	// the default of new memmap buffers), the 32-byte record (16 with
 	// "row_meta": "runs", run records not counted) plus row-group padding
 	// for memory buffers.
 	RowMetaBytes int64 `json:"row_meta_bytes"`

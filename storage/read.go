@@ -485,8 +485,8 @@ type Info struct {
 	// buffers).
 	DiskBytes int64 `json:"disk_bytes"`
 	// RowMetaBytes is what one slot's row metadata takes: the 64-byte
-	// record of a file (16 in rows.meta format version 2, whose run log
-	// DiskBytes counts), or a memory buffer's 32-byte record (16 with run
+	// record of a file (16 in rows.meta format version 2, the default of
+	// new memmap buffers, whose run log DiskBytes counts), or a memory buffer's 32-byte record (16 with run
 	// records) plus the padding of its row group (the stamp, index
 	// structures and run records are not counted).
 	RowMetaBytes int64 `json:"row_meta_bytes"`
