@@ -85,6 +85,9 @@ func TestCheckpointWhileWriting(t *testing.T) {
 	// rows.meta version 2: the copy takes the file records as they are
 	// and the run segments pinned, while writers append to them.
 	t.Run("memmap-runs", func(t *testing.T) { testCheckpointWhileWriting(t, KindMemmap, RowMetaRuns) })
+	// rows.meta version 1 (the default of memmap buffers before
+	// 2026-11-27), whatever RBD_TEST_MEMMAP_ROW_META says.
+	t.Run("memmap-row", func(t *testing.T) { testCheckpointWhileWriting(t, KindMemmap, RowMetaPerRow) })
 }
 
 func testCheckpointWhileWriting(t *testing.T, kind Kind, layout RowMetaLayout) {
@@ -94,7 +97,9 @@ func testCheckpointWhileWriting(t *testing.T, kind Kind, layout RowMetaLayout) {
 		defer s.Close()
 		spec := testSpec(kind, capacity, true)
 		spec.Priority = &PriorityOptions{Alpha: 0.6, Eps: 1e-6}
-		spec.RowMetaLayout = layout
+		if layout != "" { // "": testSpec's, which RBD_TEST_MEMMAP_ROW_META sets for memmap
+			spec.RowMetaLayout = layout
+		}
 		b := mustCreate(t, s, "b", spec)
 		var stop atomic.Bool
 		// Writers go on while the checkpoint copies, but overwrite at most

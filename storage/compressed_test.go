@@ -48,6 +48,9 @@ func pixelSpec(kind Kind, capacity int64, g stackGeom, opts *CompressionOptions)
 	if kind == KindCompressed {
 		s.Compression = opts
 	}
+	if kind == KindMemmap {
+		s.RowMetaLayout = testMemmapRowMeta
+	}
 	return s.WithDefaults()
 }
 

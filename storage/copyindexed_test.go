@@ -22,7 +22,8 @@ func TestCopyIndexedMatchesGather(t *testing.T) {
 		layout   RowMetaLayout
 	}{
 		{KindMemory, 64, 150, ""},
-		{KindMemmap, 64, 150, ""},
+		{KindMemmap, 64, 150, RowMetaPerRow},
+		{KindMemmap, 64, 150, RowMetaRuns},
 		{KindMemory, 1000, 300, ""}, // not wrapped
 		{KindMemory, 64, 150, RowMetaRuns},
 		// More run records than runsInCache: Rows prefetches them.

@@ -16,6 +16,7 @@ import (
 // final observation) are ob bytes.
 func sparseSpec(capacity int64, ob int) Spec {
 	return Spec{Capacity: capacity, Storage: KindMemmap, Durability: DurabilityFlush, CompactObs: true, ObsKeys: []string{"observation"},
+		RowMetaLayout: testMemmapRowMeta,
 		Fields: []Field{
 			{Name: "observation", DType: Uint8, Shape: []int{ob}},
 			{Name: "next.done", DType: Bool, Shape: []int{}},
