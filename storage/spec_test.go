@@ -1099,18 +1099,13 @@ func TestCreateBufferRowMetaDefault(t *testing.T) {
 				}
 			}
 			if tc.kind == KindMemory {
+				if err := s.Close(); err != nil {
+					t.Fatal(err)
+				}
 				return
 			}
-			// Reopened, the buffer keeps its layout.
-			if err := s.Close(); err != nil {
-				t.Fatal(err)
-			}
-			s = openStore(t, dir)
-			defer s.Close()
-			b, err = s.Buffer("b")
-			if err != nil {
-				t.Fatal(err)
-			}
+			// Reopened (and verified clean), the buffer keeps its layout.
+			_, b = reopenVerified(t, s, dir, "b")
 			if got := b.Spec().RowMetaLayout; got != tc.wantSpec {
 				t.Errorf("reopened: row_meta %q, want %q", got, tc.wantSpec)
 			}
