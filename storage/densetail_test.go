@@ -128,12 +128,7 @@ func TestDenseTailsOutOfOrder(t *testing.T) {
 		t.Fatalf("fixture has %d live rows with a final observation", len(tails))
 	}
 	a, c := tails[1], tails[2]
-	path := tailFile(bufferDir(dir, "b"), "observation")
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pitch := int64(16 + tailTrailerSize)
+	path, data, pitch := readFixtureTail(t, dir)
 	offA, okA := denseTailEntry(data, a, 16)
 	offC, okC := denseTailEntry(data, c, 16)
 	if !okA || !okC || offC != offA+pitch {
@@ -195,12 +190,7 @@ func TestDenseTailsOutOfOrder(t *testing.T) {
 func TestDenseTailsSeqWrittenTwice(t *testing.T) {
 	dir, want, tails := denseTailFixture(t, 200, 300)
 	last := tails[len(tails)-1]
-	path := tailFile(bufferDir(dir, "b"), "observation")
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pitch := int64(16 + tailTrailerSize)
+	path, data, pitch := readFixtureTail(t, dir)
 	off, ok := denseTailEntry(data, last, 16)
 	if !ok || last-tails[len(tails)-2] < 2 || off+2*pitch > int64(len(data)) || binary.LittleEndian.Uint64(data[off+pitch+16:]) != 0 {
 		t.Fatalf("fixture: seq %d's entry at %d, the next one not free", last, off)
@@ -253,4 +243,17 @@ func TestTailLayoutInfo(t *testing.T) {
 			t.Errorf("%s compact %v: tail_layout %q (%v), want %q", tc.kind, tc.compact, info.TailLayout, err, tc.want)
 		}
 	}
+}
+
+// readFixtureTail reads the dense tail file of denseTailFixture's buffer:
+// its path, its bytes and the pitch of its entries (16-byte observations
+// and a trailer).
+func readFixtureTail(t *testing.T, dir string) (path string, data []byte, pitch int64) {
+	t.Helper()
+	path = tailFile(bufferDir(dir, "b"), "observation")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path, data, int64(16 + tailTrailerSize)
 }

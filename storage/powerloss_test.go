@@ -70,6 +70,14 @@ func powerLossScramble(t *testing.T, dir, buf, variant string, rng *rand.Rand) (
 	if variant == "crc" {
 		return durable, len(slots)
 	}
+	// What a lost page holds instead of the bytes written to it.
+	wipe := func(b []byte) {
+		if variant == "random" {
+			powerLossRandom(rng, b)
+		} else {
+			clear(b)
+		}
+	}
 	cols, err := filepath.Glob(filepath.Join(bdir, "*.col"))
 	if err != nil || len(cols) == 0 {
 		t.Fatalf("no column files in %s: %v", bdir, err)
@@ -93,11 +101,7 @@ func powerLossScramble(t *testing.T, dir, buf, variant string, rng *rand.Rand) (
 				if v := int64(binary.LittleEndian.Uint64(entry[rb:])); v == 0 || v-1 < durable {
 					continue
 				}
-				if variant == "random" {
-					powerLossRandom(rng, entry)
-				} else {
-					clear(entry)
-				}
+				wipe(entry)
 			}
 			if err := os.WriteFile(cpath, cdata, 0o644); err != nil {
 				t.Fatal(err)
@@ -106,11 +110,7 @@ func powerLossScramble(t *testing.T, dir, buf, variant string, rng *rand.Rand) (
 		}
 		for _, slot := range slots {
 			row := cdata[headerSize+slot*rb : headerSize+(slot+1)*rb]
-			if variant == "random" {
-				powerLossRandom(rng, row)
-			} else {
-				clear(row)
-			}
+			wipe(row)
 		}
 		if err := os.WriteFile(cpath, cdata, 0o644); err != nil {
 			t.Fatal(err)
