@@ -1,7 +1,9 @@
 package storage
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 )
@@ -424,5 +426,98 @@ func TestMemoryRowGroup(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestGatherFieldWidths reads rows of fields of every width the copy loops
+// know (1, 2, 4, 8, 16 and 32 bytes) and of widths they do not (3, 12,
+// 40), through both read paths, with every row there and with one missing:
+// each row's bytes come back where they belong, a missing row is zeros.
+func TestGatherFieldWidths(t *testing.T) {
+	extra := []Field{
+		{Name: "i16", DType: Int16, Shape: []int{}},
+		{Name: "u8x3", DType: Uint8, Shape: []int{3}},
+		{Name: "f32x3", DType: Float32, Shape: []int{3}},
+		{Name: "f64x4", DType: Float64, Shape: []int{4}},
+		{Name: "u8x40", DType: Uint8, Shape: []int{40}},
+	}
+	const rows = 40
+	for _, kind := range []Kind{KindMemory, KindMemmap} {
+		for _, tc := range []struct {
+			name    string
+			seqs    []int64
+			missing []int
+		}{
+			{"all there", []int64{7, 0, 39, 7, 21}, nil},
+			{"one missing", []int64{7, 0, 40, 39, 21}, []int{2}}, // seq 40 is not written
+		} {
+			t.Run(fmt.Sprintf("%s/%s", kind, tc.name), func(t *testing.T) {
+				s := openStore(t, t.TempDir())
+				defer s.Close()
+				spec := testSpec(kind, 64, true)
+				spec.Fields = append(spec.Fields, extra...)
+				b := mustCreate(t, s, "b", spec)
+				batch := makeBatch(spec, make([]row, rows), false)
+				for _, f := range extra {
+					v := make([]byte, rows*f.RowBytes())
+					for i := range v {
+						v[i] = byte(i*7 + len(f.Name))
+					}
+					batch.Fields[f.Name] = v
+				}
+				mustExtend(t, b, "", batch)
+				var cols []Column
+				for _, f := range spec.Fields {
+					c, _ := b.Column(f.Name)
+					cols = append(cols, c)
+				}
+				check := func(path string, dst [][]byte, missing, wantMissing []int) {
+					t.Helper()
+					if !slices.Equal(missing, wantMissing) {
+						t.Fatalf("%s: missing %v, want %v", path, missing, wantMissing)
+					}
+					for i, c := range cols {
+						for j, seq := range tc.seqs {
+							got := dst[i][j*c.RowBytes : (j+1)*c.RowBytes]
+							want := make([]byte, c.RowBytes)
+							if !slices.Contains(tc.missing, j) {
+								want = batch.Fields[c.Name][seq*int64(c.RowBytes) : (seq+1)*int64(c.RowBytes)]
+							}
+							if !bytes.Equal(got, want) {
+								t.Errorf("%s: field %q (%d B), row %d (seq %d): %v, want %v", path, c.Name, c.RowBytes, j, seq, got, want)
+							}
+						}
+					}
+				}
+				dsts := func() [][]byte {
+					var d [][]byte
+					for _, c := range cols {
+						v := make([]byte, len(tc.seqs)*c.RowBytes)
+						for i := range v {
+							v[i] = 0xee // a missing row must be zeroed, not left
+						}
+						d = append(d, v)
+					}
+					return d
+				}
+				dst := dsts()
+				missing, err := b.Gather(tc.seqs, cols, dst, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				check("Gather", dst, missing, tc.missing)
+				dst = dsts()
+				if err := b.ReadIndex(func(ix Index) {
+					// The caller's scratch keeps what it held.
+					missing, err = ix.CopyIndexed(tc.seqs, cols, dst, []int{99})
+				}); err != nil {
+					t.Fatal(err)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				check("CopyIndexed", dst, missing, append([]int{99}, tc.missing...))
+			})
+		}
 	}
 }

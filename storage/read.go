@@ -103,6 +103,7 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 	ring := newRingSlots(wc, b.capacity)
 	b.touchStamps(seqs, ring)
 	slots := make([]int64, len(seqs))
+	all := true // every row is there: the copies need no test per row
 	for j, seq := range seqs {
 		slots[j] = -1
 		if seq >= 0 && seq < wc && seq >= lo {
@@ -110,6 +111,7 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 				slots[j] = slot
 			}
 		}
+		all = all && slots[j] >= 0
 	}
 	var recs []record
 	if meta != nil || hasTail(cols) {
@@ -134,14 +136,14 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 			continue
 		}
 		if c.c.field.Mutable {
-			b.readMutable(func() { gatherColumn(dst[i], c, slots, recs) })
+			b.readMutable(func() { gatherColumn(dst[i], c, slots, recs, all) })
 			continue
 		}
 		if c.Tail {
-			gatherColumn(dst[i], c, b.tailSlots(seqs, slots, recs, nil), recs)
+			gatherColumn(dst[i], c, b.tailSlots(seqs, slots, recs, nil), recs, false)
 			continue
 		}
-		gatherColumn(dst[i], c, slots, recs)
+		gatherColumn(dst[i], c, slots, recs, all)
 	}
 	var damaged []error
 	for j, slot := range slots {
@@ -209,6 +211,7 @@ func (v Index) CopyIndexed(seqs []int64, cols []Column, dst [][]byte, missing []
 			return nil, fmt.Errorf("copy %q: destination for %q has %d bytes, want %d", b.name, c.Name, len(dst[i]), len(seqs)*c.RowBytes)
 		}
 	}
+	given := len(missing)
 	var small [256]int64
 	slots := small[:0]
 	if len(seqs) > len(small) {
@@ -255,6 +258,7 @@ func (v Index) CopyIndexed(seqs []int64, cols []Column, dst [][]byte, missing []
 		}
 		b.touchColumns(cols, slots)
 	}
+	all := len(missing) == given // every row is there: no test per row
 	var recs []record
 	if hasTail(cols) {
 		// Tails are gathered for the few done rows of a batch: records
@@ -275,13 +279,13 @@ func (v Index) CopyIndexed(seqs []int64, cols []Column, dst [][]byte, missing []
 	for i, c := range cols {
 		switch {
 		case c.c.field.Mutable:
-			b.readMutable(func() { gatherColumn(dst[i], c, slots, recs) })
+			b.readMutable(func() { gatherColumn(dst[i], c, slots, recs, all) })
 		case c.Tail:
-			gatherColumn(dst[i], c, b.tailSlots(seqs, slots, recs, tsmall[:0]), recs)
+			gatherColumn(dst[i], c, b.tailSlots(seqs, slots, recs, tsmall[:0]), recs, false)
 		default:
-			gatherColumn(dst[i], c, slots, recs)
+			gatherColumn(dst[i], c, slots, recs, all)
 		}
-		for _, j := range missing {
+		for _, j := range missing[given:] {
 			clear(dst[i][j*c.RowBytes : (j+1)*c.RowBytes])
 		}
 	}
@@ -365,11 +369,14 @@ func readRecord(rb []byte, rec *record) {
 	rec.PolicyVersion = int64(le.Uint64(rb[recVersion:]))
 }
 
-// gatherColumn copies the rows at slots (-1 = skip) of one column into dst.
-// Small fixed widths get their own loops: a memmove call per 4-byte value
-// costs more than the copy.
-func gatherColumn(dst []byte, c Column, slots []int64, recs []record) {
+// gatherColumn copies the rows at slots (-1 = skip) of one column into dst;
+// all says that no slot is -1. Small fixed widths get their own loops: a
+// memmove call per 4-byte value costs more than the copy.
+func gatherColumn(dst []byte, c Column, slots []int64, recs []record, all bool) {
 	data, rb, pitch := c.c.data, c.RowBytes, c.c.pitch()
+	if !c.Tail && all && copyFixed(dst, data, slots, pitch, rb) {
+		return
+	}
 	if !c.Tail {
 		// One loop per width, without the general loop's per-row tests:
 		// the common case of a sample's fields.
@@ -428,6 +435,50 @@ func gatherColumn(dst []byte, c Column, slots []int64, recs []record) {
 			copy(dst[j*rb:(j+1)*rb], data[off:off+int64(rb)])
 		}
 	}
+}
+
+// copyFixed copies the rb bytes at slot × pitch in data of every slot (none
+// is -1) to dst, row j at j × rb, and reports whether rb is one of the
+// widths it has a loop for. With no test per row and dst's bounds checked
+// once, a 256-row CartPole gather of a memory buffer's rows (in cache after
+// the touch pass) took 7% less time (docs/performance.md): there the
+// per-row branch and bounds checks cost about as much as the loads.
+func copyFixed(dst, data []byte, slots []int64, pitch int64, rb int) bool {
+	switch rb {
+	case 1:
+		dst = dst[:len(slots)]
+		for j, slot := range slots {
+			dst[j] = data[slot*pitch]
+		}
+	case 2:
+		dst = dst[:2*len(slots)]
+		for j, slot := range slots {
+			*(*[2]byte)(dst[2*j:]) = *(*[2]byte)(data[slot*pitch:])
+		}
+	case 4:
+		dst = dst[:4*len(slots)]
+		for j, slot := range slots {
+			*(*[4]byte)(dst[4*j:]) = *(*[4]byte)(data[slot*pitch:])
+		}
+	case 8:
+		dst = dst[:8*len(slots)]
+		for j, slot := range slots {
+			*(*[8]byte)(dst[8*j:]) = *(*[8]byte)(data[slot*pitch:])
+		}
+	case 16:
+		dst = dst[:16*len(slots)]
+		for j, slot := range slots {
+			*(*[16]byte)(dst[16*j:]) = *(*[16]byte)(data[slot*pitch:])
+		}
+	case 32:
+		dst = dst[:32*len(slots)]
+		for j, slot := range slots {
+			*(*[32]byte)(dst[32*j:]) = *(*[32]byte)(data[slot*pitch:])
+		}
+	default:
+		return false
+	}
+	return true
 }
 
 func metaOf(r *record) RowMeta {
