@@ -521,3 +521,81 @@ func TestGatherFieldWidths(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchFlagsEveryRow puts a flag, or a bad flag byte, at each row of a
+// 20-row batch (two blocks of eight that validation checks at once, then
+// four it checks row by row): a valid row's flags come back on it alone,
+// a bad one is reported at its row.
+func TestBatchFlagsEveryRow(t *testing.T) {
+	const n = 20
+	spec := testSpec(KindMemory, 4*n, false)
+	type flags struct{ done, term, trunc byte }
+	cases := []struct {
+		name  string
+		set   flags
+		field string // "" when the batch is valid
+	}{
+		{"terminated", flags{1, 1, 0}, ""},
+		{"truncated", flags{1, 0, 1}, ""},
+		{"both", flags{1, 1, 1}, ""},
+		{"bad done byte", flags{2, 0, 0}, "next.done"},
+		{"bad truncated byte", flags{0, 0, 255}, "next.truncated"},
+		{"done without reason", flags{1, 0, 0}, "next.done"},
+		{"reason without done", flags{0, 1, 0}, "next.done"},
+	}
+	s := openStore(t, t.TempDir())
+	defer s.Close()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for p := range n {
+				b := mustCreate(t, s, fmt.Sprintf("b%d", p), spec)
+				batch := makeBatch(spec, make([]row, n), false)
+				batch.Fields["next.done"][p] = tc.set.done
+				batch.Fields["next.terminated"][p] = tc.set.term
+				batch.Fields["next.truncated"][p] = tc.set.trunc
+				_, err := b.Extend("", batch)
+				if tc.field != "" {
+					var be *BatchError
+					if !errors.As(err, &be) || be.Field != tc.field || be.Row != p {
+						t.Fatalf("row %d: got %v, want a BatchError on %q row %d", p, err, tc.field, p)
+					}
+					if err := s.DeleteBuffer(b.Name()); err != nil {
+						t.Fatal(err)
+					}
+					continue
+				}
+				if err != nil {
+					t.Fatalf("row %d: %v", p, err)
+				}
+				seqs := make([]int64, n)
+				for i := range seqs {
+					seqs[i] = int64(i)
+				}
+				meta := make([]RowMeta, n)
+				if err := b.ReadIndex(func(ix Index) { ix.Rows(seqs, meta) }); err != nil {
+					t.Fatal(err)
+				}
+				for i, m := range meta {
+					want := flags{}
+					if i == p {
+						want = tc.set
+					}
+					got := flags{b2u(m.Done), b2u(m.Terminated), b2u(m.Truncated)}
+					if got != want {
+						t.Errorf("flag at row %d: row %d has done/terminated/truncated %v, want %v", p, i, got, want)
+					}
+				}
+				if err := s.DeleteBuffer(b.Name()); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func b2u(v bool) byte {
+	if v {
+		return 1
+	}
+	return 0
+}

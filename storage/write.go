@@ -97,6 +97,10 @@ func (b *Buffer) validate(batch *Batch) (*plan, error) {
 	}
 	nDone := 0
 	for r := 0; r < n; r++ {
+		if r&7 == 0 && r+8 <= n && notDone8(r, done, term, trunc) {
+			r += 7 // flags stay 0
+			continue
+		}
 		d, err := boolAt(done, r, "next.done")
 		if err != nil {
 			return nil, err
@@ -200,6 +204,22 @@ func (b *Buffer) planTails(batch *Batch, p *plan, nDone int) error {
 		p.flags[r] |= flagHasTail
 	}
 	return nil
+}
+
+// notDone8 reports whether rows r to r+7 are 0 in done and in term and
+// trunc (either may be nil): eight rows that are valid and carry no flag,
+// checked in three loads. Most rows of a batch are such rows; checked one
+// at a time, the flags were 3-9% of a CartPole extend's time.
+func notDone8(r int, done, term, trunc []byte) bool {
+	le := binary.LittleEndian
+	w := le.Uint64(done[r:])
+	if term != nil {
+		w |= le.Uint64(term[r:])
+	}
+	if trunc != nil {
+		w |= le.Uint64(trunc[r:])
+	}
+	return w == 0
 }
 
 func boolAt(b []byte, r int, field string) (bool, error) {
