@@ -68,14 +68,14 @@ func prefetchSlots(data []byte, slots []int64, pitch, span int64) {
 	if len(data) == 0 {
 		return
 	}
-	one := oneLine(data, pitch, span)
+	if oneLine(data, pitch, span) {
+		// Slots within data: the caller's, of rows the column holds.
+		prefetch.Slots(unsafe.Pointer(&data[0]), slots, pitch)
+		return
+	}
 	for _, slot := range slots {
 		if slot >= 0 {
-			if one {
-				prefetch.Line(unsafe.Pointer(&data[slot*pitch]))
-			} else {
-				prefetchSpan(data[slot*pitch : slot*pitch+span])
-			}
+			prefetchSpan(data[slot*pitch : slot*pitch+span])
 		}
 	}
 }

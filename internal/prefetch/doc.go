@@ -9,5 +9,8 @@
 // A call costs a few nanoseconds: callers prefetch where a miss is likely
 // and the work between the prefetch and the read is worth it (a sample's
 // rows at random places in a large ring, a batch of tree descents), not on
-// data that is likely in cache. A prefetch never faults.
+// data that is likely in cache. Slots prefetches a whole list of rows of
+// one region in a single call, the loop in assembly too: for a column's
+// 256 rows it costs two fifths of 256 calls of Line (BenchmarkSlots). A
+// prefetch never faults.
 package prefetch

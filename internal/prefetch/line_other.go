@@ -14,3 +14,13 @@ func Line(p unsafe.Pointer) { sink(*(*byte)(p)) }
 //
 //go:noinline
 func sink(byte) {}
+
+// Slots runs Line on base + slot × pitch for every slot of slots that is
+// not negative.
+func Slots(base unsafe.Pointer, slots []int64, pitch int64) {
+	for _, slot := range slots {
+		if slot >= 0 {
+			Line(unsafe.Add(base, slot*pitch))
+		}
+	}
+}
