@@ -429,10 +429,12 @@ func TestMemoryRowGroup(t *testing.T) {
 	}
 }
 
-// TestGatherFieldWidths reads rows of fields of every width the copy loops
-// know (1, 2, 4, 8, 16 and 32 bytes) and of widths they do not (3, 12,
-// 40), through both read paths, with every row there and with one missing:
-// each row's bytes come back where they belong, a missing row is zeros.
+// TestGatherFieldWidths writes and reads rows of fields of every width the
+// copy loops know (1, 2, 4, 8, 16 and 32 bytes) and of widths they do not
+// (3, 12, 40), through both read paths, with every row there and with rows
+// missing (never written, overwritten): each row's bytes come back where
+// they belong, a missing row is zeros. The second of two 40-row extends
+// into a 64-row ring wraps.
 func TestGatherFieldWidths(t *testing.T) {
 	extra := []Field{
 		{Name: "i16", DType: Int16, Shape: []int{}},
@@ -441,15 +443,15 @@ func TestGatherFieldWidths(t *testing.T) {
 		{Name: "f64x4", DType: Float64, Shape: []int{4}},
 		{Name: "u8x40", DType: Uint8, Shape: []int{40}},
 	}
-	const rows = 40
+	const rows = 40 // an extend; two of them
 	for _, kind := range []Kind{KindMemory, KindMemmap} {
 		for _, tc := range []struct {
 			name    string
 			seqs    []int64
 			missing []int
 		}{
-			{"all there", []int64{7, 0, 39, 7, 21}, nil},
-			{"one missing", []int64{7, 0, 40, 39, 21}, []int{2}}, // seq 40 is not written
+			{"all there", []int64{47, 16, 79, 47, 61, 39}, nil},
+			{"missing", []int64{47, 5, 80, 79, 61}, []int{1, 2}}, // 5 was overwritten, 80 never written
 		} {
 			t.Run(fmt.Sprintf("%s/%s", kind, tc.name), func(t *testing.T) {
 				s := openStore(t, t.TempDir())
@@ -457,15 +459,19 @@ func TestGatherFieldWidths(t *testing.T) {
 				spec := testSpec(kind, 64, true)
 				spec.Fields = append(spec.Fields, extra...)
 				b := mustCreate(t, s, "b", spec)
-				batch := makeBatch(spec, make([]row, rows), false)
-				for _, f := range extra {
-					v := make([]byte, rows*f.RowBytes())
-					for i := range v {
-						v[i] = byte(i*7 + len(f.Name))
+				var batches []*Batch
+				for k := range 2 {
+					batch := makeBatch(spec, make([]row, rows), false)
+					for _, f := range extra {
+						v := make([]byte, rows*f.RowBytes())
+						for i := range v {
+							v[i] = byte(i*7 + len(f.Name) + 101*k)
+						}
+						batch.Fields[f.Name] = v
 					}
-					batch.Fields[f.Name] = v
+					mustExtend(t, b, "", batch)
+					batches = append(batches, batch)
 				}
-				mustExtend(t, b, "", batch)
 				var cols []Column
 				for _, f := range spec.Fields {
 					c, _ := b.Column(f.Name)
@@ -481,7 +487,8 @@ func TestGatherFieldWidths(t *testing.T) {
 							got := dst[i][j*c.RowBytes : (j+1)*c.RowBytes]
 							want := make([]byte, c.RowBytes)
 							if !slices.Contains(tc.missing, j) {
-								want = batch.Fields[c.Name][seq*int64(c.RowBytes) : (seq+1)*int64(c.RowBytes)]
+								r := seq % rows
+								want = batches[seq/rows].Fields[c.Name][r*int64(c.RowBytes) : (r+1)*int64(c.RowBytes)]
 							}
 							if !bytes.Equal(got, want) {
 								t.Errorf("%s: field %q (%d B), row %d (seq %d): %v, want %v", path, c.Name, c.RowBytes, j, seq, got, want)

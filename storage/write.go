@@ -407,9 +407,17 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	// it is rewritten finds its stamp changed and drops it.
 	b.writeFence.Add(1)
 
+	// A memory buffer's fields go in a column at a time (no checksum to
+	// stage row by row, no crash to survive): each row's stamp is void
+	// until writeRow stores it after the row's record, as before. Row by
+	// row, the copies cost a CartPole extend 13% more.
+	fieldsDone := !b.persistent
+	if fieldsDone {
+		b.copyColumns(p, int(written-first), written%capacity, int(end-written))
+	}
 	for s := written; s < end; s++ {
 		r := int(s - first)
-		b.writeRow(s%capacity, &recs[r], p, r)
+		b.writeRow(s%capacity, &recs[r], p, r, fieldsDone)
 	}
 
 	if b.persistent {
@@ -549,7 +557,7 @@ func (p *plan) envAt(r int) int64 {
 // slot either marked as being written or with the new row whole. (A
 // memory buffer's record has no marker and no checksums: nothing recovers
 // it after a crash, and readers judge a row by its stamp.)
-func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
+func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int, fieldsDone bool) {
 	if b.rlog != nil {
 		b.writeRowRuns(slot, rec, p, r)
 		return
@@ -571,8 +579,8 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 	var crc uint32
 	staged := 0 // bytes in b.crcScratch not yet checksummed
 	for i, c := range b.cols {
-		if c.cz >= 0 {
-			continue // in a chunk already
+		if c.cz >= 0 || fieldsDone {
+			continue // in a chunk already, or copied by copyColumns
 		}
 		src := p.src[i][r*c.rowBytes : (r+1)*c.rowBytes]
 		copyField(c.row(slot), src)
@@ -877,6 +885,57 @@ const crcScratchSize = 256
 // rows are 1 to 16 bytes: moved as fixed-size words they cost a load and a
 // store each, where copy calls memmove, whose call costs more than a
 // CartPole row's bytes.
+// copyColumns copies n rows of the plan from its row r0 on into the slots
+// from slot0 on (wrapping at the capacity), a column at a time: a memory
+// buffer's extend, whose rows have no checksum to stage.
+func (b *Buffer) copyColumns(p *plan, r0 int, slot0 int64, n int) {
+	for i, c := range b.cols {
+		if c.cz >= 0 {
+			continue
+		}
+		rb := c.rowBytes
+		src := p.src[i][r0*rb : (r0+n)*rb]
+		pitch := c.pitch()
+		for done := 0; done < n; {
+			slot := (slot0 + int64(done)) % b.capacity
+			k := min(n-done, int(b.capacity-slot)) // rows before the ring wraps
+			scatterFixed(c.data[slot*pitch:], src[done*rb:(done+k)*rb], pitch, rb, k)
+			done += k
+		}
+	}
+}
+
+// scatterFixed copies k rows of rb bytes from src, one after another, to
+// dst, pitch bytes apart.
+func scatterFixed(dst, src []byte, pitch int64, rb, k int) {
+	switch rb {
+	case 1:
+		for j := range k {
+			dst[int64(j)*pitch] = src[j]
+		}
+	case 4:
+		for j := range k {
+			*(*[4]byte)(dst[int64(j)*pitch:]) = *(*[4]byte)(src[4*j:])
+		}
+	case 8:
+		for j := range k {
+			*(*[8]byte)(dst[int64(j)*pitch:]) = *(*[8]byte)(src[8*j:])
+		}
+	case 16:
+		for j := range k {
+			*(*[16]byte)(dst[int64(j)*pitch:]) = *(*[16]byte)(src[16*j:])
+		}
+	default:
+		if pitch == int64(rb) { // a column of its own: the rows are contiguous
+			copy(dst[:k*rb], src)
+			return
+		}
+		for j := range k {
+			copy(dst[int64(j)*pitch:int64(j)*pitch+int64(rb)], src[j*rb:(j+1)*rb])
+		}
+	}
+}
+
 func copyField(dst, src []byte) {
 	switch len(src) {
 	case 1:
