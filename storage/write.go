@@ -407,17 +407,16 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	// it is rewritten finds its stamp changed and drops it.
 	b.writeFence.Add(1)
 
-	// A memory buffer's fields go in a column at a time (no checksum to
-	// stage row by row, no crash to survive): each row's stamp is void
-	// until writeRow stores it after the row's record, as before. Row by
-	// row, the copies cost a CartPole extend 13% more.
-	fieldsDone := !b.persistent
-	if fieldsDone {
+	// A memory buffer's fields go in a column at a time: each row's stamp
+	// stays void until writeRow stores it after the row's record, as
+	// before. Row by row, a CartPole extend took 18.9 µs, by column 16.0
+	// (docs/performance.md).
+	if b.copiesByColumn() {
 		b.copyColumns(p, int(written-first), written%capacity, int(end-written))
 	}
 	for s := written; s < end; s++ {
 		r := int(s - first)
-		b.writeRow(s%capacity, &recs[r], p, r, fieldsDone)
+		b.writeRow(s%capacity, &recs[r], p, r)
 	}
 
 	if b.persistent {
@@ -557,7 +556,7 @@ func (p *plan) envAt(r int) int64 {
 // slot either marked as being written or with the new row whole. (A
 // memory buffer's record has no marker and no checksums: nothing recovers
 // it after a crash, and readers judge a row by its stamp.)
-func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int, fieldsDone bool) {
+func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 	if b.rlog != nil {
 		b.writeRowRuns(slot, rec, p, r)
 		return
@@ -578,8 +577,9 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int, fieldsDone bo
 	}
 	var crc uint32
 	staged := 0 // bytes in b.crcScratch not yet checksummed
+	byColumn := b.copiesByColumn()
 	for i, c := range b.cols {
-		if c.cz >= 0 || fieldsDone {
+		if c.cz >= 0 || byColumn {
 			continue // in a chunk already, or copied by copyColumns
 		}
 		src := p.src[i][r*c.rowBytes : (r+1)*c.rowBytes]
@@ -885,9 +885,29 @@ const crcScratchSize = 256
 // rows are 1 to 16 bytes: moved as fixed-size words they cost a load and a
 // store each, where copy calls memmove, whose call costs more than a
 // CartPole row's bytes.
+func copyField(dst, src []byte) {
+	switch len(src) {
+	case 1:
+		dst[0] = src[0]
+	case 4:
+		*(*[4]byte)(dst) = *(*[4]byte)(src)
+	case 8:
+		*(*[8]byte)(dst) = *(*[8]byte)(src)
+	case 16:
+		*(*[16]byte)(dst) = *(*[16]byte)(src)
+	default:
+		copy(dst, src)
+	}
+}
+
+// copiesByColumn reports whether an extend copies its fields a column at a
+// time (copyColumns) before writing each row's record, instead of row by
+// row in writeRow: a memory buffer's, whose rows have no checksum to stage
+// and no crash protocol to follow.
+func (b *Buffer) copiesByColumn() bool { return !b.persistent }
+
 // copyColumns copies n rows of the plan from its row r0 on into the slots
-// from slot0 on (wrapping at the capacity), a column at a time: a memory
-// buffer's extend, whose rows have no checksum to stage.
+// from slot0 on (wrapping at the capacity), a column at a time.
 func (b *Buffer) copyColumns(p *plan, r0 int, slot0 int64, n int) {
 	for i, c := range b.cols {
 		if c.cz >= 0 {
@@ -908,6 +928,10 @@ func (b *Buffer) copyColumns(p *plan, r0 int, slot0 int64, n int) {
 // scatterFixed copies k rows of rb bytes from src, one after another, to
 // dst, pitch bytes apart.
 func scatterFixed(dst, src []byte, pitch int64, rb, k int) {
+	if pitch == int64(rb) { // a column of its own: the rows are contiguous
+		copy(dst[:k*rb], src)
+		return
+	}
 	switch rb {
 	case 1:
 		for j := range k {
@@ -926,28 +950,9 @@ func scatterFixed(dst, src []byte, pitch int64, rb, k int) {
 			*(*[16]byte)(dst[int64(j)*pitch:]) = *(*[16]byte)(src[16*j:])
 		}
 	default:
-		if pitch == int64(rb) { // a column of its own: the rows are contiguous
-			copy(dst[:k*rb], src)
-			return
-		}
 		for j := range k {
 			copy(dst[int64(j)*pitch:int64(j)*pitch+int64(rb)], src[j*rb:(j+1)*rb])
 		}
-	}
-}
-
-func copyField(dst, src []byte) {
-	switch len(src) {
-	case 1:
-		dst[0] = src[0]
-	case 4:
-		*(*[4]byte)(dst) = *(*[4]byte)(src)
-	case 8:
-		*(*[8]byte)(dst) = *(*[8]byte)(src)
-	case 16:
-		*(*[16]byte)(dst) = *(*[16]byte)(src)
-	default:
-		copy(dst, src)
 	}
 }
 
