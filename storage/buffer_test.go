@@ -606,3 +606,57 @@ func b2u(v bool) byte {
 	}
 	return 0
 }
+
+// TestCopyFixed checks the unsafe row copies of copyFixed against a plain
+// copy: every width it has a loop for, rows side by side (pitch = width)
+// or in a row group (pitch larger), slots up to the last row the data
+// holds, skipped slots (-1) left untouched, and a slot past the data a
+// panic, never a read outside it.
+func TestCopyFixed(t *testing.T) {
+	for _, tc := range []struct {
+		rb    int
+		pitch int64
+		ok    bool // copyFixed has a loop for rb
+	}{
+		{1, 1, true}, {1, 48, true}, {2, 2, true}, {2, 48, true}, {4, 4, true}, {4, 48, true},
+		{8, 8, true}, {8, 48, true}, {16, 16, true}, {16, 48, true}, {32, 32, true}, {32, 64, true},
+		{3, 3, false}, {12, 48, false}, {64, 64, false},
+	} {
+		t.Run(fmt.Sprintf("rb=%d/pitch=%d", tc.rb, tc.pitch), func(t *testing.T) {
+			const rows = 37
+			// As the last field of a row group: the data ends with the
+			// last row's field, not with a whole pitch.
+			data := make([]byte, (rows-1)*tc.pitch+int64(tc.rb))
+			for i := range data {
+				data[i] = byte(i*7 + 3)
+			}
+			slots := []int64{rows - 1, 0, -1, 5, rows - 1, 17, -1, 1}
+			dst := bytes.Repeat([]byte{0xAA}, len(slots)*tc.rb)
+			if got := copyFixed(dst, data, slots, tc.pitch, tc.rb); got != tc.ok {
+				t.Fatalf("copyFixed reports %v, want %v", got, tc.ok)
+			}
+			if !tc.ok {
+				return
+			}
+			for j, slot := range slots {
+				want := bytes.Repeat([]byte{0xAA}, tc.rb)
+				if slot >= 0 {
+					want = data[slot*tc.pitch : slot*tc.pitch+int64(tc.rb)]
+				}
+				if got := dst[j*tc.rb : (j+1)*tc.rb]; !bytes.Equal(got, want) {
+					t.Errorf("row %d (slot %d): %x, want %x", j, slot, got, want)
+				}
+			}
+			for _, bad := range []int64{rows, rows + 1000} {
+				func() {
+					defer func() {
+						if recover() == nil {
+							t.Errorf("slot %d of %d rows: no panic", bad, rows)
+						}
+					}()
+					copyFixed(dst, data, []int64{0, bad}, tc.pitch, tc.rb)
+				}()
+			}
+		})
+	}
+}
