@@ -9,11 +9,13 @@ package storage
 // the watermark is reported, never served.
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -472,4 +474,113 @@ func denseTailEntry(data []byte, seq int64, rb int64) (int64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// TestPowerLossWrapAtSlotZero is the power loss TestPowerLossAboveWatermark
+// met by chance (its "zeros" variant, 2026-11-27): an fsync buffer with
+// rows.meta version 2 acknowledged rows up to the end of its first pass
+// round the ring, an unacknowledged extend went on past the wrap into slots
+// 0.., and the power loss took every page of that extend, so slot 0's record
+// is all zeros. A zero seq word is also what the complete record of seq 0
+// begins with, and recovery took slot 0 for seq 0 still in place: the rows the
+// extend was overwriting were kept as damage below the watermark instead of
+// being let go, and the acknowledged rows after them, whose previous steps
+// they are, were dropped with them. Recovery must let rows 0-3 go and keep
+// 4-11 byte for byte, with nothing reported.
+func TestPowerLossWrapAtSlotZero(t *testing.T) {
+	const name, capacity, acked, written = "rs", 16, 12, 20
+	spec := crashSpec(KindMemmap, capacity, crashBlobBytes, true, DurabilityFsync)
+	spec.RowMetaLayout = RowMetaRuns
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	b := mustCreate(t, s, name, spec)
+	tokens := func(from, to int64) []int64 {
+		var out []int64
+		for tok := from; tok < to; tok++ {
+			out = append(out, tok+1)
+		}
+		return out
+	}
+	mustExtend(t, b, "a", crashBatch(spec, tokens(0, acked), true))
+	mustExtend(t, b, "a", crashBatch(spec, tokens(acked, written), true))
+	cols := crashColumns(b)
+	keep := []int64{4, 5, 6, 7, 8, 9, 10, 11}
+	read := func(b *Buffer) ([][]byte, []RowMeta) {
+		t.Helper()
+		dst := make([][]byte, len(cols))
+		for i, c := range cols {
+			dst[i] = make([]byte, len(keep)*c.RowBytes)
+		}
+		m := make([]RowMeta, len(keep))
+		missing, err := b.Gather(keep, cols, dst, m)
+		if err != nil || len(missing) > 0 {
+			t.Fatalf("gather %v: missing %v, %v", keep, missing, err)
+		}
+		return dst, m
+	}
+	wantData, wantMeta := read(b)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The state a power loss leaves: the catalog as last committed (the
+	// extend's seqs reserved, the buffer not closed cleanly), the durable
+	// watermark at the last acknowledged row, and every page the
+	// unacknowledged extend wrote lost.
+	cat, err := openCatalog(filepath.Join(dir, "catalog.db"), false, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, err := cat.entries()
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("catalog entries %v, %v", entries, err)
+	}
+	st := entries[0].state
+	st.WriteCount, st.SeqReserved, st.Clean = acked, max(st.SeqReserved, written), false
+	if err := cat.putState(name, st, entries[0].streams, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := cat.close(); err != nil {
+		t.Fatal(err)
+	}
+	path := metaFile(bufferDir(dir, name))
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	putWatermark(data[:headerSize], acked)
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, destroyed := powerLossScramble(t, dir, name, "zeros", rand.New(rand.NewPCG(1, 2))); destroyed != written-acked {
+		t.Fatalf("%d slots destroyed, want the unacknowledged extend's %d", destroyed, written-acked)
+	}
+
+	rep, err := Verify(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() {
+		t.Errorf("verify after the power loss: %+v", rep.Buffers)
+	}
+	s = openStore(t, dir)
+	defer s.Close()
+	if b, err = s.Buffer(name); err != nil {
+		t.Fatal(err)
+	}
+	cols = crashColumns(b)
+	if got := b.LiveSeqs(0, 100); !slices.Equal(got, keep) {
+		t.Errorf("live seqs %v after the power loss, want %v (rows 0-3 let go with the extend that was overwriting them)", got, keep)
+	}
+	gotData, gotMeta := read(b)
+	for i, c := range cols {
+		if !bytes.Equal(gotData[i], wantData[i]) {
+			t.Errorf("column %q of rows %v changed across the power loss", c.Name, keep)
+		}
+	}
+	for j := range keep {
+		if gotMeta[j].TrajID != wantMeta[j].TrajID || gotMeta[j].Step != wantMeta[j].Step || gotMeta[j].Done != wantMeta[j].Done {
+			t.Errorf("row %d: %+v after the power loss, %+v before", keep[j], gotMeta[j], wantMeta[j])
+		}
+	}
 }

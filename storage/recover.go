@@ -139,8 +139,11 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 			if runs != nil {
 				// The seq word alone, as a version 1 record's own
 				// checksum: a slot no writer reached still names s (a
-				// row damaged there is reported, not let go).
-				if w := binary.LittleEndian.Uint64(b.drecs[(s%capacity)*fileRunRecordSize:]); w&frWriting == 0 && w&seqResidueMask == uint64(s)&seqResidueMask {
+				// row damaged there is reported, not let go). A record
+				// of zeros is a lost page, not seq 0, whose complete
+				// record's word is zero too but whose checksum is not.
+				rec := b.drecs[(s%capacity)*fileRunRecordSize : (s%capacity+1)*fileRunRecordSize]
+				if w := binary.LittleEndian.Uint64(rec); w&frWriting == 0 && w&seqResidueMask == uint64(s)&seqResidueMask && !recordNeverWritten(rec) {
 					break
 				}
 			} else if r, ok := decodeRecord(b.rec(s % capacity)); ok && r.Seq == s {
