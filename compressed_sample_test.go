@@ -305,9 +305,9 @@ func TestCompressedPausedTrajectoryReopen(t *testing.T) {
 	}
 	extend("slow", g.rows("slow", 1, 2))
 	seqs := []int64{int64(len(written) - 2), int64(len(written) - 1)}
-	c, _ := s.buf.Column("observation")
 	read := func(what string) {
 		t.Helper()
+		c, _ := s.buf.Column("observation") // a reopened buffer's own column
 		dst := [][]byte{make([]byte, 2*c.RowBytes)}
 		missing, err := s.buf.Gather(seqs, []storage.Column{c}, dst, nil)
 		if err != nil || len(missing) > 0 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -659,4 +660,53 @@ func TestCopyFixed(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestGatherForeignColumn: a Column handle is bound to the buffer that
+// returned it. One of another buffer, or of a buffer closed since (the same
+// name reopened is a new buffer), is refused with an error by Gather and
+// CopyIndexed instead of being read with the wrong buffer's slots.
+func TestGatherForeignColumn(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	spec := testSpec(KindMemmap, 64, false)
+	a := mustCreate(t, s, "a", spec)
+	other := mustCreate(t, s, "b", testSpec(KindMemmap, 8, false))
+	rows := make([]row, 10)
+	for i := range rows {
+		rows[i] = row{val: float32(i)}
+	}
+	mustExtend(t, a, "", makeBatch(spec, rows, false))
+	mustExtend(t, other, "", makeBatch(spec, rows[:3], false))
+	own, _ := a.Column("action")
+	foreign, _ := other.Column("action")
+	seqs := []int64{0, 5, 9}
+	dst := [][]byte{make([]byte, len(seqs)*own.RowBytes)}
+	if _, err := a.Gather(seqs, []Column{own}, dst, nil); err != nil {
+		t.Fatalf("gather with the buffer's own column: %v", err)
+	}
+	check := func(what string, c Column, b *Buffer) {
+		t.Helper()
+		if _, err := b.Gather(seqs, []Column{c}, dst, nil); err == nil || !strings.Contains(err.Error(), "not from this buffer") {
+			t.Errorf("gather with %s: %v, want an error naming the column as not from this buffer", what, err)
+		}
+		var err error
+		if rerr := b.ReadIndex(func(ix Index) { _, err = ix.CopyIndexed(seqs, []Column{c}, dst, nil) }); rerr != nil {
+			t.Fatal(rerr)
+		}
+		if err == nil || !strings.Contains(err.Error(), "not a plain column of this buffer") {
+			t.Errorf("CopyIndexed with %s: %v, want an error", what, err)
+		}
+	}
+	check("another buffer's column", foreign, a)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, dir)
+	defer s.Close()
+	a, err := s.Buffer("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("a column of the buffer before it was closed", own, a)
 }

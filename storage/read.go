@@ -34,7 +34,10 @@ type RowMeta struct {
 
 // Column describes one readable column: a field of the spec or, in
 // compact_obs buffers, the tail store "next.<k>" of an obs key (final
-// observations, present only on done rows with HasTail).
+// observations, present only on done rows with HasTail). It is bound to
+// the buffer whose Column method returned it: Gather and CopyIndexed
+// refuse a column of another buffer, or of a buffer closed since (the
+// same name reopened is a new buffer: ask it for its columns).
 type Column struct {
 	Name  string
 	DType DType
@@ -44,17 +47,18 @@ type Column struct {
 	// Tail is true for final-observation columns.
 	Tail bool
 	c    *column
+	b    *Buffer // the buffer whose Column returned it
 }
 
 // Column looks up a column by name.
 func (b *Buffer) Column(name string) (Column, bool) {
 	if i, ok := b.colOf[name]; ok {
 		c := b.cols[i]
-		return Column{Name: c.name, DType: c.field.DType, Shape: c.field.Shape, RowBytes: c.rowBytes, c: c}, true
+		return Column{Name: c.name, DType: c.field.DType, Shape: c.field.Shape, RowBytes: c.rowBytes, c: c, b: b}, true
 	}
 	if i, ok := b.tailOf[name]; ok {
 		c := b.tails[i]
-		return Column{Name: c.name, DType: c.field.DType, Shape: c.field.Shape, RowBytes: c.rowBytes, Tail: true, c: c}, true
+		return Column{Name: c.name, DType: c.field.DType, Shape: c.field.Shape, RowBytes: c.rowBytes, Tail: true, c: c, b: b}, true
 	}
 	return Column{}, false
 }
@@ -83,8 +87,10 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 		return nil, fmt.Errorf("gather %q: %d columns, %d destinations, %d seqs, %d metas", b.name, len(cols), len(dst), len(seqs), len(meta))
 	}
 	for i, c := range cols {
-		if c.c == nil {
-			return nil, fmt.Errorf("gather %q: column %d is not from this buffer", b.name, i)
+		if c.c == nil || c.b != b {
+			// A column of another buffer, or of this buffer's name
+			// before a close, would be read with this buffer's slots.
+			return nil, fmt.Errorf("gather %q: column %d (%q) is not from this buffer", b.name, i, c.Name)
 		}
 		if len(dst[i]) != len(seqs)*c.RowBytes {
 			return nil, fmt.Errorf("gather %q: destination for %q has %d bytes, want %d", b.name, c.Name, len(dst[i]), len(seqs)*c.RowBytes)
@@ -203,7 +209,7 @@ func (v Index) CopyIndexed(seqs []int64, cols []Column, dst [][]byte, missing []
 		return nil, fmt.Errorf("copy %q: %d columns, %d destinations", b.name, len(cols), len(dst))
 	}
 	for i, c := range cols {
-		if c.c == nil || c.c.cz >= 0 {
+		if c.c == nil || c.b != b || c.c.cz >= 0 {
 			return nil, fmt.Errorf("copy %q: column %q is not a plain column of this buffer", b.name, c.Name)
 		}
 		if len(dst[i]) != len(seqs)*c.RowBytes {
