@@ -699,14 +699,6 @@ func TestGatherForeignColumn(t *testing.T) {
 		}
 	}
 	check("another buffer's column", foreign, a)
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s = openStore(t, dir)
-	defer s.Close()
-	a, err := s.Buffer("a")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, a = reopenBuffer(t, s, dir, "a")
 	check("a column of the buffer before it was closed", own, a)
 }

@@ -286,15 +286,7 @@ func TestCompressedMatchesMemory(t *testing.T) {
 			compareBuffers(t, ref, b)
 			// Reopen after a clean close: open chunks come back from their
 			// fragments and the stream continues.
-			if err := s.Close(); err != nil {
-				t.Fatal(err)
-			}
-			s = openStore(t, dir)
-			defer s.Close()
-			b, err := s.Buffer("b")
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, b = reopenBuffer(t, s, dir, "b")
 			compareBuffers(t, ref, b)
 			for round := 0; round < 20; round++ {
 				batch := w.batch(1+rng.IntN(40), 3)

@@ -149,3 +149,26 @@ func metas(t testing.TB, b *Buffer, seqs ...int64) []RowMeta {
 }
 
 func errorsIs(err, target error) bool { return errors.Is(err, target) }
+
+// reopenBuffer closes s and opens the data dir at dir again: the new store
+// (closed when the test ends) and its buffer name.
+func reopenBuffer(t testing.TB, s *Store, dir, name string) (*Store, *Buffer) {
+	t.Helper()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return openBuffer(t, dir, name)
+}
+
+// openBuffer opens the data dir at dir (closed when the test ends): the
+// store and its buffer name.
+func openBuffer(t testing.TB, dir, name string) (*Store, *Buffer) {
+	t.Helper()
+	s := openStore(t, dir)
+	t.Cleanup(func() { s.Close() })
+	b, err := s.Buffer(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, b
+}

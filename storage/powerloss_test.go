@@ -563,11 +563,7 @@ func TestPowerLossWrapAtSlotZero(t *testing.T) {
 	if !rep.OK() {
 		t.Errorf("verify after the power loss: %+v", rep.Buffers)
 	}
-	s = openStore(t, dir)
-	defer s.Close()
-	if b, err = s.Buffer(name); err != nil {
-		t.Fatal(err)
-	}
+	_, b = openBuffer(t, dir, name)
 	cols = crashColumns(b)
 	if got := b.LiveSeqs(0, 100); !slices.Equal(got, keep) {
 		t.Errorf("live seqs %v after the power loss, want %v (rows 0-3 let go with the extend that was overwriting them)", got, keep)

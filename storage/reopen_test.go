@@ -101,15 +101,7 @@ func TestMemoryBufferRestartKeepsSpecAndCounters(t *testing.T) {
 	spec := testSpec(KindMemory, 10, false)
 	b := mustCreate(t, s, "m", spec)
 	mustExtend(t, b, "a", makeBatch(spec, []row{{val: 1}, {val: 2}}, false))
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s = openStore(t, dir)
-	defer s.Close()
-	b, err := s.Buffer("m")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, b = reopenBuffer(t, s, dir, "m")
 	if !b.Spec().Equal(spec) {
 		t.Fatal("spec changed")
 	}

@@ -312,15 +312,7 @@ func TestRunLogHugeBatch(t *testing.T) {
 	}
 	mustExtend(t, b, "s", makeBatch(spec, rows, true))
 	want := servedRows(t, b)
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s = openStore(t, dir)
-	defer s.Close()
-	b, err := s.Buffer("h")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, b = reopenBuffer(t, s, dir, "h")
 	if got := checkServed(t, b, want); len(got) != len(want) || len(got) != 100_000 {
 		t.Fatalf("%d rows after reopening, %d before (ring of 100,000)", len(got), len(want))
 	}
@@ -336,13 +328,7 @@ func reopenVerified(t *testing.T, s *Store, dir, name string) (*Store, *Buffer) 
 	if rep, err := Verify(dir, nil); err != nil || !rep.OK() {
 		t.Fatalf("verify: %v %+v", err, rep)
 	}
-	s = openStore(t, dir)
-	t.Cleanup(func() { s.Close() })
-	b, err := s.Buffer(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s, b
+	return openBuffer(t, dir, name)
 }
 
 // extendOnFullDisk extends b with batch on the stream "s" while filler

@@ -51,15 +51,7 @@ func TestPolicyVersions(t *testing.T) {
 			}
 			checkVersions(t, b, want)
 
-			if err := s.Close(); err != nil {
-				t.Fatal(err)
-			}
-			s = openStore(t, dir)
-			defer s.Close()
-			b, err := s.Buffer("v")
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, b = reopenBuffer(t, s, dir, "v")
 			if kind == KindMemory {
 				want = PolicyVersions{Newest: -1, Min: -1, Max: -1, Rows: []VersionRows{}}
 			}
