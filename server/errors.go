@@ -66,6 +66,8 @@ func statusOf(err error) (int, string) {
 		return http.StatusInsufficientStorage, "too_many_buffers"
 	case errors.Is(err, storage.ErrTooManyStreams):
 		return http.StatusTooManyRequests, "too_many_streams"
+	case errors.Is(err, storage.ErrSeqsExhausted):
+		return http.StatusInsufficientStorage, "seqs_exhausted"
 	case errors.Is(err, storage.ErrInsufficientMemory):
 		return http.StatusInsufficientStorage, "insufficient_memory"
 	case errors.Is(err, storage.ErrInsufficientStorage):

@@ -463,8 +463,8 @@ func (b *Buffer) mapRecords(r *mmapfile.Region) error {
 	if err != nil {
 		return fmt.Errorf("buffer %q records: %w", b.name, err)
 	}
-	b.group, b.recs, b.recPitch, b.runs = g, g.Bytes(), memRunRecordSize, newRunTable(b.capacity)
-	b.stamps.inRows(g.Bytes(), memRunRecordSize)
+	b.group, b.recs, b.recPitch, b.runs = g, g.Bytes(), memRunRecordSize, newRunTable(b.capacity, false)
+	b.stamps.inRows(g.Bytes(), memRunRecordSize, false)
 	return nil
 }
 
@@ -597,7 +597,7 @@ func (b *Buffer) smallFields() []*column {
 
 // interleaveSmallFields gives a memory buffer one anonymous region for its
 // row records and small fields, row after row: the memory record (32 bytes,
-// or 16 with run records: memrecord.go), then each small field at its
+// 16 with run records, 8 strided: memrecord.go), then each small field at its
 // offset, padded to rowGroupPitch. A sample reads a row's record (trajectory, step, flags)
 // and then its fields; row-major, those share a cache line (a CartPole
 // row is exactly one) instead of one line in each of seven regions. With
@@ -612,6 +612,10 @@ func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 	}
 	recBytes := memRecordBytes(b.spec)
 	pitch := rowGroupPitch(recBytes, fieldBytes)
+	if wc := b.writeCount.Load(); recBytes == memStridedRecordSize && wc > maxPassStampSeq(b.capacity) {
+		return fmt.Errorf("buffer %q: write count %d: %w (row_meta %q stamps seqs below %d in a ring of %d rows)",
+			b.name, wc, ErrSeqsExhausted, RowMetaStrided, maxPassStampSeq(b.capacity), b.capacity)
+	}
 	r, err := mmapfile.Anonymous(b.capacity * pitch)
 	if err != nil {
 		return fmt.Errorf("buffer %q row group: %w", b.name, err)
@@ -624,8 +628,8 @@ func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 		}
 	}
 	var runs *runTable
-	if recBytes == memRunRecordSize {
-		runs = newRunTable(b.capacity)
+	if recBytes != memRecordSize {
+		runs = newRunTable(b.capacity, recBytes == memStridedRecordSize)
 	}
 	fileRecs, meta := b.recs, b.meta
 	b.meta, b.recs, b.recPitch, b.runs = nil, r.Bytes(), pitch, runs
@@ -646,7 +650,7 @@ func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 		}
 		errs = append(errs, meta.Close())
 	}
-	b.stamps.inRows(r.Bytes(), pitch)
+	b.stamps.inRows(r.Bytes(), pitch, recBytes == memStridedRecordSize)
 	off := recBytes
 	for _, c := range group {
 		data := r.Bytes()[off:]

@@ -361,7 +361,8 @@ func TestMemoryRowGroup(t *testing.T) {
 	}{
 		{"cartpole", KindMemory, RowMetaPerRow, nil, small, 64, 64}, // a 32-byte record and 31 bytes of fields, padded to a cache line
 		{"image stays a column", KindMemory, RowMetaPerRow, []Field{image}, small, 64, 64},
-		{"cartpole with run records", KindMemory, RowMetaRuns, nil, small, 48, 48}, // a 16-byte record and 31 bytes of fields
+		{"cartpole with run records", KindMemory, RowMetaRuns, nil, small, 48, 48},     // a 16-byte record and 31 bytes of fields
+		{"cartpole with strided runs", KindMemory, RowMetaStrided, nil, small, 40, 40}, // an 8-byte record and 31 bytes of fields
 		{"memmap keeps columns", KindMemmap, RowMetaPerRow, nil, nil, 0, recordSize},
 		// Memory records beside rows.meta version 2: a region of records
 		// alone.

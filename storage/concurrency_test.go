@@ -22,6 +22,10 @@ func TestConcurrentReadersNeverSeeTornRows(t *testing.T) {
 	// another; the env and link checks below catch a run record read
 	// from the wrong run.
 	t.Run("memory-runs", func(t *testing.T) { testTornRows(t, KindMemory, RowMetaRuns) })
+	// Strided runs: the run word shares 8 bytes with a 32-bit pass stamp,
+	// and a reader derives the row's offset and previous row from the
+	// run's first seq and stride, which may be a rewritten run's.
+	t.Run("memory-strided", func(t *testing.T) { testTornRows(t, KindMemory, RowMetaStrided) })
 	// rows.meta version 2: the same memory records, beside file records
 	// and a run log the writers append to.
 	t.Run("memmap-runs", func(t *testing.T) { testTornRows(t, KindMemmap, RowMetaRuns) })

@@ -28,6 +28,8 @@ func TestCopyIndexedMatchesGather(t *testing.T) {
 		{KindMemory, 64, 150, RowMetaRuns},
 		// More run records than runsInCache: Rows prefetches them.
 		{KindMemory, 40_000, 45_000, RowMetaRuns},
+		{KindMemory, 64, 150, RowMetaStrided},
+		{KindMemory, 40_000, 45_000, RowMetaStrided},
 	} {
 		t.Run(fmt.Sprintf("%s/cap=%d/row_meta=%s", tc.kind, tc.capacity, cmp.Or(tc.layout, RowMetaPerRow)), func(t *testing.T) {
 			s := openStore(t, t.TempDir())

@@ -42,6 +42,11 @@ var (
 	// ErrInvalidName is returned for a buffer name outside
 	// ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$ (or containing "..").
 	ErrInvalidName = errors.New("storage: invalid buffer name")
+	// ErrSeqsExhausted is returned by Extend when the rows would take
+	// seqs past what the buffer can stamp: (2^32 - 1) x capacity in a
+	// memory buffer with row_meta "strided" (its stamps are 32-bit
+	// passes). Nothing is written; the buffer still samples.
+	ErrSeqsExhausted = errors.New("storage: seqs exhausted")
 )
 
 // These errors are returned when the machine cannot hold what a call asks

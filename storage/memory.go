@@ -53,7 +53,7 @@ func fullMemoryBytes(spec Spec) int64 {
 			}
 		}
 		perRow = satAdd(perRow, rowGroupPitch(memRecordBytes(spec), group))
-		if spec.RowMetaLayout == RowMetaRuns {
+		if spec.RowMetaLayout == RowMetaRuns || spec.RowMetaLayout == RowMetaStrided {
 			perRow += runBytesPerRow
 		}
 		if spec.CompactObs {

@@ -19,6 +19,9 @@ import (
 //     policy_version in 32 bits, env in 24 and the flags in 8.
 //   - "runs": a 16-byte record naming the row's run (memruns.go), which
 //     holds what the consecutive rows of a trajectory share.
+//   - "strided": an 8-byte record, a run word (handle and flags, as in
+//     "runs") and a 32-bit pass stamp (stampTable), naming a run whose
+//     rows are equally spaced: offset and distance follow from the seq.
 //
 // A row whose values fit neither (a previous row 2^32 seqs back, a step
 // or version outside [0, 2^32), an env outside [0, 2^24) in the row
@@ -28,8 +31,9 @@ import (
 // Checkpoints turn these records back into file records (checkpoint.go);
 // restoring one turns the file records into these (interleaveSmallFields).
 const (
-	memRecordSize    = 32 // the row layout
-	memRunRecordSize = 16 // the runs layout
+	memRecordSize        = 32 // the row layout
+	memRunRecordSize     = 16 // the runs layout
+	memStridedRecordSize = 8  // the strided layout
 
 	mrecStamp = 0 // i64 stamp (seq+1, 0: none), owned by stampTable, both layouts
 
@@ -46,6 +50,9 @@ const (
 	mrecRun  = 8  // u32: run handle in the low memRunBits bits, flags above
 	mrecOff  = 12 // u16 offset of the row in its run
 	mrecDist = 14 // u16 seq - prev_seq, for rows past their run's first
+
+	// The strided layout: the run word first, then the pass stamp.
+	mrecStridedRun = 0 // u32 as mrecRun
 
 	// flagWide marks a memory record whose values are in the buffer's
 	// wideRecords. It is bit 4 of the record's flags (file records never
@@ -166,8 +173,11 @@ func (b *Buffer) memFields(slot, seq int64) (traj, step, prev, env, version int6
 
 // memRecordBytes is the size of a memory record in a buffer of spec.
 func memRecordBytes(spec Spec) int64 {
-	if spec.RowMetaLayout == RowMetaRuns {
+	switch spec.RowMetaLayout {
+	case RowMetaRuns:
 		return memRunRecordSize
+	case RowMetaStrided:
+		return memStridedRecordSize
 	}
 	return memRecordSize
 }
@@ -210,8 +220,13 @@ func (b *Buffer) checkedRecord(seq int64) (record, bool) {
 // which the runs layout accepts for a quarter less memory (compact
 // CartPole: 16 + 31 bytes; its samples are measured by
 // BenchmarkSampleRunMeta). The row layout keeps its rows in one line: its
-// pitches are 32 or 64 below a line.
+// pitches are 32 or 64 below a line. The strided layout, whose stamps are
+// 32 bits, takes the bytes rounded up to a multiple of 4 and no more (its
+// point is memory: compact CartPole 8 + 31 bytes in 40).
 func rowGroupPitch(recBytes, fieldBytes int64) int64 {
+	if recBytes == memStridedRecordSize {
+		return (recBytes + fieldBytes + 3) &^ 3
+	}
 	p := (recBytes + fieldBytes + 7) &^ 7
 	steps := []int64{16, 32, 64}
 	if recBytes == memRunRecordSize {

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -21,7 +23,7 @@ import (
 // as file records) and is opened again (file records back in as memory
 // records).
 func TestMemoryRecordsMatchFileRecords(t *testing.T) {
-	for _, layout := range []RowMetaLayout{RowMetaPerRow, RowMetaRuns} {
+	for _, layout := range []RowMetaLayout{RowMetaPerRow, RowMetaRuns, RowMetaStrided} {
 		t.Run(string(layout), func(t *testing.T) { testMemoryRecordsMatchFileRecords(t, layout) })
 	}
 }
@@ -82,7 +84,7 @@ func testMemoryRecordsMatchFileRecords(t *testing.T, layout RowMetaLayout) {
 			mustExtend(t, b, "actor", batch)
 		}
 		compare(t, mem, file)
-		if layout == RowMetaRuns {
+		if layout != RowMetaPerRow {
 			checkRuns(t, mem)
 			continue
 		}
@@ -95,10 +97,7 @@ func testMemoryRecordsMatchFileRecords(t *testing.T, layout RowMetaLayout) {
 	if layout == RowMetaPerRow && wideLive(mem) == 0 {
 		t.Fatal("the test wrote no wide row that is still live")
 	}
-	metaBytes := int64(64 - 31)
-	if layout == RowMetaRuns {
-		metaBytes = 48 - 31
-	}
+	metaBytes := map[RowMetaLayout]int64{RowMetaPerRow: 64 - 31, RowMetaRuns: 48 - 31, RowMetaStrided: 40 - 31}[layout]
 	for _, c := range []struct {
 		b    *Buffer
 		want int64
@@ -125,7 +124,7 @@ func testMemoryRecordsMatchFileRecords(t *testing.T, layout RowMetaLayout) {
 		t.Error("a restored memory buffer should hold memory records and dense tails")
 	}
 	compare(t, restored, file)
-	if layout == RowMetaRuns {
+	if layout != RowMetaPerRow {
 		if restored.runs == nil {
 			t.Fatal("the restored buffer has no run records")
 		}
@@ -160,7 +159,7 @@ func memAndFileBuffers(t *testing.T, capacity int64, layout RowMetaLayout) (mem,
 // a handle is handed out, then a 256 KiB block per 4,096 handles; a table
 // for 10 rows hands out 10 handles from one block.
 func TestRunTableMapsAsItGrows(t *testing.T) {
-	rt := newRunTable(100_000_000)
+	rt := newRunTable(100_000_000, false)
 	defer rt.close()
 	if len(rt.regions) != 0 {
 		t.Fatalf("%d blocks mapped before any run", len(rt.regions))
@@ -174,7 +173,7 @@ func TestRunTableMapsAsItGrows(t *testing.T) {
 	if len(rt.regions) != 2 || len(rt.regions[0].Bytes()) != runBlockRuns*runRecordSize {
 		t.Fatalf("%d runs: %d blocks mapped, want 2 of %d bytes", runBlockRuns+10, len(rt.regions), runBlockRuns*runRecordSize)
 	}
-	small := newRunTable(10)
+	small := newRunTable(10, false)
 	defer small.close()
 	for i := range 10 {
 		r := record{Seq: int64(i), TrajID: int64(i), PrevSeq: -1, Flags: flagDone}
@@ -202,6 +201,16 @@ func putReadBack(t *testing.T, b *Buffer, want record) int64 {
 		t.Errorf("seq %d: wrote %+v, read %+v", want.Seq, want, got)
 	}
 	return slot
+}
+
+// fourSlotBuffer is a compact memory buffer of 4 slots with the given
+// row_meta, in a store closed with the test.
+func fourSlotBuffer(t *testing.T, layout RowMetaLayout) *Buffer {
+	s := openStore(t, t.TempDir())
+	t.Cleanup(func() { s.Close() })
+	spec := testSpec(KindMemory, 4, true)
+	spec.RowMetaLayout = layout
+	return mustCreate(t, s, "m", spec)
 }
 
 // TestMemoryRecordFarPrev covers the wide values no test can write
@@ -246,7 +255,7 @@ func checkRuns(t *testing.T, b *Buffer) {
 	rt := b.runs
 	named := make([]uint32, len(rt.refs))
 	for slot := range b.capacity {
-		w := binary.LittleEndian.Uint32(b.recs[slot*b.recPitch+mrecRun:])
+		w := binary.LittleEndian.Uint32(b.recs[slot*b.recPitch+b.runs.wordOff:])
 		if h := w & memRunMask; h != 0 {
 			if int(h) >= len(named) {
 				t.Fatalf("slot %d names handle %d, only %d handed out", slot, h, len(named))
@@ -300,11 +309,7 @@ func checkRuns(t *testing.T, b *Buffer) {
 // version or a far prev, and a table with room for one run, so that rows
 // beyond it keep wide values and go back to runs when one is free.
 func TestMemoryRecordRuns(t *testing.T) {
-	s := openStore(t, t.TempDir())
-	defer s.Close()
-	spec := testSpec(KindMemory, 4, true)
-	spec.RowMetaLayout = RowMetaRuns
-	b := mustCreate(t, s, "m", spec)
+	b := fourSlotBuffer(t, RowMetaRuns)
 	const far = 1 << 33
 	cases := []struct {
 		rec  record
@@ -348,7 +353,7 @@ func TestMemoryRecordRuns(t *testing.T) {
 	for i := range rows {
 		slot := rows[i].Seq % b.capacity
 		b.putMemRecord(slot, &rows[i])
-		handles = append(handles, binary.LittleEndian.Uint32(b.recs[slot*b.recPitch+mrecRun:])&memRunMask)
+		handles = append(handles, binary.LittleEndian.Uint32(b.recs[slot*b.recPitch+b.runs.wordOff:])&memRunMask)
 	}
 	for i := range rows {
 		var got record
@@ -371,10 +376,21 @@ func TestMemoryRecordRuns(t *testing.T) {
 // and after every batch compares every live row's metadata and holds the
 // run table to its rows (checkRuns). Runs must continue across batches:
 // at the end the buffer has fewer runs than rows.
+//
+// In the strided layout the same irregular writes break runs wherever a
+// row's distance back differs from its run's stride; the test checks the
+// metadata only, and TestStridedRunsLockstep how many runs lockstep
+// writers make.
 func TestRunRecordsProperty(t *testing.T) {
+	for _, layout := range []RowMetaLayout{RowMetaRuns, RowMetaStrided} {
+		t.Run(string(layout), func(t *testing.T) { testRunRecordsProperty(t, layout) })
+	}
+}
+
+func testRunRecordsProperty(t *testing.T, layout RowMetaLayout) {
 	const capacity = 64
 	rng := rand.New(rand.NewPCG(11, 12))
-	mem, file := memAndFileBuffers(t, capacity, RowMetaRuns)
+	mem, file := memAndFileBuffers(t, capacity, layout)
 	streams := []string{"a", "b", "c"}
 	version := map[string]int64{}
 	for batchNo := range 300 {
@@ -402,7 +418,7 @@ func TestRunRecordsProperty(t *testing.T) {
 		}
 		checkRuns(t, mem)
 	}
-	if live := int64(len(mem.LiveSeqs(0, capacity))); mem.runs.live*2 > live {
+	if live := int64(len(mem.LiveSeqs(0, capacity))); layout == RowMetaRuns && mem.runs.live*2 > live {
 		t.Fatalf("%d runs for %d live rows: runs did not continue", mem.runs.live, live)
 	}
 	if info, err := mem.Info(); err != nil || info.RunRecords != mem.runs.live || info.RunRecords == 0 {
@@ -438,10 +454,196 @@ func TestRowGroupPitch(t *testing.T) {
 		{memRunRecordSize, 47, 64}, // CartPole with next.observation: one line
 		{memRunRecordSize, 49, 72},
 		{memRunRecordSize, 128, 144},
+		{memStridedRecordSize, 0, 8},
+		{memStridedRecordSize, 1, 12},
+		{memStridedRecordSize, 4, 12},
+		{memStridedRecordSize, 31, 40}, // compact CartPole: 24 bytes less than the row layout
+		{memStridedRecordSize, 33, 44},
+		{memStridedRecordSize, 47, 56},
 	}
 	for _, tc := range cases {
 		if got := rowGroupPitch(tc.recBytes, tc.fieldBytes); got != tc.want {
 			t.Errorf("rowGroupPitch(%d, %d) = %d, want %d", tc.recBytes, tc.fieldBytes, got, tc.want)
 		}
+	}
+}
+
+// TestStridedRunsLockstep writes what collectors write, envs stepping in
+// lockstep (each batch a few steps of every env, in env order), with
+// episodes of different lengths ending at different steps, into a strided
+// memory buffer and a file-record reference, and compares every live
+// row's metadata after every batch. Each episode must take one run: the
+// live runs are at most the live trajectories plus the envs (a run per
+// episode that is still partly in the ring).
+func TestStridedRunsLockstep(t *testing.T) {
+	const capacity, envs = 600, 8
+	mem, file := memAndFileBuffers(t, capacity, RowMetaStrided)
+	rng := rand.New(rand.NewPCG(5, 6))
+	left := make([]int, envs) // steps left in each env's episode
+	for e := range left {
+		left[e] = 5 + rng.IntN(40)
+	}
+	for batchNo := range 40 {
+		var rows []row
+		for range 4 { // steps
+			for e := range envs {
+				left[e]--
+				rows = append(rows, row{env: int64(e), val: float32(len(rows)), terminated: left[e] == 0, final: -1})
+				if left[e] == 0 {
+					left[e] = 5 + rng.IntN(40)
+				}
+			}
+		}
+		for _, b := range []*Buffer{mem, file} {
+			mustExtend(t, b, "collector", makeBatch(b.spec, rows, true))
+		}
+		seqs := file.LiveSeqs(0, capacity)
+		g, w := metas(t, mem, seqs...), metas(t, file, seqs...)
+		trajs := map[int64]bool{}
+		for i := range seqs {
+			if g[i] != w[i] {
+				t.Fatalf("batch %d, seq %d: strided runs read %+v, file record %+v", batchNo, seqs[i], g[i], w[i])
+			}
+			trajs[w[i].TrajID] = true
+		}
+		checkRuns(t, mem)
+		if mem.runs.live > int64(len(trajs))+envs {
+			t.Fatalf("batch %d: %d runs for %d live trajectories of %d envs in lockstep", batchNo, mem.runs.live, len(trajs), envs)
+		}
+	}
+}
+
+// TestStridedRuns writes strided records straight into a memory buffer's
+// slots and reads each back: a run's second row sets its stride (any
+// distance below 2^32: 2^31 + 2 here), rows at that stride continue it, a row at another
+// distance, a changed env or version, or a row past the run's span start
+// one, and with a table of one run the rows beyond it keep wide values.
+func TestStridedRuns(t *testing.T) {
+	b := fourSlotBuffer(t, RowMetaStrided)
+	const base = 1 << 41
+	cases := []struct {
+		rec     record
+		newRun  bool
+		comment string
+	}{
+		{rec: record{Seq: base, TrajID: 1, Step: 1 << 34, PrevSeq: 9, Env: math.MinInt64, Flags: flagHasTail, PolicyVersion: math.MaxInt64}, newRun: true},
+		{rec: record{Seq: base + 1<<31 + 2, TrajID: 1, Step: 1<<34 + 1, PrevSeq: base, Env: math.MinInt64, PolicyVersion: math.MaxInt64}, comment: "a stride of 2^31+2 (slot 2)"},
+		{rec: record{Seq: base + 2<<31 + 4, TrajID: 1, Step: 1<<34 + 2, PrevSeq: base + 1<<31 + 2, Env: math.MinInt64, PolicyVersion: math.MaxInt64}, newRun: true, comment: "the same stride, past the span"},
+		{rec: record{Seq: base + 2<<40 + 5, TrajID: 2, Step: 0, PrevSeq: -1, Env: 3, PolicyVersion: 0}, newRun: true},
+		{rec: record{Seq: base + 2<<40 + 6, TrajID: 2, Step: 1, PrevSeq: base + 2<<40 + 5, Env: 3, PolicyVersion: 0}, comment: "stride 1"},
+		{rec: record{Seq: base + 2<<40 + 7, TrajID: 2, Step: 2, PrevSeq: base + 2<<40 + 6, Env: 3, PolicyVersion: 0, Flags: flagTruncated}},
+		{rec: record{Seq: base + 2<<40 + 9, TrajID: 2, Step: 3, PrevSeq: base + 2<<40 + 7, Env: 3, PolicyVersion: 0}, newRun: true, comment: "distance 2 in a run of stride 1"},
+		{rec: record{Seq: base + 2<<40 + 12, TrajID: 2, Step: 4, PrevSeq: base + 2<<40 + 9, Env: 3, PolicyVersion: 0}, comment: "stride 3"},
+		{rec: record{Seq: base + 2<<40 + 15, TrajID: 2, Step: 5, PrevSeq: base + 2<<40 + 12, Env: 3, PolicyVersion: 1}, newRun: true, comment: "version changed"},
+		{rec: record{Seq: base + 2<<40 + 18, TrajID: 2, Step: 6, PrevSeq: base + 2<<40 + 15, Env: 4, PolicyVersion: 1, Flags: flagDone | flagTerminated}, newRun: true, comment: "env changed"},
+	}
+	b.wmu.Lock()
+	defer b.wmu.Unlock()
+	var last uint32
+	for i, c := range cases {
+		slot := putReadBack(t, b, c.rec)
+		h := binary.LittleEndian.Uint32(b.recs[slot*b.recPitch+b.runs.wordOff:]) & memRunMask
+		if i > 0 && (h != last) != c.newRun {
+			t.Errorf("seq %d (%s): run %d after run %d, want a new run %v", c.rec.Seq, c.comment, h, last, c.newRun)
+		}
+		last = h
+		checkRuns(t, b)
+	}
+	// A fresh table with room for one run: a second trajectory's rows
+	// are wide until the run is released.
+	if err := b.runs.close(); err != nil {
+		t.Fatal(err)
+	}
+	b.runs = newRunTable(b.capacity, true)
+	b.runs.limit = 2
+	clear(b.recs)
+	b.wide = wideRecords{}
+	rows := []struct {
+		rec  record
+		wide bool
+	}{
+		{rec: record{Seq: 8, TrajID: 5, Step: 0, PrevSeq: -1, Env: 1}},
+		{rec: record{Seq: 9, TrajID: 6, Step: 0, PrevSeq: -1, Env: 2}, wide: true},
+		{rec: record{Seq: 10, TrajID: 5, Step: 1, PrevSeq: 8, Env: 1}},
+		{rec: record{Seq: 12, TrajID: 7, Step: 0, PrevSeq: -1, Env: 2, Flags: flagDone}, wide: true},
+		{rec: record{Seq: 14, TrajID: 8, Step: 0, PrevSeq: -1, Env: 2}}, // over seq 10: run 1 is released
+	}
+	for _, c := range rows {
+		slot := c.rec.Seq % b.capacity
+		b.stamps.Store(slot, -1)
+		putReadBack(t, b, c.rec)
+		if _, wide := b.wide.m[slot]; wide != c.wide {
+			t.Errorf("seq %d: wide entry %v, want %v", c.rec.Seq, wide, c.wide)
+		}
+		checkRuns(t, b)
+	}
+}
+
+// TestStridedOffset checks the reciprocal division against the division
+// at the ends of its range and at random.
+func TestStridedOffset(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	strides := []int64{1, 2, 3, 7, 8, 1000, 1<<31 - 1, 1 << 31, maxStridedSpan - 1, maxStridedSpan}
+	for range 200 {
+		strides = append(strides, 1+rng.Int64N(maxStridedSpan))
+	}
+	for _, d := range strides {
+		var magic uint64
+		if d > 1 {
+			magic = ^uint64(0)/uint64(d) + 1
+		}
+		xs := []int64{0, 1, d - 1, d, d + 1, maxStridedSpan - 1, maxStridedSpan}
+		for range 50 {
+			xs = append(xs, rng.Int64N(maxStridedSpan+1))
+		}
+		for _, x := range xs {
+			if x < 0 {
+				continue
+			}
+			if got, want := stridedOffset(x, d, magic), x/d; got != want {
+				t.Fatalf("%d / %d: %d, want %d", x, d, got, want)
+			}
+		}
+	}
+}
+
+// TestStridedSeqsExhausted: a strided ring whose next rows would take
+// seqs past what its 32-bit pass stamps hold refuses them with
+// ErrSeqsExhausted, writes nothing, and takes the rows that still fit.
+// The write count is moved near the limit by hand (no test writes 2^34
+// rows); the rows below it go through Extend.
+func TestStridedSeqsExhausted(t *testing.T) {
+	b := fourSlotBuffer(t, RowMetaStrided)
+	limit := maxPassStampSeq(4)
+	b.wmu.Lock()
+	b.writeCount.Store(limit - 3)
+	b.wmu.Unlock()
+	rows := func(n int) []row {
+		out := make([]row, n)
+		for i := range out {
+			out[i] = row{env: 0, val: float32(i)}
+		}
+		return out
+	}
+	mustExtend(t, b, "s", makeBatch(b.spec, rows(2), true))
+	_, err := b.Extend("s", makeBatch(b.spec, rows(2), true))
+	if !errors.Is(err, ErrSeqsExhausted) {
+		t.Fatalf("extend past the limit: %v, want ErrSeqsExhausted", err)
+	}
+	if wc := b.WriteCount(); wc != limit-1 {
+		t.Fatalf("write count %d after the refused extend, want %d", wc, limit-1)
+	}
+	mustExtend(t, b, "s", makeBatch(b.spec, rows(1), true))
+	seqs := b.LiveSeqs(0, 10)
+	if want := []int64{limit - 3, limit - 2, limit - 1}; !slices.Equal(seqs, want) {
+		t.Fatalf("live seqs %v, want %v", seqs, want)
+	}
+	for i, m := range metas(t, b, seqs...) {
+		if m.Step != int64(i) || (i > 0 && m.PrevSeq != seqs[i-1]) {
+			t.Errorf("seq %d: step %d prev %d, want step %d after %d", seqs[i], m.Step, m.PrevSeq, i, seqs[max(i-1, 0)])
+		}
+	}
+	if _, err := b.Extend("s", makeBatch(b.spec, rows(1), true)); !errors.Is(err, ErrSeqsExhausted) {
+		t.Fatalf("extend at the limit: %v, want ErrSeqsExhausted", err)
 	}
 }

@@ -71,6 +71,17 @@ const (
 	// bytes a slot, not 64) and a run log, with 16-byte memory records
 	// for readers. Not for compressed buffers.
 	RowMetaRuns RowMetaLayout = "runs"
+	// RowMetaStrided (memory buffers only) keeps an 8-byte record per row:
+	// a 32-bit stamp of the row's pass round the ring and its run's
+	// handle and flags. A run is a stretch of a trajectory whose rows are
+	// equally many seqs apart (envs stepping in lockstep, as collectors
+	// and vectorised environments write them), so a row's step and
+	// previous row follow from its seq. A compact CartPole row group is
+	// 40 bytes, not 48 or 64. Rows that break the stride (actors writing
+	// steps of one trajectory at irregular intervals) start a run each:
+	// up to a 64-byte run record a row more. Seqs are bounded by
+	// (2^32 - 1) x capacity, 4.3e14 rows in a ring of 10^5.
+	RowMetaStrided RowMetaLayout = "strided"
 )
 
 // Limits enforced by Validate. They exist to turn absurd requests (usually
@@ -566,8 +577,12 @@ func (v *specValidator) validate(s Spec) {
 		if s.Storage == KindCompressed {
 			v.add("row_meta", "row_meta %q applies to memory and memmap buffers; %s buffers keep 64-byte row records", s.RowMetaLayout, s.Storage)
 		}
+	case RowMetaStrided:
+		if s.Storage != KindMemory {
+			v.add("row_meta", "row_meta %q applies to memory buffers only; %s buffers keep %s or %s", s.RowMetaLayout, s.Storage, RowMetaPerRow, RowMetaRuns)
+		}
 	default:
-		v.add("row_meta", "unknown row_meta %q; want %s or %s", s.RowMetaLayout, RowMetaPerRow, RowMetaRuns)
+		v.add("row_meta", "unknown row_meta %q; want %s, %s or %s", s.RowMetaLayout, RowMetaPerRow, RowMetaRuns, RowMetaStrided)
 	}
 
 	if c := s.Compression; c != nil {

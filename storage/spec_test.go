@@ -301,6 +301,7 @@ func TestSpecEqual(t *testing.T) {
 		{"compression", func(s *Spec) { s.Compression = &CompressionOptions{Codec: "zstd", Level: 1} }, false},
 		{"row_meta spelt out", func(s *Spec) { s.RowMetaLayout = RowMetaPerRow }, true},
 		{"row_meta runs", func(s *Spec) { s.RowMetaLayout = RowMetaRuns }, false},
+		{"row_meta strided", func(s *Spec) { s.RowMetaLayout = RowMetaStrided }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -469,6 +470,8 @@ func TestSpecValidateInvalid(t *testing.T) {
 		{"memory with none", specDoc(specBaseFields, `"storage": "memory", "durability": "none"`), []string{"durability"}},
 		{"unknown row_meta", specDoc(specBaseFields, `"storage": "memory", "row_meta": "columns"`), []string{"row_meta"}},
 		{"run records on compressed", specDoc(specBaseFields, `"storage": "compressed", "row_meta": "runs"`), []string{"row_meta"}},
+		{"strided runs on memmap", specDoc(specBaseFields, `"row_meta": "strided"`), []string{"row_meta"}},
+		{"strided runs on compressed", specDoc(specBaseFields, `"storage": "compressed", "row_meta": "strided"`), []string{"row_meta"}},
 		{"row_meta not a string", specDoc(specBaseFields, `"storage": "memory", "row_meta": 1`), []string{"row_meta"}},
 		{"compression on memmap", specDoc(specBaseFields, `"compression": {"codec": "zstd", "level": 3}`), []string{"compression"}},
 		{"compression on memory", specDoc(specBaseFields, `"storage": "memory", "compression": {}`), []string{"compression"}},
@@ -521,6 +524,7 @@ func TestSpecValidateBoundaries(t *testing.T) {
 		"alpha zero eps zero":      specDoc(specBaseFields, `"priority": {"alpha": 0, "eps": 0}`),
 		"memory, no durability":    specDoc(specBaseFields, `"storage": "memory"`),
 		"memory, run records":      specDoc(specBaseFields, `"storage": "memory", "row_meta": "runs"`),
+		"memory, strided runs":     specDoc(specBaseFields, `"storage": "memory", "row_meta": "strided"`),
 		"row_meta row on memmap":   specDoc(specBaseFields, `"row_meta": "row"`),
 		"row_meta runs on memmap":  specDoc(specBaseFields, `"row_meta": "runs"`),
 		"memmap with none":         specDoc(specBaseFields, `"durability": "none"`),

@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"math"
 	"sync/atomic"
 	"unsafe"
 
@@ -23,14 +24,40 @@ import (
 // and its record from one cache line, where the heap table costs a miss of
 // its own. There a stamp is stored as seq+1, so that the zeros of memory
 // never written read as -1.
+//
+// With pass stamps (RowMetaStrided) the stamp in the row is 32 bits at
+// byte 4 of the row, the row's pass round the ring plus one: seq is
+// (stamp-1) x capacity + slot, and 0 still reads as -1. The 32 bits at
+// byte 0 are the run word the row's record keeps there (memruns.go), so
+// the whole record is 8 bytes. Seqs are then bounded by
+// maxPassStampSeq; writers check it before reserving seqs.
 type stampTable struct {
 	pages []atomic.Pointer[[]atomic.Int64]
 	n     int64 // slots (the capacity)
 	// rows and pitch are set in row-group mode: slot's stamp is the int64
 	// at rows[slot*pitch] (8-byte aligned: the region is page aligned and
-	// pitch a multiple of 8).
-	rows  unsafe.Pointer
-	pitch int64
+	// pitch a multiple of 8), or with passes the uint32 at
+	// rows[slot*pitch+4] (pitch a multiple of 4).
+	rows   unsafe.Pointer
+	pitch  int64
+	passes bool
+	// wBase and wPass cache the last pass a writer stored (wBase = wPass
+	// x n), so that stores divide once a pass, not once a row. Writers
+	// only (they are serialised); readers multiply.
+	wBase, wPass int64
+}
+
+// passStampOff is where a pass stamp sits in its row.
+const passStampOff = 4
+
+// maxPassStampSeq is the first seq a ring of capacity rows with pass
+// stamps cannot stamp: its pass + 1 would not fit in 32 bits.
+func maxPassStampSeq(capacity int64) int64 {
+	const passes = 1<<32 - 1 // stamps 1 .. 2^32-1
+	if capacity > math.MaxInt64/passes {
+		return math.MaxInt64
+	}
+	return passes * capacity
 }
 
 const (
@@ -47,12 +74,20 @@ func newStampTable(capacity int64) stampTable {
 // bytes apart, each starting with 8 bytes reserved for the stamp. The
 // stamps held so far are copied there. Nothing may use the table
 // meanwhile (buffers call it while they are created or restored).
-func (t *stampTable) inRows(rows []byte, pitch int64) {
-	if int64(len(rows)) < t.n*pitch || pitch%8 != 0 || uintptr(unsafe.Pointer(unsafe.SliceData(rows)))%8 != 0 {
+//
+// With passes the stamps are pass stamps (see stampTable), and pitch need
+// only be a multiple of 4.
+func (t *stampTable) inRows(rows []byte, pitch int64, passes bool) {
+	align := int64(8)
+	if passes {
+		align = 4
+	}
+	if int64(len(rows)) < t.n*pitch || pitch%align != 0 || uintptr(unsafe.Pointer(unsafe.SliceData(rows)))%8 != 0 {
 		panic("rbd: stamp rows too short or misaligned")
 	}
 	old := *t
-	t.pages, t.rows, t.pitch = nil, unsafe.Pointer(unsafe.SliceData(rows)), pitch
+	t.pages, t.rows, t.pitch, t.passes = nil, unsafe.Pointer(unsafe.SliceData(rows)), pitch, passes
+	t.wBase, t.wPass = 0, 0
 	for slot := range t.n {
 		if seq := old.Load(slot); seq >= 0 {
 			t.Store(slot, seq)
@@ -65,9 +100,53 @@ func (t *stampTable) inRow(slot int64) *atomic.Int64 {
 	return (*atomic.Int64)(unsafe.Add(t.rows, slot*t.pitch))
 }
 
+// passOf returns slot's pass stamp.
+func (t *stampTable) passOf(slot int64) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Add(t.rows, slot*t.pitch+passStampOff))
+}
+
+// seqOfPass is the seq a pass stamp p names in slot (-1 for 0).
+func (t *stampTable) seqOfPass(slot int64, p uint32) int64 {
+	if p == 0 {
+		return -1
+	}
+	return int64(p-1)*t.n + slot
+}
+
+// passFor returns the pass stamp of seq in slot (0 for seq -1). Writers
+// only: it caches the pass. Callers keep seq below maxPassStampSeq.
+func (t *stampTable) passFor(slot, seq int64) uint32 {
+	if seq < 0 {
+		return 0
+	}
+	if base := seq - slot; base != t.wBase {
+		p := base / t.n
+		if p+1 > math.MaxUint32 {
+			panic("rbd: seq past what a pass stamp holds") // writers check maxPassStampSeq first
+		}
+		t.wBase, t.wPass = base, p
+	}
+	return uint32(t.wPass + 1)
+}
+
+// passOfSeq is passFor without the writers' cache, for readers (and seqs
+// of other slots, which name no pass stamp of slot: ok is false).
+func (t *stampTable) passOfSeq(slot, seq int64) (p uint32, ok bool) {
+	if seq < 0 {
+		return 0, true
+	}
+	if seq%t.n != slot || seq >= maxPassStampSeq(t.n) {
+		return 0, false
+	}
+	return uint32(seq/t.n + 1), true
+}
+
 // Load returns the stamp of slot (-1 when its page was never written).
 func (t *stampTable) Load(slot int64) int64 {
 	if t.rows != nil {
+		if t.passes {
+			return t.seqOfPass(slot, t.passOf(slot).Load())
+		}
 		return t.inRow(slot).Load() - 1
 	}
 	p := t.pages[slot>>stampPageBits].Load()
@@ -80,7 +159,7 @@ func (t *stampTable) Load(slot int64) int64 {
 // prefetch asks for slot's stamp ahead of a Load (see prefetch.go).
 func (t *stampTable) prefetch(slot int64) {
 	if t.rows != nil {
-		prefetch.Line(unsafe.Pointer(t.inRow(slot)))
+		prefetch.Line(unsafe.Add(t.rows, slot*t.pitch))
 		return
 	}
 	if p := t.pages[slot>>stampPageBits].Load(); p != nil {
@@ -109,6 +188,10 @@ func (t *stampTable) page(slot int64) []atomic.Int64 {
 // Store sets the stamp of slot.
 func (t *stampTable) Store(slot, seq int64) {
 	if t.rows != nil {
+		if t.passes {
+			t.passOf(slot).Store(t.passFor(slot, seq))
+			return
+		}
 		t.inRow(slot).Store(seq + 1)
 		return
 	}
@@ -119,6 +202,9 @@ func (t *stampTable) Store(slot, seq int64) {
 // barrier (writers rely on that, see writeRow).
 func (t *stampTable) Swap(slot, seq int64) int64 {
 	if t.rows != nil {
+		if t.passes {
+			return t.seqOfPass(slot, t.passOf(slot).Swap(t.passFor(slot, seq)))
+		}
 		return t.inRow(slot).Swap(seq+1) - 1
 	}
 	return t.page(slot)[slot&stampPageMask].Swap(seq)
@@ -129,6 +215,15 @@ func (t *stampTable) Swap(slot, seq int64) int64 {
 // that cannot succeed.
 func (t *stampTable) CompareAndSwap(slot, old, seq int64) bool {
 	if t.rows != nil {
+		if t.passes {
+			// Readers call this too (stillHolds on weakly ordered
+			// CPUs): no writer cache here. Only seqs of slot have pass
+			// stamps there: any other old is not there, and any other
+			// seq cannot be stored there.
+			po, ok1 := t.passOfSeq(slot, old)
+			pn, ok2 := t.passOfSeq(slot, seq)
+			return ok1 && ok2 && t.passOf(slot).CompareAndSwap(po, pn)
+		}
 		return t.inRow(slot).CompareAndSwap(old+1, seq+1)
 	}
 	p := t.pages[slot>>stampPageBits].Load()

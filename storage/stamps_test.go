@@ -1,6 +1,8 @@
 package storage
 
 import (
+	"encoding/binary"
+	"math"
 	"testing"
 
 	"github.com/rbdb/rbd/storage/internal/mmapfile"
@@ -8,21 +10,29 @@ import (
 
 // TestStampTableModes runs the same operations on a heap table and on one
 // moved into a row group (stamps stored as seq+1 in each row's first 8
-// bytes), and checks that the move keeps the stamps already set and that
-// never-written rows read as -1 in both.
+// bytes, or as 32-bit pass stamps at byte 4 beside a run word that they
+// must leave alone), and checks that the move keeps the stamps already set
+// and that never-written rows read as -1 in all three.
 func TestStampTableModes(t *testing.T) {
 	const capacity, pitch = 100, 40
-	for _, mode := range []string{"heap", "rows"} {
+	for _, mode := range []string{"heap", "rows", "passes"} {
 		t.Run(mode, func(t *testing.T) {
 			st := newStampTable(capacity)
 			st.Store(7, 1007)
-			if mode == "rows" {
+			var rows []byte
+			if mode != "heap" {
 				r, err := mmapfile.Anonymous(capacity * pitch)
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer r.Close()
-				st.inRows(r.Bytes(), pitch)
+				rows = r.Bytes()
+				for slot := range int64(capacity) { // run words the pass stamps must keep
+					if mode == "passes" {
+						binary.LittleEndian.PutUint32(rows[slot*pitch:], uint32(0xa5000000+slot))
+					}
+				}
+				st.inRows(rows, pitch, mode == "passes")
 			}
 			if got := st.Load(7); got != 1007 {
 				t.Errorf("stamp set before the move: %d, want 1007", got)
@@ -64,9 +74,60 @@ func TestStampTableModes(t *testing.T) {
 					t.Errorf("after %s on slot %d: %d, want %d", s.op, s.slot, got, s.want)
 				}
 			}
-			if mode == "rows" && st.heapBytes() != 0 {
+			for slot := range int64(capacity) {
+				if mode == "passes" && binary.LittleEndian.Uint32(rows[slot*pitch:]) != uint32(0xa5000000+slot) {
+					t.Fatalf("slot %d: the stamps changed the run word to %#x", slot, binary.LittleEndian.Uint32(rows[slot*pitch:]))
+				}
+			}
+			if mode != "heap" && st.heapBytes() != 0 {
 				t.Errorf("a table in the row group holds %d heap bytes", st.heapBytes())
 			}
 		})
+	}
+}
+
+// TestPassStampLimit: the last seq below maxPassStampSeq round-trips
+// through a pass stamp, in the last slot and the first; a CompareAndSwap
+// naming a seq at the limit or of another slot changes nothing; a store
+// at the limit panics (writers check the limit before they get there).
+func TestPassStampLimit(t *testing.T) {
+	for _, capacity := range []int64{1, 3, 100_000} {
+		limit := maxPassStampSeq(capacity)
+		if want := (int64(math.MaxUint32)) * capacity; limit != want {
+			t.Fatalf("capacity %d: limit %d, want %d", capacity, limit, want)
+		}
+		r, err := mmapfile.Anonymous(capacity * 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := newStampTable(capacity)
+		st.inRows(r.Bytes(), 8, true)
+		for _, seq := range []int64{limit - 1, limit - capacity, 0, capacity} {
+			slot := seq % capacity
+			st.Store(slot, seq)
+			if got := st.Load(slot); got != seq {
+				t.Errorf("capacity %d: seq %d stored in slot %d reads %d", capacity, seq, slot, got)
+			}
+			if !st.stillHolds(slot, seq) {
+				t.Errorf("capacity %d: slot %d does not still hold %d", capacity, slot, seq)
+			}
+		}
+		slot := (limit - 1) % capacity
+		st.Store(slot, limit-1)
+		if st.CompareAndSwap(slot, limit-1, limit+slot-(limit%capacity)) || st.Load(slot) != limit-1 {
+			t.Errorf("capacity %d: a swap to a seq past the limit went through", capacity)
+		}
+		if capacity > 1 && (st.CompareAndSwap(slot, limit-1, limit-2) || st.Load(slot) != limit-1) {
+			t.Errorf("capacity %d: a swap to another slot's seq went through", capacity)
+		}
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("capacity %d: storing seq %d did not panic", capacity, limit)
+				}
+			}()
+			st.Store(limit%capacity, limit)
+		}()
+		r.Close()
 	}
 }

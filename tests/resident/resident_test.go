@@ -26,7 +26,10 @@ import (
 // included, and 31 bytes of fields: one cache line), next distances
 // (2 B), the dense tails (about 0.1 B a row) and the trajectories. Run
 // records ("runs") hold 53.7-54.0 B (2026-11-27): a 48-byte row group (a
-// 16-byte record) and a 64-byte run record per episode.
+// 16-byte record) and a 64-byte run record per episode. Strided runs
+// ("strided") hold 45.7-46.0 B (2026-11-27): a 40-byte row group (an
+// 8-byte record: run word and 32-bit pass stamp); their bound is the
+// issue's target itself.
 func TestResidentBytesPerCartPoleRow(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: fills 10^6 rows in a child process")
@@ -43,6 +46,7 @@ func TestResidentBytesPerCartPoleRow(t *testing.T) {
 	}{
 		{"row", 75},
 		{"runs", 59},
+		{"strided", 47},
 	} {
 		t.Run(tc.rowMeta, func(t *testing.T) {
 			out, err := exec.Command(bin, "--workload", "cartpole", "--capacity", "1000000", "--seconds", "0", "--settle", "--row-meta", tc.rowMeta).Output()
