@@ -3,8 +3,9 @@
   (b) rbd's Python client against `rbd serve` (a memory buffer, compact_obs),
   (c) rbd in-process from Go (bench/compare/inproc),
 printing rows/s, batches/s and bytes held per transition for each, in one run.
-CartPole runs in-process four times: a memory buffer with the default row
-metadata and with run records ("row_meta": "runs"), and a memmap buffer
+CartPole runs in-process five times: a memory buffer with the default row
+metadata, with run records ("row_meta": "runs") and with strided run
+records ("row_meta": "strided", 8-byte records), and a memmap buffer
 (durability none, files in a temporary dir) with rows.meta format version 1
 and 2 (the same two row_meta values; 2, "runs", is what a new memmap buffer
 gets by default, 1 what older builds made); "disk/row" is a memmap buffer's
@@ -40,7 +41,7 @@ returns freed memory to the OS, inproc --settle, so that the fill's garbage
 is not counted; the server of (b) is read as it is); "layout/row" is what the arrays or
 columns take by construction (rbd: fields + final observations + the row
 metadata, the info's row_meta_bytes: 64 for a file record, a memory buffer's
-32-byte record, or 16 with run records, plus its row group's padding).
+32-byte record, 16 with run records or 8 strided, plus its row group's padding).
 """
 
 import argparse
@@ -264,9 +265,9 @@ def main():
     results = []
     for wl in a.workloads.split(","):
         cap = a.cartpole_capacity if wl == "cartpole" else a.atari_capacity
-        # Small rows also with run records (row_meta "runs"): less memory a
-        # row, slower samples; images have no use for them.
-        metas = [("memory", "row"), ("memory", "runs"), ("memmap", "row"), ("memmap", "runs")]
+        # Small rows also with run records (row_meta "runs", "strided"):
+        # less memory a row, slower samples; images have no use for them.
+        metas = [("memory", "row"), ("memory", "runs"), ("memory", "strided"), ("memmap", "row"), ("memmap", "runs")]
         if wl != "cartpole":
             metas = metas[:1]
         legs = {"numpy": []}

@@ -27,7 +27,7 @@ import (
 // (2 B), the dense tails (about 0.1 B a row) and the trajectories. Run
 // records ("runs") hold 53.7-54.0 B (2026-11-27): a 48-byte row group (a
 // 16-byte record) and a 64-byte run record per episode. Strided runs
-// ("strided") hold 45.7-46.0 B (2026-11-27): a 40-byte row group (an
+// ("strided") hold 45.5-46.0 B (2026-11-27): a 40-byte row group (an
 // 8-byte record: run word and 32-bit pass stamp); their bound is the
 // issue's target itself.
 func TestResidentBytesPerCartPoleRow(t *testing.T) {
