@@ -220,14 +220,14 @@ func (b *Buffer) checkedRecord(seq int64) (record, bool) {
 // which the runs layout accepts for a quarter less memory (compact
 // CartPole: 16 + 31 bytes; its samples are measured by
 // BenchmarkSampleRunMeta). The row layout keeps its rows in one line: its
-// pitches are 32 or 64 below a line. The strided layout, whose stamps are
-// 32 bits, takes the bytes rounded up to a multiple of 4 and no more (its
-// point is memory: compact CartPole 8 + 31 bytes in 40).
+// pitches are 32 or 64 below a line. The strided layout takes the bytes
+// rounded up to a multiple of 8 and no more (its point is memory: compact
+// CartPole 8 + 31 bytes in 40).
 func rowGroupPitch(recBytes, fieldBytes int64) int64 {
-	if recBytes == memStridedRecordSize {
-		return (recBytes + fieldBytes + 3) &^ 3
-	}
 	p := (recBytes + fieldBytes + 7) &^ 7
+	if recBytes == memStridedRecordSize {
+		return p
+	}
 	steps := []int64{16, 32, 64}
 	if recBytes == memRunRecordSize {
 		steps = []int64{16, 32, 48, 64}

@@ -455,10 +455,10 @@ func TestRowGroupPitch(t *testing.T) {
 		{memRunRecordSize, 49, 72},
 		{memRunRecordSize, 128, 144},
 		{memStridedRecordSize, 0, 8},
-		{memStridedRecordSize, 1, 12},
-		{memStridedRecordSize, 4, 12},
+		{memStridedRecordSize, 1, 16},
+		{memStridedRecordSize, 8, 16},
 		{memStridedRecordSize, 31, 40}, // compact CartPole: 24 bytes less than the row layout
-		{memStridedRecordSize, 33, 44},
+		{memStridedRecordSize, 33, 48},
 		{memStridedRecordSize, 47, 56},
 	}
 	for _, tc := range cases {

@@ -344,54 +344,103 @@ func (b *Buffer) prefetchRuns(seqs []int64, ring ringSlots) {
 	}
 }
 
-// putRunRecord writes r (with r.Seq set) as slot's runs-layout or strided
-// record and releases the run the slot's previous row named. Called by
-// writers only, after the slot's stamp is voided. A strided record is the
-// run word alone, beside the pass stamp; it is stored plainly, as every
-// record and field is (the stamp's store publishes them: an atomic store
-// of the run word, a locked exchange on amd64, made 256-row extends 5-10%
-// slower).
+// putRunRecord writes r (with r.Seq set) as slot's runs-layout record and
+// releases the run the slot's previous row named. Called by writers only,
+// after the slot's stamp is voided.
 func (b *Buffer) putRunRecord(slot int64, r *record) {
-	rb := b.recs[slot*b.recPitch:]
+	if b.runs.strided {
+		b.putStridedRecord(slot, r)
+		return
+	}
+	rb := b.recs[slot*b.recPitch : slot*b.recPitch+memRunRecordSize]
 	le := binary.LittleEndian
-	word := rb[b.runs.wordOff:]
-	b.runs.release(le.Uint32(word) & memRunMask)
+	b.runs.release(le.Uint32(rb[mrecRun:]) & memRunMask)
 	h, off, ok := b.runs.place(r)
 	if !ok {
-		b.wide.set(slot, wideMeta{TrajID: r.TrajID, Step: r.Step, PrevSeq: r.PrevSeq, Env: r.Env, PolicyVersion: r.PolicyVersion})
-		le.PutUint32(word, (r.Flags|flagWide)<<memRunBits)
-		if !b.runs.strided {
-			le.PutUint32(rb[mrecOff:], 0)
-		}
+		b.setWide(slot, r, rb[mrecRun:])
+		le.PutUint32(rb[mrecOff:], 0)
 		return
 	}
 	b.wide.drop(slot)
-	le.PutUint32(word, h|r.Flags<<memRunBits)
-	if b.runs.strided {
-		return // the offset and distance follow from the seq
-	}
 	var dist uint16
 	if off > 0 {
 		dist = uint16(r.Seq - r.PrevSeq) // place keeps it within maxRunDist
 	}
+	le.PutUint32(rb[mrecRun:], h|r.Flags<<memRunBits)
 	le.PutUint16(rb[mrecOff:], uint16(off))
 	le.PutUint16(rb[mrecDist:], dist)
 }
 
-// runFields decodes the runs-layout or strided record of slot, which holds
-// seq. A record read while a writer replaces it may name a run being
-// rewritten, or none, and a strided run's first seq and stride may then
-// be another run's (a seq before its first row, or past its span): the
-// caller's stamp check drops what it returns then, and a handle outside
-// the table reads as zeros rather than faulting.
-func (b *Buffer) runFields(slot, seq int64) (traj, step, prev, env, version int64, flags uint32) {
-	rb := b.recs[slot*b.recPitch:]
+// putStridedRecord is putRunRecord for a strided table, whose record is the
+// run word alone, beside the pass stamp. It is stored plainly, as every
+// record and field is (the stamp's store publishes them: an atomic store
+// of the run word, a locked exchange on amd64, made 256-row extends 5-10%
+// slower).
+func (b *Buffer) putStridedRecord(slot int64, r *record) {
+	word := b.recs[slot*b.recPitch+mrecStridedRun : slot*b.recPitch+mrecStridedRun+4]
 	le := binary.LittleEndian
-	w := le.Uint32(rb[b.runs.wordOff:])
+	b.runs.release(le.Uint32(word) & memRunMask)
+	h, _, ok := b.runs.place(r)
+	if !ok {
+		b.setWide(slot, r, word)
+		return
+	}
+	b.wide.drop(slot)
+	le.PutUint32(word, h|r.Flags<<memRunBits)
+}
+
+// setWide keeps r's values in the buffer's wideRecords (no run handle was
+// free) and marks the slot's run word so.
+func (b *Buffer) setWide(slot int64, r *record, word []byte) {
+	b.wide.set(slot, wideMeta{TrajID: r.TrajID, Step: r.Step, PrevSeq: r.PrevSeq, Env: r.Env, PolicyVersion: r.PolicyVersion})
+	binary.LittleEndian.PutUint32(word, (r.Flags|flagWide)<<memRunBits)
+}
+
+// runFields decodes the runs-layout record of slot, which holds seq. A
+// record read while a writer replaces it may name a run being rewritten,
+// or none: the caller's stamp check drops what it returns then, and a
+// handle outside the table reads as zeros rather than faulting.
+func (b *Buffer) runFields(slot, seq int64) (traj, step, prev, env, version int64, flags uint32) {
+	if b.runs.strided {
+		return b.stridedFields(slot, seq)
+	}
+	rb := b.recs[slot*b.recPitch : slot*b.recPitch+memRunRecordSize]
+	le := binary.LittleEndian
+	w := le.Uint32(rb[mrecRun:])
 	flags = w >> memRunBits
 	if flags&flagWide != 0 {
-		v := b.wide.get(slot)
-		return v.TrajID, v.Step, v.PrevSeq, v.Env, v.PolicyVersion, flags &^ flagWide
+		return b.wideFields(slot, flags)
+	}
+	run := b.runs.rec(w & memRunMask)
+	if run == nil {
+		return 0, 0, -1, 0, 0, flags
+	}
+	off := int64(le.Uint16(rb[mrecOff:]))
+	traj, step = int64(le.Uint64(run[runTraj:])), int64(le.Uint64(run[runStep:]))+off
+	env, version = int64(le.Uint64(run[runEnv:])), int64(le.Uint64(run[runVersion:]))
+	if off == 0 {
+		prev = int64(le.Uint64(run[runPrev:]))
+	} else {
+		prev = seq - int64(le.Uint16(rb[mrecDist:]))
+	}
+	return traj, step, prev, env, version, flags
+}
+
+// wideFields returns the values of a row flagged flagWide.
+func (b *Buffer) wideFields(slot int64, flags uint32) (traj, step, prev, env, version int64, _ uint32) {
+	v := b.wide.get(slot)
+	return v.TrajID, v.Step, v.PrevSeq, v.Env, v.PolicyVersion, flags &^ flagWide
+}
+
+// stridedFields is runFields for a strided table. A torn read may also
+// find another run's first seq and stride (a seq before its first row or
+// past its span); what it returns then is dropped by the stamp check too.
+func (b *Buffer) stridedFields(slot, seq int64) (traj, step, prev, env, version int64, flags uint32) {
+	le := binary.LittleEndian
+	w := le.Uint32(b.recs[slot*b.recPitch+mrecStridedRun:])
+	flags = w >> memRunBits
+	if flags&flagWide != 0 {
+		return b.wideFields(slot, flags)
 	}
 	run := b.runs.rec(w & memRunMask)
 	if run == nil {
@@ -399,20 +448,13 @@ func (b *Buffer) runFields(slot, seq int64) (traj, step, prev, env, version int6
 	}
 	traj, step = int64(le.Uint64(run[runTraj:])), int64(le.Uint64(run[runStep:]))
 	env, version = int64(le.Uint64(run[runEnv:])), int64(le.Uint64(run[runVersion:]))
-	var off int64
-	if b.runs.strided {
-		if x := seq - int64(le.Uint64(run[runFirst:])); x != 0 {
-			stride := int64(le.Uint64(run[runStride:]))
-			if x < 0 || x > maxStridedSpan || stride <= 0 {
-				return 0, 0, -1, 0, 0, flags // torn
-			}
-			off, prev = stridedOffset(x, stride, le.Uint64(run[runMagic:])), seq-stride
-		}
-	} else if off = int64(le.Uint16(rb[mrecOff:])); off != 0 {
-		prev = seq - int64(le.Uint16(rb[mrecDist:]))
+	x := seq - int64(le.Uint64(run[runFirst:]))
+	if x == 0 {
+		return traj, step, int64(le.Uint64(run[runPrev:])), env, version, flags
 	}
-	if off == 0 {
-		prev = int64(le.Uint64(run[runPrev:]))
+	stride := int64(le.Uint64(run[runStride:]))
+	if x < 0 || x > maxStridedSpan || stride <= 0 {
+		return 0, 0, -1, 0, 0, flags // torn
 	}
-	return traj, step + off, prev, env, version, flags
+	return traj, step + stridedOffset(x, stride, le.Uint64(run[runMagic:])), seq - stride, env, version, flags
 }

@@ -8,16 +8,19 @@ import (
 	"github.com/rbdb/rbd/internal/prefetch"
 )
 
-// stampTable holds, per ring slot, the seq of the complete row in it or -1
-// (empty, a hole, or being written). Readers check it before and after
+// stampTable holds, per ring slot, the seq of the complete row in it or a
+// negative number (empty, a hole, or being written; see Load). Readers check it before and after
 // copying a row (a seqlock), so it lives on the Go heap, not in the
 // mapping, and reads never dirty file pages.
 //
 // It is paged so that it grows with the rows written, not the capacity: a
-// page is allocated the first time a slot in it is stored, and a slot of a
-// missing page reads as -1. Slots fill in order as the ring first goes
-// round, so a buffer of a billion rows that holds a thousand costs one
-// page, not 8 GB.
+// page is allocated the first time a slot in it is stored, and until then
+// the table's pages point at one shared page of zeros (absent), whose
+// slots read as -1: stamps are stored as seq+1 here too. Slots fill in
+// order as the ring first goes round, so a buffer of a billion rows that
+// holds a thousand costs two pages, not 8 GB. No page is ever nil, which
+// keeps Load small enough for the compiler to inline with its three
+// kinds of stamp.
 //
 // A memory buffer keeps its stamps in its row group instead (inRows), the
 // first 8 bytes of each row's memory record: a sample reads a row's stamp
@@ -32,12 +35,14 @@ import (
 // the whole record is 8 bytes. Seqs are then bounded by
 // maxPassStampSeq; writers check it before reserving seqs.
 type stampTable struct {
-	pages []atomic.Pointer[[]atomic.Int64]
-	n     int64 // slots (the capacity)
+	pages  []atomic.Pointer[[]atomic.Int64]
+	absent *[]atomic.Int64 // the zeros every page not yet written points at
+	n      int64           // slots (the capacity)
 	// rows and pitch are set in row-group mode: slot's stamp is the int64
 	// at rows[slot*pitch] (8-byte aligned: the region is page aligned and
 	// pitch a multiple of 8), or with passes the uint32 at
-	// rows[slot*pitch+4] (pitch a multiple of 4).
+	// rows[slot*pitch+4], the high half of that word on little-endian
+	// CPUs (readers load the whole word).
 	rows   unsafe.Pointer
 	pitch  int64
 	passes bool
@@ -67,7 +72,13 @@ const (
 )
 
 func newStampTable(capacity int64) stampTable {
-	return stampTable{pages: make([]atomic.Pointer[[]atomic.Int64], (capacity+stampPageSize-1)/stampPageSize), n: capacity}
+	t := stampTable{pages: make([]atomic.Pointer[[]atomic.Int64], (capacity+stampPageSize-1)/stampPageSize), n: capacity}
+	absent := make([]atomic.Int64, min(capacity, stampPageSize))
+	t.absent = &absent
+	for i := range t.pages {
+		t.pages[i].Store(t.absent)
+	}
+	return t
 }
 
 // inRows moves the table into a row group: rows holds capacity rows pitch
@@ -75,18 +86,13 @@ func newStampTable(capacity int64) stampTable {
 // stamps held so far are copied there. Nothing may use the table
 // meanwhile (buffers call it while they are created or restored).
 //
-// With passes the stamps are pass stamps (see stampTable), and pitch need
-// only be a multiple of 4.
+// With passes the stamps are pass stamps (see stampTable).
 func (t *stampTable) inRows(rows []byte, pitch int64, passes bool) {
-	align := int64(8)
-	if passes {
-		align = 4
-	}
-	if int64(len(rows)) < t.n*pitch || pitch%align != 0 || uintptr(unsafe.Pointer(unsafe.SliceData(rows)))%8 != 0 {
+	if int64(len(rows)) < t.n*pitch || pitch%8 != 0 || uintptr(unsafe.Pointer(unsafe.SliceData(rows)))%8 != 0 {
 		panic("rbd: stamp rows too short or misaligned")
 	}
 	old := *t
-	t.pages, t.rows, t.pitch, t.passes = nil, unsafe.Pointer(unsafe.SliceData(rows)), pitch, passes
+	t.pages, t.absent, t.rows, t.pitch, t.passes = nil, nil, unsafe.Pointer(unsafe.SliceData(rows)), pitch, passes
 	t.wBase, t.wPass = 0, 0
 	for slot := range t.n {
 		if seq := old.Load(slot); seq >= 0 {
@@ -141,19 +147,23 @@ func (t *stampTable) passOfSeq(slot, seq int64) (p uint32, ok bool) {
 	return uint32(seq/t.n + 1), true
 }
 
-// Load returns the stamp of slot (-1 when its page was never written).
+// Load returns the stamp of slot: the seq of the complete row in it, or a
+// negative number when there is none (-1; with pass stamps, whose void
+// decodes to slot - capacity, a number in [-capacity, -1]: callers test
+// for a seq, or for < 0, never for -1). Samples call it a few times a
+// row, and stillHolds after every copy: both must stay inlinable (go
+// build -gcflags=-m: cost at most 80), which a nil page test, a call or
+// a test for a void pass stamp here would break (a version that decoded
+// both row-group kinds with one multiply made memory samples 2% slower).
 func (t *stampTable) Load(slot int64) int64 {
-	if t.rows != nil {
-		if t.passes {
-			return t.seqOfPass(slot, t.passOf(slot).Load())
-		}
-		return t.inRow(slot).Load() - 1
+	if t.rows == nil {
+		return (*t.pages[slot>>stampPageBits].Load())[slot&stampPageMask].Load() - 1
 	}
-	p := t.pages[slot>>stampPageBits].Load()
-	if p == nil {
-		return -1
+	w := (*atomic.Uint64)(unsafe.Add(t.rows, slot*t.pitch)).Load()
+	if !t.passes {
+		return int64(w) - 1
 	}
-	return (*p)[slot&stampPageMask].Load()
+	return (int64(w>>32)-1)*t.n + slot
 }
 
 // prefetch asks for slot's stamp ahead of a Load (see prefetch.go).
@@ -162,24 +172,21 @@ func (t *stampTable) prefetch(slot int64) {
 		prefetch.Line(unsafe.Add(t.rows, slot*t.pitch))
 		return
 	}
-	if p := t.pages[slot>>stampPageBits].Load(); p != nil {
+	if p := t.pages[slot>>stampPageBits].Load(); p != t.absent {
 		prefetch.Line(unsafe.Pointer(&(*p)[slot&stampPageMask]))
 	}
 }
 
-// page returns slot's page, allocating it (every stamp -1) if needed. Two
-// callers racing on a new page agree on one through the CAS.
+// page returns slot's page, allocating it (every stamp 0: no row) if it is
+// still the absent page. Two callers racing on a new page agree on one
+// through the CAS.
 func (t *stampTable) page(slot int64) []atomic.Int64 {
 	pi := slot >> stampPageBits
-	if p := t.pages[pi].Load(); p != nil {
+	if p := t.pages[pi].Load(); p != t.absent {
 		return *p
 	}
-	size := min(int64(stampPageSize), t.n-pi<<stampPageBits)
-	fresh := make([]atomic.Int64, size)
-	for i := range fresh {
-		fresh[i].Store(-1)
-	}
-	if t.pages[pi].CompareAndSwap(nil, &fresh) {
+	fresh := make([]atomic.Int64, min(int64(stampPageSize), t.n-pi<<stampPageBits))
+	if t.pages[pi].CompareAndSwap(t.absent, &fresh) {
 		return fresh
 	}
 	return *t.pages[pi].Load()
@@ -195,7 +202,7 @@ func (t *stampTable) Store(slot, seq int64) {
 		t.inRow(slot).Store(seq + 1)
 		return
 	}
-	t.page(slot)[slot&stampPageMask].Store(seq)
+	t.page(slot)[slot&stampPageMask].Store(seq + 1)
 }
 
 // Swap sets the stamp of slot and returns the old one; it is a full memory
@@ -207,7 +214,7 @@ func (t *stampTable) Swap(slot, seq int64) int64 {
 		}
 		return t.inRow(slot).Swap(seq+1) - 1
 	}
-	return t.page(slot)[slot&stampPageMask].Swap(seq)
+	return t.page(slot)[slot&stampPageMask].Swap(seq+1) - 1
 }
 
 // CompareAndSwap is atomic.Int64.CompareAndSwap on the slot's stamp. On a
@@ -227,20 +234,24 @@ func (t *stampTable) CompareAndSwap(slot, old, seq int64) bool {
 		return t.inRow(slot).CompareAndSwap(old+1, seq+1)
 	}
 	p := t.pages[slot>>stampPageBits].Load()
-	if p == nil {
+	if p == t.absent {
 		if old != -1 {
 			return false
 		}
-		return t.page(slot)[slot&stampPageMask].CompareAndSwap(old, seq)
+		return t.page(slot)[slot&stampPageMask].CompareAndSwap(0, seq+1)
 	}
-	return (*p)[slot&stampPageMask].CompareAndSwap(old, seq)
+	return (*p)[slot&stampPageMask].CompareAndSwap(old+1, seq+1)
 }
 
-// heapBytes is what the allocated pages take (none in row-group mode).
+// heapBytes is what the allocated pages and the absent page take (none
+// in row-group mode).
 func (t *stampTable) heapBytes() int64 {
-	var n int64
+	if t.absent == nil {
+		return 0
+	}
+	n := int64(len(*t.absent)) * 8
 	for i := range t.pages {
-		if p := t.pages[i].Load(); p != nil {
+		if p := t.pages[i].Load(); p != t.absent {
 			n += int64(len(*p)) * 8
 		}
 	}

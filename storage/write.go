@@ -471,7 +471,7 @@ func (b *Buffer) evictForWrite(first, end int64) {
 			// A hole: its stamp is void already (writers rely on it:
 			// see write), and voiding it again costs nothing on the
 			// rows real extends overwrite.
-			if st != -1 {
+			if st >= 0 {
 				b.stamps.Store(slot, -1)
 			}
 			continue
