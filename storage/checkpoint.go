@@ -218,6 +218,7 @@ type rowCopier struct {
 	holes    [][2]int64
 	done     int64
 	total    int64
+	scratch  [recordSize]byte // decodeRecord's
 }
 
 // checkpointBlock is how many rows are copied, checked and written at a
@@ -464,7 +465,7 @@ func (cp *rowCopier) copyBlock(lo, hi int64) (kept, overwritten int64, err error
 // kinds keep in the record (memory rows skip it), so that the copy is
 // checked like any file.
 func (cp *rowCopier) sealRecord(rec []byte, bufs [][]byte, i int64) {
-	r, _ := decodeRecord(rec)
+	r, _ := decodeRecord(rec, &cp.scratch)
 	var crc uint32
 	for k, c := range cp.cols {
 		// Mutable fields stay out, as in writeRow and rowCRC.

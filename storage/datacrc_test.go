@@ -83,7 +83,7 @@ func TestWriteRowDataCRC(t *testing.T) {
 			mustExtend(t, b, "", batch)
 			for seq := int64(rows - capacity); seq < rows; seq++ {
 				slot := seq % capacity
-				r, ok := decodeRecord(b.rec(slot))
+				r, ok := decodeRecord(b.rec(slot), new([recordSize]byte))
 				if !ok || r.Seq != seq {
 					t.Fatalf("seq %d: record ok=%v seq %d", seq, ok, r.Seq)
 				}

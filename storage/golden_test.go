@@ -433,7 +433,7 @@ func TestGoldenV1Encoding(t *testing.T) {
 			}
 			for slot := range 8 {
 				rb := b[headerSize+slot*recordSize : headerSize+(slot+1)*recordSize]
-				r, ok := decodeRecord(rb)
+				r, ok := decodeRecord(rb, new([recordSize]byte))
 				if !ok {
 					t.Errorf("%s: slot %d: record rejected", rel, slot)
 					continue

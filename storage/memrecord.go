@@ -200,15 +200,16 @@ func (b *Buffer) loadRecord(seq int64, r *record) {
 
 // checkedRecord returns the record of seq's slot and whether it is a
 // valid record of seq: for files, its checksums hold and it names seq;
-// for memory records, the slot's stamp is seq.
-func (b *Buffer) checkedRecord(seq int64) (record, bool) {
+// for memory records, the slot's stamp is seq. c is decodeRecord's
+// scratch.
+func (b *Buffer) checkedRecord(seq int64, c *[recordSize]byte) (record, bool) {
 	if b.compactRecords() {
 		var r record
 		b.memRecord(seq, &r)
 		r.Seq = b.stamps.Load(seq % b.capacity)
 		return r, r.Seq == seq
 	}
-	r, ok := decodeRecord(b.rec(seq % b.capacity))
+	r, ok := decodeRecord(b.rec(seq%b.capacity), c)
 	return r, ok && r.Seq == seq
 }
 

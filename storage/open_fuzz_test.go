@@ -214,7 +214,7 @@ func FuzzDecodeRecord(f *testing.F) {
 		if fix {
 			binary.LittleEndian.PutUint32(b[recCRC:], crc32.Checksum(b[:recCRC], castagnoli))
 		}
-		r, ok := decodeRecord(b)
+		r, ok := decodeRecord(b, new([recordSize]byte))
 		if m := markedSeq(r.Seq); m >= 0 && writingMarker(m) != r.Seq {
 			t.Fatalf("marker %d names seq %d, whose marker is %d", r.Seq, m, writingMarker(m))
 		}
@@ -229,7 +229,7 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 		again := make([]byte, recordSize)
 		encodeRecord(again, &r)
-		r2, ok := decodeRecord(again)
+		r2, ok := decodeRecord(again, new([recordSize]byte))
 		if !ok || r2 != r {
 			t.Fatalf("re-encoded record decodes to %+v (ok %v), want %+v", r2, ok, r)
 		}

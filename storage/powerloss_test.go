@@ -60,7 +60,7 @@ func powerLossScramble(t *testing.T, dir, buf, variant string, rng *rand.Rand) (
 			if w := binary.LittleEndian.Uint64(rec); w&frWriting == 0 && resolveSeq(w&seqResidueMask, durable) < durable {
 				continue
 			}
-		} else if r, ok := decodeRecord(rec); ok && r.Seq < durable {
+		} else if r, ok := decodeRecord(rec, new([recordSize]byte)); ok && r.Seq < durable {
 			continue // durable
 		}
 		slots = append(slots, slot)

@@ -92,20 +92,18 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		b.tailScan = b.scanDenseTails()
 	}
 	maxSeq := int64(-1)
+	scratch := new([recordSize]byte) // decodeRecord's, for the whole recovery
 	err = b.scanRecords(st.SeqReserved, func(slot int64, rec []byte) error {
 		if runs != nil {
 			maxSeq = b.scanFileRun(slot, rec, st.SeqReserved, maxSeq, runs)
 			return nil
 		}
 		if recordNeverWritten(rec) {
-			// Neither a row nor a marker. Skipped before decoding, whose
-			// copy of the record escapes to the heap: a ring of 10^8 rows
-			// that holds 1,000 has millions of these below its seq
-			// reservation, and their garbage grew a reopen's heap by up
-			// to 100 MB (TestLargeEmptyBufferCostsWhatItHolds).
+			// Neither a row nor a marker: a ring of 10^8 rows that holds
+			// 1,000 has millions of these below its seq reservation.
 			return nil
 		}
-		r, ok := decodeRecord(rec)
+		r, ok := decodeRecord(rec, scratch)
 		if !ok {
 			// A write cut short still moved the ring: its seq counts,
 			// and the rows it was overwriting are gone.
@@ -154,7 +152,7 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 				if w := binary.LittleEndian.Uint64(rec); w&frWriting == 0 && w&seqResidueMask == uint64(s)&seqResidueMask && !recordNeverWritten(rec) {
 					break
 				}
-			} else if r, ok := decodeRecord(b.rec(s % capacity)); ok && r.Seq == s {
+			} else if r, ok := decodeRecord(b.rec(s%capacity), scratch); ok && r.Seq == s {
 				break
 			}
 			wc = s + capacity + 1
@@ -211,7 +209,7 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 				r, why = b.fileRunAt(slot, seq, runs)
 				return r, why == ""
 			}
-			return decodeRecord(b.rec(slot))
+			return decodeRecord(b.rec(slot), scratch)
 		}
 		r, ok := read()
 		// Next to a running writer a record can be caught mid-write: read
@@ -487,9 +485,11 @@ func (b *Buffer) scanFileRun(slot int64, rec []byte, reserved, maxSeq int64, run
 // record must name seq (no writing marker), its piece must be in the run
 // log and hold it where the record says, and the checksum over the row's
 // bytes and the record must hold. One copy of the 16 bytes is read, as
-// decodeRecord does, so that a record caught mid-write fails as a whole.
+// decodeRecord does, so that a record caught mid-write fails as a whole;
+// into runs.scratch (one for the pass: a copy of its own escaped to the
+// heap, as decodeRecord's did).
 func (b *Buffer) fileRunAt(slot, seq int64, runs *loadedRuns) (record, string) {
-	var c [fileRunRecordSize]byte
+	c := &runs.scratch
 	copy(c[:], b.drecs[slot*fileRunRecordSize:])
 	le := binary.LittleEndian
 	w := le.Uint64(c[frWord:])

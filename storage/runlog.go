@@ -610,6 +610,9 @@ func runSegmentNumbers(dir string) ([]uint64, error) {
 type loadedRuns struct {
 	pieces map[int64]runPiece
 	notes  []string
+	// scratch is fileRunAt's copy of a record: one pass over the records
+	// at a time uses a loadedRuns.
+	scratch [fileRunRecordSize]byte
 }
 
 // load reads every segment of the buffer's dir. A record that fails its

@@ -18,9 +18,10 @@ import (
 // the table's pages point at one shared page of zeros (absent), whose
 // slots read as -1: stamps are stored as seq+1 here too. Slots fill in
 // order as the ring first goes round, so a buffer of a billion rows that
-// holds a thousand costs two pages, not 8 GB. No page is ever nil, which
-// keeps Load small enough for the compiler to inline with its three
-// kinds of stamp.
+// holds a thousand costs two pages, not 8 GB (a table of one page, 64 Ki
+// slots or fewer, allocates it at once: a page of zeros beside it would
+// double it). No page is ever nil, which keeps Load small enough for the
+// compiler to inline with its three kinds of stamp.
 //
 // A memory buffer keeps its stamps in its row group instead (inRows), the
 // first 8 bytes of each row's memory record: a sample reads a row's stamp
@@ -73,7 +74,14 @@ const (
 
 func newStampTable(capacity int64) stampTable {
 	t := stampTable{pages: make([]atomic.Pointer[[]atomic.Int64], (capacity+stampPageSize-1)/stampPageSize), n: capacity}
-	absent := make([]atomic.Int64, min(capacity, stampPageSize))
+	if len(t.pages) == 1 {
+		// One page: allocated now, where a page of zeros beside it would
+		// double what the table takes.
+		p := make([]atomic.Int64, capacity)
+		t.pages[0].Store(&p)
+		return t
+	}
+	absent := make([]atomic.Int64, stampPageSize)
 	t.absent = &absent
 	for i := range t.pages {
 		t.pages[i].Store(t.absent)
@@ -246,10 +254,10 @@ func (t *stampTable) CompareAndSwap(slot, old, seq int64) bool {
 // heapBytes is what the allocated pages and the absent page take (none
 // in row-group mode).
 func (t *stampTable) heapBytes() int64 {
-	if t.absent == nil {
-		return 0
+	var n int64
+	if t.absent != nil {
+		n = int64(len(*t.absent)) * 8
 	}
-	n := int64(len(*t.absent)) * 8
 	for i := range t.pages {
 		if p := t.pages[i].Load(); p != t.absent {
 			n += int64(len(*p)) * 8

@@ -253,6 +253,7 @@ func (b *Buffer) writeRunFiles(ub *UpgradedBuffer, say func(string, ...any)) err
 	var recs []record
 	data := make([]byte, min(b.capacity, upgradeBlock)*fileRunRecordSize)
 	var scratch [runCRCBytes]byte
+	recScratch := new([recordSize]byte) // decodeRecord's
 	wc := b.writeCount.Load()
 	first := max(0, wc-b.capacity)
 	blocks := 0
@@ -264,7 +265,7 @@ func (b *Buffer) writeRunFiles(ub *UpgradedBuffer, say func(string, ...any)) err
 			if b.stamps.Load(seq%b.capacity) != seq {
 				continue // a hole
 			}
-			r, ok := decodeRecord(b.rec(seq % b.capacity))
+			r, ok := decodeRecord(b.rec(seq%b.capacity), recScratch)
 			if !ok || r.Seq != seq {
 				return fail(errors.Join(fmt.Errorf("seq %d: its record no longer checks", seq), mf.Close()))
 			}

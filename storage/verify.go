@@ -118,6 +118,7 @@ func (b *Buffer) checkIndex() (probs []string) {
 	defer b.recoverFault(&err, debug.SetPanicOnFault(true))
 	var rows int64
 	live := !b.store.snapAt.IsZero()
+	scratch := new([recordSize]byte) // decodeRecord's
 	for _, t := range b.ix.list {
 		prev := int64(-1)
 		for i := 0; i < t.Len(); i++ {
@@ -128,7 +129,7 @@ func (b *Buffer) checkIndex() (probs []string) {
 				probs = append(probs, fmt.Sprintf("trajectory %d: row %d is indexed but not stored", t.id, seq))
 				continue
 			}
-			r, ok := b.checkedRecord(seq)
+			r, ok := b.checkedRecord(seq, scratch)
 			if !ok && live && b.overwrittenMeanwhile(seq) {
 				// The running writer moved past it since the scan. The
 				// checksum matters: a read racing the overwrite can see
