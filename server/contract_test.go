@@ -460,6 +460,8 @@ func ctCases(t *testing.T) []ctCase {
 			body: []byte(strings.Replace(ctCartPole, `"storage": "memory"`, `"storage": "memmap", "row_meta": "row"`, 1)), want: 409},
 		{name: "create run records on compressed", method: "PUT", path: "/v1/buffers/x", ctype: js,
 			body: []byte(strings.Replace(ctCartPole, `"storage": "memory"`, `"storage": "compressed", "row_meta": "runs"`, 1)), want: 400},
+		{name: "create strided runs on memmap", method: "PUT", path: "/v1/buffers/x", ctype: js,
+			body: []byte(strings.Replace(ctCartPole, `"storage": "memory"`, `"storage": "memmap", "row_meta": "strided"`, 1)), want: 400},
 		{name: "create unknown row_meta", method: "PUT", path: "/v1/buffers/x", ctype: js,
 			body: []byte(strings.Replace(ctCartPole, `"storage": "memory"`, `"storage": "memory", "row_meta": "columns"`, 1)), want: 400, invalid: true},
 		{name: "create name with ..", method: "PUT", path: "/v1/buffers/a..b", ctype: js, body: []byte(ctCartPole), want: 400, invalid: true},
