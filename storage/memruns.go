@@ -60,9 +60,9 @@ const (
 	runMagic  = 56 // u64 ceil(2^64 / stride) for strides of 2 and more
 
 	// maxStridedSpan bounds seq - first of a strided run's rows: the
-	// reciprocal divides exactly below 2^32, and the reference counts
-	// (u32) never overflow.
-	maxStridedSpan = 1<<32 - 1
+	// reciprocal divides exactly below 2^32, and a run has at most 2^32 - 1
+	// rows, which its u32 reference count holds.
+	maxStridedSpan = 1<<32 - 2
 
 	// memRunBits is the width of the run handle in a memory record's run
 	// word; the flags take the 5 bits above it. Handle 0 names no run.
