@@ -35,7 +35,7 @@ const (
 	memRunRecordSize     = 16 // the runs layout
 	memStridedRecordSize = 8  // the strided layout
 
-	mrecStamp = 0 // i64 stamp (seq+1, 0: none), owned by stampTable, both layouts
+	mrecStamp = 0 // i64 stamp (seq+1, 0: none), owned by stampTable, the row and runs layouts
 
 	// The row layout.
 	mrecTraj     = 8  // i64 traj_id

@@ -9,9 +9,9 @@ import (
 )
 
 // stampTable holds, per ring slot, the seq of the complete row in it or a
-// negative number (empty, a hole, or being written; see Load). Readers check it before and after
-// copying a row (a seqlock), so it lives on the Go heap, not in the
-// mapping, and reads never dirty file pages.
+// negative number (empty, a hole, or being written; see Load). Readers
+// check it before and after copying a row (a seqlock), so it lives on the
+// Go heap, not in the mapping, and reads never dirty file pages.
 //
 // It is paged so that it grows with the rows written, not the capacity: a
 // page is allocated the first time a slot in it is stored, and until then
@@ -31,7 +31,8 @@ import (
 //
 // With pass stamps (RowMetaStrided) the stamp in the row is 32 bits at
 // byte 4 of the row, the row's pass round the ring plus one: seq is
-// (stamp-1) x capacity + slot, and 0 still reads as -1. The 32 bits at
+// (stamp-1) x capacity + slot, and 0 (no row) reads as slot - capacity,
+// a negative number (see Load). The 32 bits at
 // byte 0 are the run word the row's record keeps there (memruns.go), so
 // the whole record is 8 bytes. Seqs are then bounded by
 // maxPassStampSeq; writers check it before reserving seqs.
