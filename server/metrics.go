@@ -21,7 +21,7 @@ type metrics struct {
 	age      *prometheus.HistogramVec
 }
 
-func newMetrics(reg *prometheus.Registry, db *rbd.DB, bud *budget, streams *atomic.Int64) *metrics {
+func newMetrics(reg *prometheus.Registry, db *rbd.DB, bud *budget, streams, idleReleases *atomic.Int64) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rbd_http_requests_total", Help: "HTTP requests by endpoint and status code.",
@@ -56,6 +56,9 @@ func newMetrics(reg *prometheus.Registry, db *rbd.DB, bud *budget, streams *atom
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "rbd_memory_refused_total", Help: "Requests refused because the memory budget stayed in use (503 busy) or was too small for them (413).",
 		}, func() float64 { return float64(bud.refused.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "rbd_memory_idle_releases_total", Help: "Times the server, quiet for 2 s after allocating, collected garbage and returned its freed heap to the OS.",
+		}, func() float64 { return float64(idleReleases.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rbd_store_memory_bytes", Help: "Memory the open buffers may hold once full (rows of memory buffers, per-row structures).",
 		}, func() float64 { u, _ := db.Store().MemoryUse(); return float64(u) }),

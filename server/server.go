@@ -147,6 +147,9 @@ type Server struct {
 	waiting atomic.Int64
 	// streams counts the sample streams open now.
 	streams atomic.Int64
+	// idleReleases counts the times TuneMemoryLimit returned a quiet
+	// server's freed heap to the OS.
+	idleReleases atomic.Int64
 	// tokens are the bearer tokens and their roles (SetTokens).
 	tokens atomic.Pointer[Tokens]
 	// errs remembers failed requests per buffer for the dashboard.
@@ -182,7 +185,7 @@ func New(db *rbd.DB, opts *Options) *Server {
 	s := &Server{db: db, opts: o, log: o.Logger, mux: http.NewServeMux(), budget: newBudget(o.MaxMemory, o.BusyWait),
 		stopping: make(chan struct{})}
 	s.bodies.max, s.sampleBodies.max, s.answerHeaders.max = maxPooledBody, bodyStartCap, maxPooledHeader
-	s.metrics = newMetrics(o.Registry, db, s.budget, &s.streams)
+	s.metrics = newMetrics(o.Registry, db, s.budget, &s.streams, &s.idleReleases)
 	s.SetTokens(o.Tokens)
 	s.route("GET /v1/health", "health", s.health)
 	s.mux.Handle("GET /metrics", s.wrap("metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{Registry: o.Registry})))

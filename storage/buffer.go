@@ -690,6 +690,7 @@ func (b *Buffer) unmap() error {
 		errs = append(errs, b.meta.Close())
 		b.meta, b.hdr, b.recs, b.drecs = nil, nil, nil, nil
 	}
+	errs = append(errs, b.ix.release())
 	if b.rlog != nil {
 		errs = append(errs, b.rlog.close())
 	}

@@ -30,6 +30,9 @@ import (
 // ("strided") hold 45.5-46.0 B (2026-11-27): a 40-byte row group (an
 // 8-byte record: run word and 32-bit pass stamp); their bound is the
 // issue's target itself.
+//
+// TestServeResidentBytesPerCartPoleRow (serve_test.go) reads the same for
+// the real server.
 func TestResidentBytesPerCartPoleRow(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: fills 10^6 rows in a child process")
