@@ -70,11 +70,11 @@ func metricInt(s rtmetrics.Sample) int64 {
 // idleRelease decides when a quiet server gives its freed heap back to the
 // OS. Go's background scavenger returns free pages only down to about 10%
 // above the collector's goal, which is twice the live heap: after a burst
-// of writes an idle server kept 4-5 MB of freed request memory resident
-// for good (tests/resident, 10^6 CartPole rows: 4-5 B a row on top of the
+// of writes an idle server kept 2.5-3 MB of request garbage resident for
+// good (tests/resident, 10^6 CartPole rows: 2.5-2.8 B a row on top of the
 // buffer's 46). Like an allocator's decay of dirty pages, the server
 // returns them once it has allocated next to nothing for idleTicks looks
-// in a row, and only when the free heap is worth a collection; it does it
+// in a row, and only when the spare heap is worth a collection; it does it
 // once per quiet spell, so an idle server does not collect again and again.
 type idleRelease struct {
 	lastAllocs int64 // cumulative heap allocations at the last look

@@ -188,8 +188,8 @@ type index struct {
 	// here costs one load where the trajectory costs a map lookup and two
 	// pointer chases. 16 bits cover any interleaving of up to 65,535
 	// envs, at 2 bytes a row (a row of CartPole data is 31). Large rings
-	// keep it off the Go heap (deltaPages); slots past the ring's first
-	// pass are zero until written.
+	// keep it off the Go heap (newNextDeltas); slots not yet written
+	// read 0.
 	nextDelta []uint16
 	// deltas holds nextDelta's memory when it is mapped, not allocated.
 	deltas *mmapfile.Region

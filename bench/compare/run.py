@@ -38,7 +38,9 @@ next observation and seq/traj_id/step. "held/row" is the growth of the
 resident set of the process that holds the data (the server for (b)) while
 the ring fills, divided by the rows (for (c) read after a collection that
 returns freed memory to the OS, inproc --settle, so that the fill's garbage
-is not counted; the server of (b) is read as it is); "layout/row" is what the arrays or
+is not counted; the server of (b) is read as it is, then in brackets again
+once, quiet, it has returned its freed heap to the OS: its log says so 2 s
+after the last request); "layout/row" is what the arrays or
 columns take by construction (rbd: fields + final observations + the row
 metadata, the info's row_meta_bytes: 64 for a file record, a memory buffer's
 32-byte record, 16 with run records or 8 strided, plus its row group's padding).
@@ -160,6 +162,15 @@ def _timed_passes(capacity, make, add):
 
 
 # -- (b) Python client against rbd serve ------------------------------------------
+# The line rbd serve logs when, quiet, it returns its freed heap (server/gctune.go).
+RELEASE_LINE = '"msg":"quiet: returned freed heap to the OS"'
+
+
+def _count_lines(path, needle):
+    with open(path, "rb") as f:
+        return f.read().decode("utf-8", "replace").count(needle)
+
+
 def child_client(a):
     from rbd_client import Client
     w = Workload(a.workload)
@@ -169,6 +180,18 @@ def child_client(a):
     fill, steady = _timed_passes(a.capacity, w.rbd_rows, lambda rows: c.extend("bench", rows, stream="bench"))
     info = c.info("bench")
     held = rss(a.server_pid) - rss0
+    held_quiet = None
+    if a.server_log:
+        # Again once the server, quiet, has returned its freed heap to the
+        # OS (its log says so 2 s after the last request): what the buffer
+        # itself costs.
+        releases = _count_lines(a.server_log, RELEASE_LINE)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if _count_lines(a.server_log, RELEASE_LINE) > releases:
+                held_quiet = rss(a.server_pid) - rss0
+                break
+            time.sleep(0.1)
     layout = sum(v["stored"] for v in info["bytes"].values()) / info["size"] + info.get("row_meta_bytes", 64)
     bps, gbps = sample_for(a.seconds, lambda: c.sample("bench", BATCH).values())
     it = c.iter_samples("bench", BATCH, depth=2, transport="requests")
@@ -186,7 +209,8 @@ def child_client(a):
                 prefetch_batches_per_s=pbps, prefetch_gb_per_s=pgbps,
                 stream_batches_per_s=sbps, stream_gb_per_s=sgbps,
                 shm_batches_per_s=mbps, shm_gb_per_s=mgbps,
-                bytes_per_transition_rss=held / info["size"], bytes_per_transition_layout=layout)
+                bytes_per_transition_rss=held / info["size"], bytes_per_transition_layout=layout,
+                bytes_per_transition_rss_quiet=held_quiet / info["size"] if held_quiet is not None else None)
 
 
 # -- the driver ------------------------------------------------------------------
@@ -209,6 +233,13 @@ def fmt(v, unit=""):
         if abs(v) >= lim:
             return "%.3g%s%s" % (v / div, suf, unit)
     return "%.3g%s" % (v, unit)
+
+
+def held_cell(r):
+    cell = fmt(r["bytes_per_transition_rss"], "B")
+    if r.get("bytes_per_transition_rss_quiet") is not None:
+        cell += " (%s quiet)" % fmt(r["bytes_per_transition_rss_quiet"], "B")
+    return cell
 
 
 def median(xs):
@@ -248,6 +279,7 @@ def main():
     p.add_argument("--capacity", type=int, help=argparse.SUPPRESS)
     p.add_argument("--url", help=argparse.SUPPRESS)
     p.add_argument("--server-pid", help=argparse.SUPPRESS)
+    p.add_argument("--server-log", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         res = {"numpy": child_numpy, "client": child_client}[a.child](a)
@@ -283,7 +315,7 @@ def main():
                 legs[storage, row_meta].append(r)
         results.append(combine(legs["numpy"]))
         with rbdserver.Server() as srv:
-            results.append(run_child("client", wl, cap, a.seconds, ["--url", srv.url, "--server-pid", str(srv.proc.pid)]))
+            results.append(run_child("client", wl, cap, a.seconds, ["--url", srv.url, "--server-pid", str(srv.proc.pid), "--server-log", srv.stderr_path]))
         for leg in metas:
             r = combine(legs[leg])
             r["x_numpy"] = [x["x_numpy"][0] for x in legs[leg]]
@@ -299,7 +331,7 @@ def main():
         print("| %s | %s | %s (%s) | %s%s | %s | %s | %s | %s | %s |" % (
             r["workload"], r["impl"], fmt(r["add_rows_per_s"]), fmt(r["fill_rows_per_s"]),
             fmt(r["sample_batches_per_s"]), " (%s; %s; %s)" % (fmt(pre), fmt(st), fmt(sh)) if pre else "",
-            ratio_cell(r), gb, fmt(r["bytes_per_transition_rss"], "B"), fmt(r["bytes_per_transition_layout"], "B"),
+            ratio_cell(r), gb, held_cell(r), fmt(r["bytes_per_transition_layout"], "B"),
             fmt(r.get("disk_bytes_per_transition"), "B")))
     if a.rounds > 1:
         print()
