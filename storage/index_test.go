@@ -3,9 +3,13 @@ package storage
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"reflect"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
+	"unsafe"
 )
 
 // nextKnownFromRow is the reference rule Index.NextKnown must agree with,
@@ -209,6 +213,10 @@ func TestIndexMatchesRows(t *testing.T) {
 		{KindMemory, 37, false},
 		{KindMemmap, 53, true},
 		{KindCompressed, 64, true},
+		// Rings this large map their next distances (newNextDeltas);
+		// the memmap one maps them again after the reopen.
+		{KindMemory, 40_000, true},
+		{KindMemmap, 40_000, true},
 	}
 	for _, tc := range cases {
 		t.Run(fmt.Sprintf("%s/cap=%d/compact=%v", tc.kind, tc.capacity, tc.compact), func(t *testing.T) {
@@ -322,6 +330,77 @@ func TestNextDeltaTooFar(t *testing.T) {
 		t.Fatalf("row 0's next distance is stored as %d, want 0 (too far for 16 bits)", d)
 	}
 	checkIndex(t, b, "after a successor 70,001 seqs on")
+}
+
+// TestNextDistancesMappedAndReleased: a large ring's next distances live
+// in a mapping of their own (off the Go heap), which goes when the buffer
+// does: closed with its store, or deleted. A small ring's are on the heap.
+func TestNextDistancesMappedAndReleased(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		kind     Kind
+		capacity int64
+		mapped   bool
+		end      func(t *testing.T, s *Store)
+	}{
+		{"memory/deleted", KindMemory, 1 << 16, true, func(t *testing.T, s *Store) {
+			if err := s.DeleteBuffer("b"); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"memmap/closed", KindMemmap, 1 << 16, true, func(t *testing.T, s *Store) {
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"memory/small", KindMemory, mappedDeltaBytes/2 - 1, false, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openStore(t, t.TempDir())
+			spec := testSpec(tc.kind, tc.capacity, true)
+			b := mustCreate(t, s, "b", spec)
+			if b.ix.nextDelta != nil {
+				t.Fatal("next distances exist before any row has a successor")
+			}
+			mustExtend(t, b, "s", makeBatch(spec, []row{{env: 0, val: 1}, {env: 1, val: 2}, {env: 0, val: 3}}, true))
+			if got := len(b.ix.nextDelta); got != int(tc.capacity) {
+				t.Fatalf("%d next distances, want one a slot (%d)", got, tc.capacity)
+			}
+			if d := b.ix.nextDelta[0]; d != 2 {
+				t.Fatalf("row 0's next distance is %d, want 2", d)
+			}
+			if (b.ix.deltas != nil) != tc.mapped {
+				t.Fatalf("next distances mapped: %v, want %v", b.ix.deltas != nil, tc.mapped)
+			}
+			if !tc.mapped {
+				return
+			}
+			start := uintptr(unsafe.Pointer(&b.ix.nextDelta[0]))
+			if !mapped(t, start) {
+				t.Fatalf("no mapping starts at the next distances (%#x) in /proc/self/maps", start)
+			}
+			tc.end(t, s)
+			if mapped(t, start) {
+				t.Fatalf("the next distances' mapping (%#x) outlived the buffer", start)
+			}
+		})
+	}
+}
+
+// mapped reports whether a mapping of this process starts at addr.
+func mapped(t *testing.T, addr uintptr) bool {
+	t.Helper()
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Skipf("no /proc/self/maps: %v", err)
+	}
+	prefix := strconv.FormatUint(uint64(addr), 16) + "-"
+	for line := range strings.Lines(string(maps)) {
+		if strings.HasPrefix(line, prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // TestRowIntoSetsEveryField: rowInto fills a RowMeta field by field (a
