@@ -38,10 +38,10 @@ func (s *Server) TuneMemoryLimit(ctx context.Context) {
 			base := max(0, metricInt(samples[0])-s.budget.used())
 			debug.SetMemoryLimit(base + s.budget.total + s.budget.total/10 + 32<<20)
 		}
-		// Free pages plus garbage not yet collected: what a collection
-		// and a release would give back.
-		spare := metricInt(samples[2]) + metricInt(samples[3]) - metricInt(samples[0])
-		if idle.tick(metricInt(samples[1]), spare) {
+		if idle.tick(metricInt(samples[1])) {
+			// Free pages plus garbage not yet collected: about what the
+			// release gives back.
+			spare := metricInt(samples[2]) + metricInt(samples[3]) - metricInt(samples[0])
 			debug.FreeOSMemory()
 			s.idleReleases.Add(1)
 			s.log.Info(idleReleaseMsg, "spare_bytes", spare)
@@ -74,11 +74,13 @@ func metricInt(s rtmetrics.Sample) int64 {
 // good (tests/resident, 10^6 CartPole rows: 2.5-2.8 B a row on top of the
 // buffer's 46). Like an allocator's decay of dirty pages, the server
 // returns them once it has allocated next to nothing for idleTicks looks
-// in a row, and only when the spare heap is worth a collection; it does it
-// once per quiet spell, so an idle server does not collect again and again.
+// in a row after a look that saw it busy; it does it once per quiet spell,
+// so an idle server does not collect again and again. The collection is
+// cheap: the buffers' rows are not on the Go heap.
 type idleRelease struct {
 	lastAllocs int64 // cumulative heap allocations at the last look
 	quiet      int   // looks in a row with next to no allocation
+	busy       bool  // a look since the last release saw more
 }
 
 const (
@@ -88,20 +90,21 @@ const (
 	// idleAllocBytes is the most a look may see allocated and still
 	// count as quiet (health probes and metrics scrapes allocate a little).
 	idleAllocBytes = 1 << 20
-	// idleSpareBytes is the least spare heap worth a forced collection.
-	idleSpareBytes = 1 << 20
 )
 
-// tick takes the cumulative bytes allocated and the heap that is resident
-// but not live (free pages and garbage), and reports whether to collect
-// and return it now.
-func (r *idleRelease) tick(allocs, spare int64) bool {
+// tick takes the cumulative bytes allocated and reports whether to collect
+// and return the freed heap now.
+func (r *idleRelease) tick(allocs int64) bool {
 	grew := allocs - r.lastAllocs
 	r.lastAllocs = allocs
 	if grew > idleAllocBytes {
-		r.quiet = 0
+		r.quiet, r.busy = 0, true
 		return false
 	}
 	r.quiet++
-	return r.quiet == idleTicks && spare >= idleSpareBytes
+	if r.quiet < idleTicks || !r.busy {
+		return false
+	}
+	r.busy = false
+	return true
 }
