@@ -75,8 +75,12 @@ func metricInt(s rtmetrics.Sample) int64 {
 // buffer's 46). Like an allocator's decay of dirty pages, the server
 // returns them once it has allocated next to nothing for idleTicks looks
 // in a row after a look that saw it busy; it does it once per quiet spell,
-// so an idle server does not collect again and again. The collection is
-// cheap: the buffers' rows are not on the Go heap.
+// so an idle server does not collect again and again. A server that keeps
+// working, even slowly (a collector stepping, a learner sampling), is never
+// quiet and never collects for it: the thresholds were set by looking at
+// one (rbd serve --demo allocates 80-400 KiB a look, spikes to 2.3 MiB; an
+// idle server 0). The collection is cheap: the buffers' rows are not on
+// the Go heap.
 type idleRelease struct {
 	lastAllocs int64 // cumulative heap allocations at the last look
 	quiet      int   // looks in a row with next to no allocation
@@ -87,9 +91,12 @@ const (
 	// idleTicks looks (of tuneEvery) without allocation make the server
 	// quiet: 2 s.
 	idleTicks = 4
-	// idleAllocBytes is the most a look may see allocated and still
-	// count as quiet (health probes and metrics scrapes allocate a little).
-	idleAllocBytes = 1 << 20
+	// idleQuietBytes is the most a look may see allocated and still
+	// count as quiet (a health probe allocates a few KiB).
+	idleQuietBytes = 64 << 10
+	// idleBusyBytes is the least a look must see allocated to count as
+	// busy: 2 MiB/s of garbage, a writer's burst, not a trickle.
+	idleBusyBytes = 1 << 20
 )
 
 // tick takes the cumulative bytes allocated and reports whether to collect
@@ -97,8 +104,9 @@ const (
 func (r *idleRelease) tick(allocs int64) bool {
 	grew := allocs - r.lastAllocs
 	r.lastAllocs = allocs
-	if grew > idleAllocBytes {
-		r.quiet, r.busy = 0, true
+	if grew > idleQuietBytes {
+		r.quiet = 0
+		r.busy = r.busy || grew >= idleBusyBytes
 		return false
 	}
 	r.quiet++

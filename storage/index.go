@@ -188,8 +188,7 @@ type index struct {
 	// here costs one load where the trajectory costs a map lookup and two
 	// pointer chases. 16 bits cover any interleaving of up to 65,535
 	// envs, at 2 bytes a row (a row of CartPole data is 31). Large rings
-	// keep it off the Go heap (newNextDeltas); slots not yet written
-	// read 0.
+	// keep it off the Go heap (growNextDeltas).
 	nextDelta []uint16
 	// deltas holds nextDelta's memory when it is mapped, not allocated.
 	deltas *mmapfile.Region
@@ -265,8 +264,8 @@ func (ix *index) add(id, step, seq int64, done, hasTail bool) error {
 }
 
 func (ix *index) setNextDelta(slot, delta int64) {
-	if ix.nextDelta == nil {
-		ix.nextDelta, ix.deltas = newNextDeltas(ix.capacity)
+	if int64(len(ix.nextDelta)) <= slot {
+		ix.growNextDeltas(slot)
 	}
 	if delta > math.MaxUint16 {
 		delta = 0
@@ -278,23 +277,36 @@ func (ix *index) setNextDelta(slot, delta int64) {
 // allocated: below it the Go heap is the cheaper home.
 const mappedDeltaBytes = 64 << 10
 
-// newNextDeltas returns the next distances of a ring of capacity slots,
-// all zero. Large rings get anonymous memory, which the kernel backs page
-// by page as slots are written: on the Go heap, 2 bytes a row would count
-// towards the collector's goal, and a server holds up to twice its live
-// heap between collections (GOGC), so a million rows' distances cost
-// 2-4 MB more than their 2 MB (tests/resident, the rbd serve reading). If
-// the mapping fails they go on the heap.
-func newNextDeltas(capacity int64) ([]uint16, *mmapfile.Region) {
-	if capacity*2 >= mappedDeltaBytes {
-		if r, err := mmapfile.Anonymous(capacity * 2); err == nil {
+// growNextDeltas makes slot a valid index of nextDelta. A large ring maps
+// a distance for every slot at its first distance: anonymous memory, which
+// the kernel backs page by page as slots are written. On the Go heap, 2
+// bytes a row count towards the collector's goal, and a server holds up to
+// twice its live heap between collections (GOGC), so a million rows'
+// distances cost 2-4 MB more than their 2 MB (tests/resident, the rbd
+// serve reading). Small rings, and rings whose mapping the OS refuses (a
+// capacity of 10^11 is 200 GB of address space), grow a heap slice as the
+// ring first fills.
+func (ix *index) growNextDeltas(slot int64) {
+	if ix.nextDelta == nil && ix.capacity*2 >= mappedDeltaBytes {
+		if r, err := mmapfile.Anonymous(ix.capacity * 2); err == nil {
 			// Huge pages as for the row group: draws read distances
-			// at random slots, and a heap slice this size got them.
+			// at random slots.
 			_ = r.AdviseHugePages()
-			return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(r.Bytes()))), capacity), r
+			ix.nextDelta = unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(r.Bytes()))), ix.capacity)
+			ix.deltas = r
+			return
 		}
 	}
-	return make([]uint16, capacity), nil
+	// Slots fill in order while the ring first goes round. Grown by
+	// doubling but never past the capacity (append would round the last
+	// growth up by as much as a quarter).
+	n := int64(len(ix.nextDelta))
+	if int64(cap(ix.nextDelta)) <= slot {
+		grown := make([]uint16, n, min(ix.capacity, max(slot+1, 2*n)))
+		copy(grown, ix.nextDelta)
+		ix.nextDelta = grown
+	}
+	ix.nextDelta = ix.nextDelta[:slot+1]
 }
 
 // release returns the mapped next distances: only once no reader can use

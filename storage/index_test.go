@@ -213,7 +213,7 @@ func TestIndexMatchesRows(t *testing.T) {
 		{KindMemory, 37, false},
 		{KindMemmap, 53, true},
 		{KindCompressed, 64, true},
-		// Rings this large map their next distances (newNextDeltas);
+		// Rings this large map their next distances (growNextDeltas);
 		// the memmap one maps them again after the reopen.
 		{KindMemory, 40_000, true},
 		{KindMemmap, 40_000, true},
@@ -363,8 +363,14 @@ func TestNextDistancesMappedAndReleased(t *testing.T) {
 				t.Fatal("next distances exist before any row has a successor")
 			}
 			mustExtend(t, b, "s", makeBatch(spec, []row{{env: 0, val: 1}, {env: 1, val: 2}, {env: 0, val: 3}}, true))
-			if got := len(b.ix.nextDelta); got != int(tc.capacity) {
-				t.Fatalf("%d next distances, want one a slot (%d)", got, tc.capacity)
+			// Mapped: one a slot at once. On the heap: grown as slots
+			// are written (slot 0 so far).
+			want := 1
+			if tc.mapped {
+				want = int(tc.capacity)
+			}
+			if got := len(b.ix.nextDelta); got != want {
+				t.Fatalf("%d next distances, want %d", got, want)
 			}
 			if d := b.ix.nextDelta[0]; d != 2 {
 				t.Fatalf("row 0's next distance is %d, want 2", d)
@@ -384,6 +390,26 @@ func TestNextDistancesMappedAndReleased(t *testing.T) {
 				t.Fatalf("the next distances' mapping (%#x) outlived the buffer", start)
 			}
 		})
+	}
+}
+
+// TestNextDistancesWhenMappingFails: a ring whose distances the OS will
+// not map (here 2^62 bytes of them) grows them on the heap as slots are
+// written, as small rings do, instead of allocating all of them at once.
+func TestNextDistancesWhenMappingFails(t *testing.T) {
+	var ix index
+	ix.init(1 << 61)
+	ix.setNextDelta(0, 2)
+	ix.setNextDelta(5, 70_000) // too far for 16 bits: stored as 0
+	ix.setNextDelta(3, 1)
+	if ix.deltas != nil {
+		t.Fatal("2^62 bytes of next distances were mapped")
+	}
+	if got, want := ix.nextDelta, []uint16{2, 0, 0, 1, 0, 0}; !slices.Equal(got, want) {
+		t.Fatalf("next distances %v, want %v", got, want)
+	}
+	if c := cap(ix.nextDelta); c > 64 {
+		t.Fatalf("next distances hold room for %d slots after 6 were written", c)
 	}
 }
 
