@@ -22,6 +22,7 @@ import (
 	"github.com/rbdb/rbd"
 	"github.com/rbdb/rbd/client"
 	"github.com/rbdb/rbd/codec"
+	"github.com/rbdb/rbd/internal/testbin"
 	"github.com/rbdb/rbd/server"
 )
 
@@ -319,12 +320,7 @@ func metric(t *testing.T, c *client.Client, series string) (string, bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for line := range strings.Lines(string(m)) {
-		if v, ok := strings.CutPrefix(line, series+" "); ok {
-			return strings.TrimSpace(v), true
-		}
-	}
-	return "", false
+	return testbin.MetricValue(m, series)
 }
 
 // rowsSampled reads rbd_sampler_rows_sampled_total of buffer "cp" (0

@@ -27,6 +27,7 @@ func (s *Server) TuneMemoryLimit(ctx context.Context) {
 		prev := debug.SetMemoryLimit(-1)
 		defer debug.SetMemoryLimit(prev)
 	}
+	const live, allocs, free, objects = 0, 1, 2, 3 // indexes of samples
 	samples := []rtmetrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/gc/heap/allocs:bytes"}, {Name: "/memory/classes/heap/free:bytes"}, {Name: "/memory/classes/heap/objects:bytes"}}
 	var idle idleRelease
 	t := time.NewTicker(tuneEvery)
@@ -35,13 +36,13 @@ func (s *Server) TuneMemoryLimit(ctx context.Context) {
 		rtmetrics.Read(samples)
 		if tune {
 			// What the heap holds besides requests, as of the last collection.
-			base := max(0, metricInt(samples[0])-s.budget.used())
+			base := max(0, metricInt(samples[live])-s.budget.used())
 			debug.SetMemoryLimit(base + s.budget.total + s.budget.total/10 + 32<<20)
 		}
-		if idle.tick(metricInt(samples[1])) {
+		if idle.tick(metricInt(samples[allocs])) {
 			// Free pages plus garbage not yet collected: about what the
 			// release gives back.
-			spare := metricInt(samples[2]) + metricInt(samples[3]) - metricInt(samples[0])
+			spare := metricInt(samples[free]) + metricInt(samples[objects]) - metricInt(samples[live])
 			debug.FreeOSMemory()
 			s.idleReleases.Add(1)
 			s.log.Info(idleReleaseMsg, "spare_bytes", spare)

@@ -84,6 +84,17 @@ func ProcStatus(pid int, key string) (int64, error) {
 	return 0, fmt.Errorf("no %s in /proc/%d/status", key, pid)
 }
 
+// MetricValue returns the value of the line of a /metrics answer that
+// starts with series (a name and its labels), and whether there was one.
+func MetricValue(metrics []byte, series string) (string, bool) {
+	for line := range strings.Lines(string(metrics)) {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			return strings.TrimSpace(v), true
+		}
+	}
+	return "", false
+}
+
 // MountTmpfs mounts a tmpfs of size bytes on a new directory for a
 // disk-full test and unmounts it at the end, or skips the test where
 // mounting is impossible (not root).

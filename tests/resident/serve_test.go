@@ -1,8 +1,6 @@
 package resident
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -135,18 +133,15 @@ func idleReleases(t *testing.T, c *client.Client) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc := bufio.NewScanner(bytes.NewReader(m))
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "rbd_memory_idle_releases_total "); ok {
-			n, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("rbd_memory_idle_releases_total %q: %v", v, err)
-			}
-			return int64(n)
-		}
+	v, ok := testbin.MetricValue(m, "rbd_memory_idle_releases_total")
+	if !ok {
+		t.Fatalf("/metrics has no rbd_memory_idle_releases_total:\n%s", m)
 	}
-	t.Fatalf("/metrics has no rbd_memory_idle_releases_total:\n%s", m)
-	return 0
+	n, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		t.Fatalf("rbd_memory_idle_releases_total %q: %v", v, err)
+	}
+	return int64(n)
 }
 
 // cartPole makes bench/compare's CartPole rows (inproc's workload): 8 envs
