@@ -45,6 +45,7 @@ import (
 
 const (
 	sbenchEnvs      = 8    // envs interleaved in every extend
+	sbenchActors    = 64   // envs of an actors-written buffer
 	sbenchFillBatch = 4096 // rows per extend while filling
 	sbenchBatch     = 256  // rows per transition batch
 	sbenchSlices    = 8    // slices per slice batch (8 x 32 = 256 rows)
@@ -68,6 +69,11 @@ type sbenchConfig struct {
 	// rowMeta is the buffer's row_meta ("": the default of its kind:
 	// "row" for memory, "runs" for memmap).
 	rowMeta storage.RowMetaLayout
+	// actors: the buffer is written as sbenchActors actors write, each
+	// extend 1-4 steps of one env drawn at random, so a trajectory's
+	// rows are irregular distances apart; otherwise sbenchEnvs envs in
+	// lockstep, sbenchFillBatch rows an extend.
+	actors bool
 }
 
 func (c sbenchConfig) String() string {
@@ -77,6 +83,9 @@ func (c sbenchConfig) String() string {
 	}
 	if c.rowMeta != "" {
 		shape += "/" + string(c.rowMeta)
+	}
+	if c.actors {
+		shape += "/actors"
 	}
 	return fmt.Sprintf("%s/%s/%d", shape, c.kind, c.rows)
 }
@@ -139,7 +148,8 @@ type sbenchWriter struct {
 	atari  bool
 	obsB   int
 	rng    *rand.Rand
-	envs   [sbenchEnvs]sbenchEnv
+	envs   []sbenchEnv
+	actor  int // the env of every row of a batch (actors), or -1: round robin
 	nextEp int
 	frame  []byte // template of an Atari observation
 	fields map[string][]byte
@@ -147,7 +157,10 @@ type sbenchWriter struct {
 }
 
 func newSbenchWriter(c sbenchConfig) *sbenchWriter {
-	w := &sbenchWriter{atari: c.atari, obsB: 16, rng: rand.New(rand.NewPCG(1, uint64(c.rows)))}
+	w := &sbenchWriter{atari: c.atari, obsB: 16, rng: rand.New(rand.NewPCG(1, uint64(c.rows))), envs: make([]sbenchEnv, sbenchEnvs), actor: -1}
+	if c.actors {
+		w.envs = make([]sbenchEnv, sbenchActors)
+	}
 	if c.atari {
 		w.obsB = sbenchObsAtari
 		w.frame = make([]byte, sbenchObsAtari)
@@ -214,8 +227,9 @@ func sbenchGrow(b []byte, n int) []byte {
 	return b[:n]
 }
 
-// batch returns the next n rows, envs round robin; done rows carry their
-// final observation (one per done row, the compact form).
+// batch returns the next n rows, envs round robin (or all of w.actor's
+// env); done rows carry their final observation (one per done row, the
+// compact form).
 func (w *sbenchWriter) batch(n int) *storage.Batch {
 	f := w.fields
 	obs := sbenchGrow(f["observation"], n*w.obsB)
@@ -231,6 +245,9 @@ func (w *sbenchWriter) batch(n int) *storage.Batch {
 	w.env = w.env[:n]
 	for r := range n {
 		e := r % sbenchEnvs
+		if w.actor >= 0 {
+			e = w.actor
+		}
 		st := &w.envs[e]
 		w.env[r] = int64(e)
 		w.putObs(obs[r*w.obsB:(r+1)*w.obsB], st.ep, st.step)
@@ -310,6 +327,10 @@ func sbenchFill(b *testing.B, buf *Buffer, cfg sbenchConfig) {
 	total := cfg.rows + cfg.rows/8
 	for done := int64(0); done < total; {
 		n := int(min(sbenchFillBatch, total-done))
+		if cfg.actors {
+			w.actor = w.rng.IntN(len(w.envs))
+			n = int(min(1+w.rng.Int64N(4), total-done))
+		}
 		if _, err := buf.Extend("bench", w.batch(n)); err != nil {
 			b.Fatal(err)
 		}
@@ -457,6 +478,36 @@ func BenchmarkSampleRunMeta(b *testing.B) {
 						sbenchRun(b, buf, req)
 					})
 				}
+			}
+		}
+	}
+}
+
+// BenchmarkSampleActors is BenchmarkSampleRunMeta's memory draws from
+// buffers written as actors write to a server (sbenchConfig.actors: 64
+// envs, 1-4 steps of one env an extend): a trajectory's rows come at
+// irregular distances, so the index packs their seqs (seqRun) and strided
+// runs are irregular runs, whose rows' offsets and distances are in a side
+// table.
+//
+// go test . -run '^$' -bench BenchmarkSampleActors -benchtime 1s -count 3
+func BenchmarkSampleActors(b *testing.B) {
+	dir := b.TempDir() // removed after the cache's buffers are closed
+	cache := newSbenchCache(b)
+	for _, kind := range []string{"uniform", "slice"} {
+		for _, rows := range []int64{1e5, 1e6} {
+			for _, layout := range []storage.RowMetaLayout{storage.RowMetaPerRow, storage.RowMetaRuns, storage.RowMetaStrided} {
+				b.Run(fmt.Sprintf("sampler=%s/rows=%s/row_meta=%s", kind, sbenchRowsLabel(rows), layout), func(b *testing.B) {
+					if testing.Short() && rows > 1e5 {
+						b.Skip("-short: 10^6 rows take half a million extends to fill")
+					}
+					buf := cache.get(b, dir, sbenchConfig{rows: rows, kind: storage.KindMemory, rowMeta: layout, actors: true})
+					req := &SampleRequest{Sampler: kind, BatchSize: sbenchBatch}
+					if sampler.IsSlice(kind) {
+						req = &SampleRequest{Sampler: kind, NumSlices: sbenchSlices, SliceLen: sbenchSliceLen}
+					}
+					sbenchRun(b, buf, req)
+				})
 			}
 		}
 	}

@@ -24,7 +24,9 @@ func TestConcurrentReadersNeverSeeTornRows(t *testing.T) {
 	t.Run("memory-runs", func(t *testing.T) { testTornRows(t, KindMemory, RowMetaRuns) })
 	// Strided runs: the run word shares 8 bytes with a 32-bit pass stamp,
 	// and a reader derives the row's offset and previous row from the
-	// run's first seq and stride, which may be a rewritten run's.
+	// run's first seq and stride, which may be a rewritten run's; the
+	// writers' rows interleave irregularly, so irregular runs too, whose
+	// rows' offsets and distances a reader reads from the side table.
 	t.Run("memory-strided", func(t *testing.T) { testTornRows(t, KindMemory, RowMetaStrided) })
 	// rows.meta version 2: the same memory records, beside file records
 	// and a run log the writers append to.
@@ -223,6 +225,9 @@ func testTornRows(t *testing.T, kind Kind, layout RowMetaLayout) {
 			kind, b.Spec().RowMetaLayout, extends.Load(), writtenRows.Load(), capacity, checked.Load(), missed.Load(), linked.Load(), indexReads.Load())
 		if checked.Load() == 0 || linked.Load() == 0 {
 			t.Fatalf("readers checked %d rows and %d links: the test proved nothing", checked.Load(), linked.Load())
+		}
+		if layout == RowMetaStrided && b.runs.irr.Load() == nil {
+			t.Fatal("no irregular strided run was written: readers never decoded one mid-write")
 		}
 		if writtenRows.Load() < 4*capacity {
 			t.Errorf("only %d rows written: the ring of %d barely wrapped", writtenRows.Load(), capacity)

@@ -469,3 +469,81 @@ func TestRowIntoSetsEveryField(t *testing.T) {
 		})
 	}
 }
+
+// TestTrajectorySeqRuns pushes seqs at random distances (evenly spaced
+// stretches, irregular ones, distances past what a packed run holds) into
+// a Trajectory, drops its oldest rows now and then, and checks Seq,
+// AppendSeqs and lastSeq against a plain slice after every step. Then it
+// checks what the runs cost: rows arriving evenly take one run, rows at
+// irregular distances one per packedRows rows.
+func TestTrajectorySeqRuns(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 22))
+	for trial := range 200 {
+		tr := &Trajectory{}
+		var ref []int64 // the live seqs
+		seq := rng.Int64N(1 << 40)
+		stride := int64(1 + rng.IntN(8))
+		for step := range 300 {
+			switch rng.IntN(10) {
+			case 0:
+				stride = int64(1 + rng.IntN(8)) // a new even spacing
+			case 1:
+				seq += packedMask + rng.Int64N(3) - 1 // the largest packed distance and its neighbours
+			case 2, 3:
+				seq += 1 + rng.Int64N(200) // irregular
+			default:
+				seq += stride
+			}
+			tr.push(seq)
+			ref = append(ref, seq)
+			if len(ref) > 1 && rng.IntN(3) == 0 {
+				for range 1 + rng.IntN(3) {
+					if len(ref) > 1 {
+						tr.popOldest()
+						ref = ref[1:]
+					}
+				}
+			}
+			checkTrajectorySeqs(t, tr, ref, fmt.Sprintf("trial %d, step %d", trial, step), rng)
+		}
+	}
+	cost := func(dist func(i int) int64) int {
+		tr := &Trajectory{}
+		seq := int64(1000)
+		for i := range 1000 {
+			seq += dist(i)
+			tr.push(seq)
+		}
+		return len(tr.runs)
+	}
+	if n := cost(func(int) int64 { return 8 }); n != 1 {
+		t.Errorf("rows 8 seqs apart took %d runs, want 1", n)
+	}
+	irregular := rand.New(rand.NewPCG(23, 24))
+	if n := cost(func(int) int64 { return 1 + irregular.Int64N(500) }); n > 1000/packedRows+1 {
+		t.Errorf("rows at irregular distances took %d runs for 1000 rows, want at most %d", n, 1000/packedRows+1)
+	}
+	if n := cost(func(i int) int64 { return int64(packedMask + 1 + i%2) }); n > 500+1 {
+		t.Errorf("rows too far apart to pack took %d runs for 1000 rows, want at most 501 (one for two)", n)
+	}
+}
+
+func checkTrajectorySeqs(t *testing.T, tr *Trajectory, ref []int64, when string, rng *rand.Rand) {
+	t.Helper()
+	if tr.Len() != len(ref) {
+		t.Fatalf("%s: %d live rows, want %d", when, tr.Len(), len(ref))
+	}
+	for i, want := range ref {
+		if got := tr.Seq(i); got != want {
+			t.Fatalf("%s: Seq(%d) = %d, want %d (runs %+v)", when, i, got, want, tr.runs[tr.hr:])
+		}
+	}
+	if got := tr.lastSeq(); got != ref[len(ref)-1] {
+		t.Fatalf("%s: lastSeq %d, want %d", when, got, ref[len(ref)-1])
+	}
+	i := rng.IntN(len(ref))
+	n := rng.IntN(len(ref) - i + 1)
+	if got := tr.AppendSeqs(nil, i, n); !slices.Equal(got, ref[i:i+n]) {
+		t.Fatalf("%s: AppendSeqs(%d, %d) = %v, want %v", when, i, n, got, ref[i:i+n])
+	}
+}

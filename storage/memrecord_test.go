@@ -166,7 +166,7 @@ func TestRunTableMapsAsItGrows(t *testing.T) {
 	}
 	for i := range runBlockRuns + 10 {
 		r := record{Seq: int64(i), TrajID: int64(i), PrevSeq: -1, Flags: flagDone}
-		if _, _, ok := rt.place(&r); !ok {
+		if _, _, _, ok := rt.place(&r); !ok {
 			t.Fatalf("run %d: no handle", i)
 		}
 	}
@@ -180,7 +180,7 @@ func TestRunTableMapsAsItGrows(t *testing.T) {
 		small.place(&r)
 	}
 	r := record{Seq: 10, TrajID: 10, PrevSeq: -1}
-	if _, _, ok := small.place(&r); ok {
+	if _, _, _, ok := small.place(&r); ok {
 		t.Error("an 11th live run in a table for 10 rows got a handle")
 	}
 	if len(small.regions) != 1 || len(small.blocks) != 1 {
@@ -418,7 +418,10 @@ func testRunRecordsProperty(t *testing.T, layout RowMetaLayout) {
 		}
 		checkRuns(t, mem)
 	}
-	if live := int64(len(mem.LiveSeqs(0, capacity))); layout == RowMetaRuns && mem.runs.live*2 > live {
+	// Strided runs of rows at irregular distances continue as irregular
+	// runs: without them this test's strided buffer held 36 runs for 64
+	// rows.
+	if live := int64(len(mem.LiveSeqs(0, capacity))); mem.runs.live*2 > live {
 		t.Fatalf("%d runs for %d live rows: runs did not continue", mem.runs.live, live)
 	}
 	if info, err := mem.Info(); err != nil || info.RunRecords != mem.runs.live || info.RunRecords == 0 {
@@ -511,6 +514,9 @@ func TestStridedRunsLockstep(t *testing.T) {
 			t.Fatalf("batch %d: %d runs for %d live trajectories of %d envs in lockstep", batchNo, mem.runs.live, len(trajs), envs)
 		}
 	}
+	if mem.runs.irr.Load() != nil {
+		t.Fatal("lockstep writers mapped the side table of irregular runs")
+	}
 }
 
 // TestStridedRuns writes strided records straight into a memory buffer's
@@ -577,6 +583,102 @@ func TestStridedRuns(t *testing.T) {
 		}
 		checkRuns(t, b)
 	}
+}
+
+// TestStridedIrregularRuns writes strided records straight into a memory
+// buffer's slots and reads each back: a run that breaks its stride early
+// makes its trajectory's next run irregular, whose rows keep their offsets
+// and distances (up to 65,535) in the side table, mapped at the first such
+// row; a long run that breaks its stride is followed by a regular one; and
+// where the side table cannot be mapped, rows start runs as before.
+func TestStridedIrregularRuns(t *testing.T) {
+	type step struct {
+		seq, step, prev int64
+		newRun          bool
+		comment         string
+	}
+	run := func(t *testing.T, b *Buffer, traj int64, steps []step) {
+		t.Helper()
+		var last uint32
+		for i, c := range steps {
+			r := record{Seq: c.seq, TrajID: traj, Step: c.step, PrevSeq: c.prev, Env: 1}
+			slot := putReadBack(t, b, r)
+			h := binary.LittleEndian.Uint32(b.recs[slot*b.recPitch+b.runs.wordOff:]) & memRunMask
+			if i > 0 && (h != last) != c.newRun {
+				t.Errorf("seq %d (%s): run %d after run %d, want a new run %v", c.seq, c.comment, h, last, c.newRun)
+			}
+			last = h
+			checkRuns(t, b)
+		}
+	}
+	// A ring larger than the seqs written: no row overwrites another, so
+	// a handle seen again is the same run, not a released one reused.
+	ringOf := func(t *testing.T) *Buffer {
+		s := openStore(t, t.TempDir())
+		t.Cleanup(func() { s.Close() })
+		spec := testSpec(KindMemory, 1<<18, true)
+		spec.RowMetaLayout = RowMetaStrided
+		return mustCreate(t, s, "m", spec)
+	}
+	const far = maxRunDist
+	irregular := []step{
+		{seq: 100, step: 0, prev: -1, newRun: true},
+		{seq: 102, step: 1, prev: 100, comment: "stride 2"},
+		{seq: 105, step: 2, prev: 102, newRun: true, comment: "off the stride after 2 rows: an irregular run"},
+		{seq: 106, step: 3, prev: 105, comment: "distance 1"},
+		{seq: 106 + far, step: 4, prev: 106, comment: "the farthest distance a side table entry holds"},
+		{seq: 106 + 2*far + 1, step: 5, prev: 106 + far, newRun: true, comment: "one further: the next run, irregular too"},
+		{seq: 106 + 2*far + 8, step: 6, prev: 106 + 2*far + 1, comment: "distance 7"},
+		{seq: 106 + 2*far + 9, step: 7, prev: 106 + 2*far + 8, comment: "distance 1"},
+	}
+	t.Run("irregular", func(t *testing.T) {
+		b := ringOf(t)
+		b.wmu.Lock()
+		defer b.wmu.Unlock()
+		run(t, b, 3, irregular[:2])
+		if b.runs.irr.Load() != nil {
+			t.Fatal("side table mapped before any irregular row")
+		}
+		run(t, b, 3, irregular)
+		if b.runs.irr.Load() == nil {
+			t.Fatal("irregular rows written, no side table")
+		}
+	})
+	t.Run("long run", func(t *testing.T) {
+		b := ringOf(t)
+		b.wmu.Lock()
+		defer b.wmu.Unlock()
+		var steps []step
+		for i := range int64(irregularBelow) {
+			steps = append(steps, step{seq: 1000 + i, step: i, prev: 999 + i, comment: "stride 1"})
+		}
+		steps[0].prev, steps[0].newRun = -1, true
+		steps = append(steps,
+			step{seq: 1000 + irregularBelow + 1, step: irregularBelow, prev: 999 + irregularBelow, newRun: true, comment: "off the stride after 16 rows: a regular run"},
+			step{seq: 1000 + irregularBelow + 3, step: irregularBelow + 1, prev: 1000 + irregularBelow + 1, comment: "stride 2"},
+			step{seq: 1000 + irregularBelow + 5, step: irregularBelow + 2, prev: 1000 + irregularBelow + 3, comment: "stride 2"},
+		)
+		run(t, b, 4, steps)
+		if b.runs.irr.Load() != nil {
+			t.Fatal("side table mapped for regular runs")
+		}
+	})
+	t.Run("no side table", func(t *testing.T) {
+		b := ringOf(t)
+		b.wmu.Lock()
+		defer b.wmu.Unlock()
+		b.runs.irrFailed = true // as when the OS refuses the mapping
+		steps := slices.Clone(irregular)
+		// Regular runs: 105, 106 (stride 1); 106+far, one further
+		// (stride 65,536); then distance 7 and 1.
+		steps[3].comment, steps[4].newRun = "stride 1", true
+		steps[5].newRun, steps[5].comment = false, "stride 65,536"
+		steps[6].newRun = true
+		run(t, b, 3, steps)
+		if b.runs.irr.Load() != nil {
+			t.Fatal("side table mapped after its mapping failed")
+		}
+	})
 }
 
 // TestStridedOffset checks the reciprocal division against the division

@@ -41,7 +41,14 @@ import (
 // second row joins) and the stride's reciprocal, and a row's record is
 // only its run word (beside its pass stamp): the offset is (seq - first)
 // / stride, the previous row seq - stride. A row whose distance back
-// differs from its run's stride starts a run.
+// differs from its run's stride starts a run. Rows that keep no stride
+// (actors sending a step or a few at a time, interleaved as their requests
+// arrive) would then cost a run record a row: once a run breaks its
+// stride within its first irregularBelow rows, its trajectory's next run
+// is irregular instead (stride irregularStride), and each of its rows past
+// the first keeps its offset and distance back in 4 bytes of a side table
+// (runTable.irr), mapped at the first such row, whose pages take memory
+// only where such rows were written.
 const (
 	// runRecordSize is the room a run record takes: its 40 bytes padded
 	// to a cache line, so that reading one costs one miss (runs are
@@ -72,6 +79,16 @@ const (
 	maxRunRows = 1 << 16 // a row's offset in its run is a u16
 	maxRunDist = 1<<16 - 1
 
+	// irregularStride marks an irregular run of a strided table.
+	irregularStride = -1
+	// irregularBelow: a run that breaks its stride before this many rows
+	// makes its trajectory's next run irregular. A regular run costs its
+	// 64-byte record, 64/k bytes a row for runs of k rows, an irregular
+	// one 4 bytes a row past its first: even at 16.
+	irregularBelow = 16
+	// irrEntry is the bytes a slot takes in the side table.
+	irrEntry = 4
+
 	runBlockBits = 12 // 4,096 run records, 256 KiB, a block
 	runBlockRuns = 1 << runBlockBits
 )
@@ -91,6 +108,16 @@ type runTable struct {
 	// row's run word is in its memory record.
 	strided bool
 	wordOff int64
+	// irr is the base of the side table of irregular runs (strided
+	// tables; see the comment above runRecordSize): slot's entry is the
+	// u16 offset in its run and the u16 distance back at irr + 4 x slot.
+	// nil until the first irregular row; irrRegion is its mapping, and
+	// irrFailed says the OS refused it (rows then start runs, as without
+	// irregular runs). Writers map it, readers load it.
+	irr       atomic.Pointer[byte]
+	irrRegion *mmapfile.Region
+	irrFailed bool
+	slots     int64 // the ring's capacity
 
 	refs []uint32 // rows naming each handle handed out so far
 	// handedOut is len(refs) for readers: how many run records have
@@ -122,7 +149,7 @@ type openRun struct {
 	off               uint32 // the last row's offset in the run
 	lastSeq, lastStep int64
 	env, version      int64
-	first, stride     int64 // strided tables
+	first, stride     int64 // strided tables (stride irregularStride: an irregular run)
 }
 
 // newRunTable returns the run table of a ring of capacity rows: every slot
@@ -134,7 +161,7 @@ func newRunTable(capacity int64, strided bool) *runTable {
 	t := &runTable{
 		blocks: make([]atomic.Pointer[runBlock], (limit+runBlockRuns-1)/runBlockRuns),
 		limit:  limit, refs: []uint32{0}, open: map[int64]*openRun{},
-		strided: strided, wordOff: mrecRun,
+		strided: strided, wordOff: mrecRun, slots: capacity,
 	}
 	if strided {
 		t.wordOff = mrecStridedRun
@@ -142,19 +169,62 @@ func newRunTable(capacity int64, strided bool) *runTable {
 	return t
 }
 
+// follows reports whether r, a row of o's trajectory, is the row after
+// o's last one, with its env and version: the row continues o's run unless
+// the run has no room for it or (strided) its distance back breaks the
+// run's stride.
+func (t *runTable) follows(o *openRun, r *record) bool {
+	return r.PrevSeq == o.lastSeq && r.Step == o.lastStep+1 && r.Env == o.env && r.PolicyVersion == o.version
+}
+
 // continues reports whether r, a row of o's trajectory, continues o's run.
 func (t *runTable) continues(o *openRun, r *record) bool {
-	if r.PrevSeq != o.lastSeq || r.Step != o.lastStep+1 || r.Env != o.env || r.PolicyVersion != o.version {
+	if !t.follows(o, r) {
 		return false
 	}
 	d := r.Seq - r.PrevSeq
-	if !t.strided {
+	if !t.strided || o.stride == irregularStride {
 		return d <= maxRunDist && o.off+1 < maxRunRows
 	}
 	if r.Seq-o.first > maxStridedSpan {
 		return false
 	}
 	return d == o.stride || (o.off == 0 && d >= 1)
+}
+
+// irregularAfter reports whether the row that follows o's last one but
+// does not continue its run should start an irregular run: o is itself
+// irregular (it ran out of room, or the row is too far for 16 bits), or
+// broke its stride early; and the side table is (or can be) mapped.
+func (t *runTable) irregularAfter(o *openRun) bool {
+	if !t.strided || o.stride != irregularStride && o.off+1 >= irregularBelow {
+		return false
+	}
+	return t.irrMapped()
+}
+
+// irrMapped maps the side table of irregular runs if it is not yet, and
+// reports whether it is.
+func (t *runTable) irrMapped() bool {
+	if t.irr.Load() != nil {
+		return true
+	}
+	if t.irrFailed {
+		return false
+	}
+	r, err := mmapfile.Anonymous(t.slots * irrEntry)
+	if err != nil {
+		t.irrFailed = true
+		return false
+	}
+	t.irrRegion = r
+	t.irr.Store(unsafe.SliceData(r.Bytes()))
+	return true
+}
+
+// irrAt is slot's entry in the side table at base.
+func irrAt(base *byte, slot int64) *uint32 {
+	return (*uint32)(unsafe.Add(unsafe.Pointer(base), slot*irrEntry))
 }
 
 // setStride gives o's run, which has one row, the stride of its second.
@@ -189,6 +259,11 @@ func (t *runTable) close() error {
 	var errs []error
 	for _, r := range t.regions {
 		errs = append(errs, r.Close())
+	}
+	if t.irrRegion != nil {
+		t.irr.Store(nil)
+		errs = append(errs, t.irrRegion.Close())
+		t.irrRegion = nil
 	}
 	return errors.Join(errs...)
 }
@@ -231,29 +306,32 @@ func (t *runTable) closeOpen(o *openRun) {
 
 // place returns the run and offset of row r (r.Seq set), continuing the
 // open run of r's trajectory when r extends it and starting a run
-// otherwise, and counts the reference. ok is false when no handle is
+// otherwise, and counts the reference; irregular says the run is an
+// irregular one (strided tables), whose rows past the first keep their
+// offset and distance in the side table. ok is false when no handle is
 // free: the row then names no run.
-func (t *runTable) place(r *record) (handle, off uint32, ok bool) {
+func (t *runTable) place(r *record) (handle, off uint32, irregular, ok bool) {
 	o := t.openOf(r.TrajID)
 	if o != nil && t.continues(o, r) {
-		if t.strided && o.off == 0 {
+		if t.strided && o.stride == 0 {
 			t.setStride(o, r.Seq-r.PrevSeq)
 		}
 		o.off++
 		o.lastSeq, o.lastStep = r.Seq, r.Step
 		t.refs[o.handle]++
-		handle, off = o.handle, o.off
+		handle, off, irregular = o.handle, o.off, o.stride == irregularStride
 		if r.Flags&flagDone != 0 {
 			t.closeOpen(o) // nothing follows a trajectory's last row
 		}
-		return handle, off, true
+		return handle, off, irregular, true
 	}
 	if o != nil {
+		irregular = t.follows(o, r) && t.irregularAfter(o)
 		t.closeOpen(o)
 	}
 	h, ok := t.alloc()
 	if !ok {
-		return 0, 0, false
+		return 0, 0, false, false
 	}
 	rb := t.rec(h)
 	le := binary.LittleEndian
@@ -262,19 +340,23 @@ func (t *runTable) place(r *record) (handle, off uint32, ok bool) {
 	le.PutUint64(rb[runPrev:], uint64(r.PrevSeq))
 	le.PutUint64(rb[runEnv:], uint64(r.Env))
 	le.PutUint64(rb[runVersion:], uint64(r.PolicyVersion))
+	var stride int64
+	if irregular {
+		stride = irregularStride
+	}
 	if t.strided {
 		le.PutUint64(rb[runFirst:], uint64(r.Seq))
-		le.PutUint64(rb[runStride:], 0)
+		le.PutUint64(rb[runStride:], uint64(stride))
 		le.PutUint64(rb[runMagic:], 0)
 	}
 	t.refs[h] = 1
 	t.live++
 	if r.Flags&flagDone == 0 {
-		o := &openRun{traj: r.TrajID, handle: h, lastSeq: r.Seq, lastStep: r.Step, env: r.Env, version: r.PolicyVersion, first: r.Seq}
+		o := &openRun{traj: r.TrajID, handle: h, lastSeq: r.Seq, lastStep: r.Step, env: r.Env, version: r.PolicyVersion, first: r.Seq, stride: stride}
 		t.open[r.TrajID] = o
 		t.recent[r.TrajID&(openCacheSize-1)] = o
 	}
-	return h, 0, true
+	return h, 0, irregular, true
 }
 
 func (t *runTable) alloc() (uint32, bool) {
@@ -325,11 +407,17 @@ func (t *runTable) release(handle uint32) {
 const runsInCache = 256 << 10
 
 // prefetchRuns asks for the run records the memory records of seqs (< 0
-// skipped) name. A run record is a second, dependent miss per row in a
+// skipped) name, and their side table entries once a strided table has
+// one (for every row: which rows are irregular is in the run records
+// being asked for). A run record is a second, dependent miss per row in a
 // large ring: read one row at a time, the misses would be served one
 // after another. The records' own lines were asked for before.
 func (b *Buffer) prefetchRuns(seqs []int64, ring ringSlots) {
-	if b.runs.handedOut.Load()*runRecordSize <= runsInCache {
+	irr := b.runs.irr.Load()
+	if irr != nil && b.runs.slots*irrEntry <= runsInCache {
+		irr = nil
+	}
+	if irr == nil && b.runs.handedOut.Load()*runRecordSize <= runsInCache {
 		return
 	}
 	recs, runs, pitch, at := b.recs, b.runs, b.recPitch, b.runs.wordOff
@@ -337,9 +425,13 @@ func (b *Buffer) prefetchRuns(seqs []int64, ring ringSlots) {
 		if seq < 0 {
 			continue
 		}
-		w := binary.LittleEndian.Uint32(recs[ring.of(seq)*pitch+at:])
+		slot := ring.of(seq)
+		w := binary.LittleEndian.Uint32(recs[slot*pitch+at:])
 		if run := runs.rec(w & memRunMask); run != nil {
 			prefetch.Line(unsafe.Pointer(run))
+		}
+		if irr != nil {
+			prefetch.Line(unsafe.Pointer(irrAt(irr, slot)))
 		}
 	}
 }
@@ -355,7 +447,7 @@ func (b *Buffer) putRunRecord(slot int64, r *record) {
 	rb := b.recs[slot*b.recPitch : slot*b.recPitch+memRunRecordSize]
 	le := binary.LittleEndian
 	b.runs.release(le.Uint32(rb[mrecRun:]) & memRunMask)
-	h, off, ok := b.runs.place(r)
+	h, off, _, ok := b.runs.place(r)
 	if !ok {
 		b.setWide(slot, r, rb[mrecRun:])
 		le.PutUint32(rb[mrecOff:], 0)
@@ -380,12 +472,16 @@ func (b *Buffer) putStridedRecord(slot int64, r *record) {
 	word := b.recs[slot*b.recPitch+mrecStridedRun : slot*b.recPitch+mrecStridedRun+4]
 	le := binary.LittleEndian
 	b.runs.release(le.Uint32(word) & memRunMask)
-	h, _, ok := b.runs.place(r)
+	h, off, irregular, ok := b.runs.place(r)
 	if !ok {
 		b.setWide(slot, r, word)
 		return
 	}
 	b.wide.drop(slot)
+	if irregular && off > 0 {
+		// place keeps both within 16 bits for irregular runs.
+		*irrAt(b.runs.irr.Load(), slot) = off | uint32(r.Seq-r.PrevSeq)<<16
+	}
 	le.PutUint32(word, h|r.Flags<<memRunBits)
 }
 
@@ -454,6 +550,14 @@ func (b *Buffer) stridedFields(slot, seq int64) (traj, step, prev, env, version 
 	}
 	stride := int64(le.Uint64(run[runStride:]))
 	if x < 0 || x > maxStridedSpan || stride <= 0 {
+		if stride == irregularStride && x > 0 {
+			if irr := b.runs.irr.Load(); irr != nil {
+				e := *irrAt(irr, slot)
+				if off, dist := int64(e&0xffff), int64(e>>16); off > 0 && dist > 0 {
+					return traj, step + off, seq - dist, env, version, flags
+				}
+			}
+		}
 		return 0, 0, -1, 0, 0, flags // torn
 	}
 	return traj, step + stridedOffset(x, stride, le.Uint64(run[runMagic:])), seq - stride, env, version, flags

@@ -77,10 +77,11 @@ const (
 	// equally many seqs apart (envs stepping in lockstep, as collectors
 	// and vectorised environments write them), so a row's step and
 	// previous row follow from its seq. A compact CartPole row group is
-	// 40 bytes, not 48 or 64. Rows that break the stride (actors writing
-	// steps of one trajectory at irregular intervals) start a run each:
-	// up to a 64-byte run record a row more. Seqs are bounded by
-	// (2^32 - 1) x capacity, 4.3e14 rows in a ring of 10^5.
+	// 40 bytes, not 48 or 64. Rows that keep no stride (actors writing
+	// steps of one trajectory at irregular intervals) go to irregular
+	// runs, which keep each row's offset and distance back in 4 bytes of
+	// a side table. Seqs are bounded by (2^32 - 1) x capacity, 4.3e14
+	// rows in a ring of 10^5.
 	RowMetaStrided RowMetaLayout = "strided"
 )
 

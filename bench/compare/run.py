@@ -9,7 +9,10 @@ records ("row_meta": "strided", 8-byte records), and a memmap buffer
 (durability none, files in a temporary dir) with rows.meta format version 1
 and 2 (the same two row_meta values; 2, "runs", is what a new memmap buffer
 gets by default, 1 what older builds made); "disk/row" is a memmap buffer's
-files over its rows.
+files over its rows. Two more CartPole legs write the memory buffer (default
+and strided) as 64 actors do, each extend one step of one actor, a stream of
+its own ("64 actors": a trajectory's rows come at irregular distances; adds
+are then rows/s of one-row extends).
 
 The in-process legs (numpy, Go) run --rounds times, alternating (numpy, Go,
 Go with run records, numpy, ...), and the table prints each figure's median
@@ -299,20 +302,21 @@ def main():
         cap = a.cartpole_capacity if wl == "cartpole" else a.atari_capacity
         # Small rows also with run records (row_meta "runs", "strided"):
         # less memory a row, slower samples; images have no use for them.
-        metas = [("memory", "row"), ("memory", "runs"), ("memory", "strided"), ("memmap", "row"), ("memmap", "runs")]
+        metas = [("memory", "row", 0), ("memory", "runs", 0), ("memory", "strided", 0), ("memmap", "row", 0), ("memmap", "runs", 0),
+                 ("memory", "row", 64), ("memory", "strided", 64)]
         if wl != "cartpole":
             metas = metas[:1]
         legs = {"numpy": []}
         legs.update((m, []) for m in metas)
         for rnd in range(max(a.rounds, 1)):
             legs["numpy"].append(run_child("numpy", wl, cap, a.seconds))
-            for storage, row_meta in metas:
+            for storage, row_meta, actors in metas:
                 out = subprocess.run([inproc, "--workload", wl, "--capacity", str(cap), "--seconds", str(a.seconds),
-                                      "--storage", storage, "--row-meta", row_meta, "--settle"],
+                                      "--storage", storage, "--row-meta", row_meta, "--settle", "--actors", str(actors)],
                                      check=True, capture_output=True, text=True)
                 r = json.loads(out.stdout)
                 r["x_numpy"] = [r["sample_batches_per_s"] / legs["numpy"][rnd]["sample_batches_per_s"]]
-                legs[storage, row_meta].append(r)
+                legs[storage, row_meta, actors].append(r)
         results.append(combine(legs["numpy"]))
         with rbdserver.Server() as srv:
             results.append(run_child("client", wl, cap, a.seconds, ["--url", srv.url, "--server-pid", str(srv.proc.pid), "--server-log", srv.stderr_path]))

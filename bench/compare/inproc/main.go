@@ -1,11 +1,13 @@
 // Command inproc is the "rbd in-process from Go" leg of bench/compare: it
 // writes the workload of bench/compare/run.py into a memory buffer of an
-// embedded store (rbd.Open) in extends of 256 rows, then samples uniform
-// batches of 256 for a few seconds, and prints one JSON line with rows/s,
-// batches/s and the bytes held per transition.
+// embedded store (rbd.Open) in extends of 256 rows (or, with --actors, as
+// that many actors write: one step of one actor an extend), then samples
+// uniform batches of 256 for a few seconds, and prints one JSON line with
+// rows/s, batches/s and the bytes held per transition.
 //
 //	go run ./bench/compare/inproc --workload cartpole --capacity 100000
 //	go run ./bench/compare/inproc --capacity 1000000 --seconds 0 --settle   # what tests/resident checks
+//	go run ./bench/compare/inproc --capacity 1000000 --seconds 1 --settle --row-meta strided --actors 64
 package main
 
 import (
@@ -98,14 +100,19 @@ func (w *workload) spec(capacity int64, kind storage.Kind, rowMeta storage.RowMe
 // batch fills b with ticks [tick0, tick0+ticks) of every env, tick-major,
 // with one final observation per done row.
 func (w *workload) batch(b *storage.Batch, tick0, ticks int) {
-	n := ticks * nEnvs
+	w.envBatch(b, tick0, ticks, 0, nEnvs)
+}
+
+// envBatch is batch for envs [env0, env1) only.
+func (w *workload) envBatch(b *storage.Batch, tick0, ticks, env0, env1 int) {
+	n := ticks * (env1 - env0)
 	obs := b.Fields["observation"][:0]
 	final := b.Fields["next.observation"][:0]
 	act, rew := b.Fields["action"][:0], b.Fields["next.reward"][:0]
 	done, term, trunc := b.Fields["next.done"][:0], b.Fields["next.terminated"][:0], b.Fields["next.truncated"][:0]
 	b.Env = b.Env[:0]
 	for t := tick0; t < tick0+ticks; t++ {
-		for e := range nEnvs {
+		for e := env0; e < env1; e++ {
 			obs = append(obs, w.obs(e, t)...)
 			act = binary.LittleEndian.AppendUint64(act, uint64((e+t)%2))
 			rew = binary.LittleEndian.AppendUint32(rew, math.Float32bits(1))
@@ -153,14 +160,27 @@ func main() {
 	settle := flag.Bool("settle", false, "collect garbage and return freed memory to the OS before each resident-set reading, so bytes_per_transition_rss counts what the buffer holds, not garbage the fill left (tests/resident)")
 	rowMeta := flag.String("row-meta", "", "the buffer's row_meta: row (32-byte memory records, 64-byte file records) runs (16-byte records and run records) or strided (memory only: 8-byte records and strided run records); left out, the default of the storage kind (memory: row, memmap: runs)")
 	kind := flag.String("storage", "memory", "the buffer's storage: memory, or memmap (files in a temporary dir, durability none)")
+	actors := flag.Int("actors", 0, "write as this many actors do, not as one collector: each extend is --actor-rows steps of one actor (a stream of its own, one env), the actor drawn at random (seeded), so a trajectory's rows are irregular distances apart; 0: 8 envs stepped together, --batch rows an extend")
+	actorRows := flag.Int("actor-rows", 1, "steps an actor sends in one extend (with --actors)")
 	flag.Parse()
-	if err := run(*name, *capacity, *batchSize, time.Duration(*seconds*float64(time.Second)), *settle, storage.Kind(*kind), storage.RowMetaLayout(*rowMeta)); err != nil {
+	if *actors < 0 || *actorRows < 1 {
+		fmt.Fprintln(os.Stderr, "inproc: --actors must be 0 or more and --actor-rows 1 or more")
+		os.Exit(2)
+	}
+	w := writers{actors: *actors, actorRows: *actorRows}
+	if err := run(*name, *capacity, *batchSize, time.Duration(*seconds*float64(time.Second)), *settle, storage.Kind(*kind), storage.RowMetaLayout(*rowMeta), w); err != nil {
 		fmt.Fprintln(os.Stderr, "inproc:", err)
 		os.Exit(1)
 	}
 }
 
-func run(name string, capacity int64, batchSize int, sampleFor time.Duration, settle bool, kind storage.Kind, rowMeta storage.RowMetaLayout) error {
+// writers says how rows reach the buffer: one collector (actors 0) or
+// actors sending a few steps of their own env each.
+type writers struct {
+	actors, actorRows int
+}
+
+func run(name string, capacity int64, batchSize int, sampleFor time.Duration, settle bool, kind storage.Kind, rowMeta storage.RowMetaLayout, wr writers) error {
 	w, err := newWorkload(name)
 	if err != nil {
 		return err
@@ -190,11 +210,28 @@ func run(name string, capacity int64, batchSize int, sampleFor time.Duration, se
 	// timed on its own, around the extends only.
 	var pass [2]time.Duration
 	rows, tick := int64(0), 0
+	actorTick := make([]int, wr.actors)
+	actorStreams := make([]string, wr.actors)
+	for a := range actorStreams {
+		actorStreams[a] = fmt.Sprintf("actor%d", a)
+	}
+	pick := rand.New(rand.NewPCG(7, 8))
 	for p := range pass {
 		for written := int64(0); written < capacity; tick += ticks {
-			w.batch(b, tick, ticks)
+			stream := "bench"
+			if wr.actors == 0 {
+				w.batch(b, tick, ticks)
+			} else {
+				// An actor is a stream of its own with one env, as
+				// actors writing to rbd serve are.
+				a := pick.IntN(wr.actors)
+				w.envBatch(b, actorTick[a], wr.actorRows, a, a+1)
+				clear(b.Env)
+				actorTick[a] += wr.actorRows
+				stream = actorStreams[a]
+			}
 			start := time.Now()
-			if _, err := buf.Extend("bench", b); err != nil {
+			if _, err := buf.Extend(stream, b); err != nil {
 				return err
 			}
 			pass[p] += time.Since(start)
@@ -240,6 +277,9 @@ func run(name string, capacity int64, batchSize int, sampleFor time.Duration, se
 	// The layout the buffer got (a memmap buffer's default is runs).
 	if got := info.Spec.RowMetaLayout; kind != storage.KindMemory || (got != "" && got != storage.RowMetaPerRow) {
 		impl += fmt.Sprintf(", row_meta %s", cmp.Or(got, storage.RowMetaPerRow))
+	}
+	if wr.actors > 0 {
+		impl += fmt.Sprintf(", %d actors", wr.actors)
 	}
 	res := map[string]any{
 		"impl": impl, "workload": name, "rows": info.Size,
