@@ -249,58 +249,65 @@ func BenchmarkExtendRunMeta(b *testing.B) {
 }
 
 // BenchmarkExtendActors writes as actors write to a server: 64 actors,
-// each a stream of its own with one env, each extend one step of an actor
-// drawn at random (episodes of 200 steps), so a trajectory's rows are
-// irregular distances apart (the index packs them, strided tables keep
-// irregular runs). An op is 256 extends, as many rows as
-// BenchmarkExtendRunMeta's op.
+// each a stream of its own with one env (streams=64), each extend one step
+// of an actor drawn at random (episodes of 200 steps), so a trajectory's
+// rows are irregular distances apart (the index packs them, strided tables
+// keep irregular runs); streams=1 writes the actors as 64 envs of one
+// stream, as a writer that multiplexes actors does. An op is 256 extends,
+// as many rows as BenchmarkExtendRunMeta's op.
 //
 //	go test ./storage -run '^$' -bench BenchmarkExtendActors -benchtime 2s -count 6
 func BenchmarkExtendActors(b *testing.B) {
 	const actors, episode = 64, 200
 	for _, layout := range []RowMetaLayout{RowMetaPerRow, RowMetaRuns, RowMetaStrided} {
-		b.Run(fmt.Sprintf("kind=memory/row=cartpole/row_meta=%s", layout), func(b *testing.B) {
-			spec := benchCartpoleSpec(KindMemory, "", 100_000)
-			spec.RowMetaLayout = layout
-			src := newBenchBatches(spec, episode)
-			buf := benchBuffer(b, spec, src)
-			// One row of every field, and the same row with done set.
-			row := func(done bool) *Batch {
-				f := map[string][]byte{}
-				for name, v := range src.at(0).Fields {
-					w := len(v) / benchBatchRows
-					f[name] = slices.Clone(v[:w])
-				}
-				flag := []byte{0}
-				if done {
-					flag[0] = 1
-				}
-				f["next.done"], f["next.terminated"] = flag, flag
-				return &Batch{Rows: 1, Fields: f}
-			}
-			var steps [actors]int
-			var rows, ends [actors]*Batch
-			var streams [actors]string
-			for a := range actors {
-				rows[a], ends[a], streams[a] = row(false), row(true), fmt.Sprintf("actor%d", a)
-			}
-			rng := rand.New(rand.NewPCG(9, 10))
-			b.SetBytes(int64(benchBatchRows * src.rowBytes))
-			b.ReportAllocs()
-			for b.Loop() {
-				for range benchBatchRows {
-					a := rng.IntN(actors)
-					batch := rows[a]
-					if steps[a]++; steps[a]%episode == 0 {
-						batch = ends[a]
+		for _, nStreams := range []int{actors, 1} {
+			b.Run(fmt.Sprintf("kind=memory/row=cartpole/row_meta=%s/streams=%d", layout, nStreams), func(b *testing.B) {
+				spec := benchCartpoleSpec(KindMemory, "", 100_000)
+				spec.RowMetaLayout = layout
+				src := newBenchBatches(spec, episode)
+				buf := benchBuffer(b, spec, src)
+				// One row of every field, and the same row with done set.
+				row := func(env int64, done bool) *Batch {
+					f := map[string][]byte{}
+					for name, v := range src.at(0).Fields {
+						w := len(v) / benchBatchRows
+						f[name] = slices.Clone(v[:w])
 					}
-					if _, err := buf.Extend(streams[a], batch); err != nil {
-						b.Fatal(err)
+					flag := []byte{0}
+					if done {
+						flag[0] = 1
+					}
+					f["next.done"], f["next.terminated"] = flag, flag
+					return &Batch{Rows: 1, Fields: f, Env: []int64{env}}
+				}
+				var steps [actors]int
+				var rows, ends [actors]*Batch
+				var streams [actors]string
+				for a := range actors {
+					env, stream := int64(0), fmt.Sprintf("actor%d", a)
+					if nStreams == 1 {
+						env, stream = int64(a), "actors"
+					}
+					rows[a], ends[a], streams[a] = row(env, false), row(env, true), stream
+				}
+				rng := rand.New(rand.NewPCG(9, 10))
+				b.SetBytes(int64(benchBatchRows * src.rowBytes))
+				b.ReportAllocs()
+				for b.Loop() {
+					for range benchBatchRows {
+						a := rng.IntN(actors)
+						batch := rows[a]
+						if steps[a]++; steps[a]%episode == 0 {
+							batch = ends[a]
+						}
+						if _, err := buf.Extend(streams[a], batch); err != nil {
+							b.Fatal(err)
+						}
 					}
 				}
-			}
-			reportRate(b, benchBatchRows, "rows/s")
-		})
+				reportRate(b, benchBatchRows, "rows/s")
+			})
+		}
 	}
 }
 
