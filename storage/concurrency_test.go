@@ -227,7 +227,7 @@ func testTornRows(t *testing.T, kind Kind, layout RowMetaLayout) {
 			t.Fatalf("readers checked %d rows and %d links: the test proved nothing", checked.Load(), linked.Load())
 		}
 		if layout == RowMetaStrided && b.runs.irr.Load() == nil {
-			t.Fatal("no irregular strided run was written: readers never decoded one mid-write")
+			t.Fatal("no irregular strided run was written: the readers never met one")
 		}
 		if writtenRows.Load() < 4*capacity {
 			t.Errorf("only %d rows written: the ring of %d barely wrapped", writtenRows.Load(), capacity)

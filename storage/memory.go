@@ -56,6 +56,9 @@ func fullMemoryBytes(spec Spec) int64 {
 		if spec.RowMetaLayout == RowMetaRuns || spec.RowMetaLayout == RowMetaStrided {
 			perRow += runBytesPerRow
 		}
+		if spec.RowMetaLayout == RowMetaStrided {
+			perRow += irrEntry // the side table of irregular runs, if rows at irregular distances fill it
+		}
 		if spec.CompactObs {
 			for _, k := range spec.ObsKeys {
 				if f, ok := spec.Field(k); ok {

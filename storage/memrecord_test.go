@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
@@ -284,6 +285,15 @@ func checkRuns(t *testing.T, b *Buffer) {
 	if live != rt.live || live > b.capacity {
 		t.Fatalf("%d runs live, the table counts %d (capacity %d)", live, rt.live, b.capacity)
 	}
+	var irregular int64
+	for h := 1; h < len(rt.refs); h++ {
+		if rt.strided && rt.refs[h] > 0 && int64(binary.LittleEndian.Uint64(rt.rec(uint32(h))[runStride:])) == irregularStride {
+			irregular++
+		}
+	}
+	if got := rt.irregularLive.Load(); got != irregular {
+		t.Fatalf("%d irregular runs live, the table counts %d", irregular, got)
+	}
 	for _, o := range rt.recent {
 		if o != nil && rt.open[o.traj] != o {
 			t.Fatalf("the open-run cache holds trajectory %d's run %d, which is not open", o.traj, o.handle)
@@ -519,6 +529,58 @@ func TestStridedRunsLockstep(t *testing.T) {
 	}
 }
 
+// TestStridedRunsTwoCollectors writes what two collectors write into one
+// strided buffer: each 32 steps of its 8 envs in lockstep an extend, the
+// two taking turns, so every trajectory's rows jump by the other's extend
+// at each of its own extends' edges, and an episode's first run is often
+// cut short there. That is one early break, not rows at irregular
+// distances: the metadata must match the file records, and (nearly) no
+// row may go to an irregular run (with a run made irregular after any
+// early break, 1,059 of these 4,096 rows did; after two in a row, none).
+func TestStridedRunsTwoCollectors(t *testing.T) {
+	const capacity, envs = 4096, 8
+	mem, file := memAndFileBuffers(t, capacity, RowMetaStrided)
+	rng := rand.New(rand.NewPCG(5, 6))
+	var left [2][envs]int // steps left in each env's episode
+	for c := range left {
+		for e := range left[c] {
+			left[c][e] = 5 + rng.IntN(40)
+		}
+	}
+	for batchNo := range 100 {
+		c := batchNo % 2
+		var rows []row
+		for range 32 {
+			for e := range envs {
+				left[c][e]--
+				rows = append(rows, row{env: int64(e), val: float32(len(rows)), terminated: left[c][e] == 0, final: -1})
+				if left[c][e] == 0 {
+					left[c][e] = 5 + rng.IntN(40)
+				}
+			}
+		}
+		for _, b := range []*Buffer{mem, file} {
+			mustExtend(t, b, fmt.Sprintf("collector%d", c), makeBatch(b.spec, rows, true))
+		}
+	}
+	seqs := file.LiveSeqs(0, capacity)
+	g, w := metas(t, mem, seqs...), metas(t, file, seqs...)
+	irregular := 0
+	for i, seq := range seqs {
+		if g[i] != w[i] {
+			t.Fatalf("seq %d: strided runs read %+v, file record %+v", seq, g[i], w[i])
+		}
+		h := binary.LittleEndian.Uint32(mem.recs[(seq%capacity)*mem.recPitch+mem.runs.wordOff:]) & memRunMask
+		if h != 0 && int64(binary.LittleEndian.Uint64(mem.runs.rec(h)[runStride:])) == irregularStride {
+			irregular++
+		}
+	}
+	checkRuns(t, mem)
+	if irregular*100 > len(seqs) {
+		t.Fatalf("%d of %d live rows in irregular runs: two collectors' rows are evenly spaced but for their extends' edges", irregular, len(seqs))
+	}
+}
+
 // TestStridedRuns writes strided records straight into a memory buffer's
 // slots and reads each back: a run's second row sets its stride (any
 // distance below 2^32: 2^31 + 2 here), rows at that stride continue it, a row at another
@@ -624,24 +686,51 @@ func TestStridedIrregularRuns(t *testing.T) {
 	irregular := []step{
 		{seq: 100, step: 0, prev: -1, newRun: true},
 		{seq: 102, step: 1, prev: 100, comment: "stride 2"},
-		{seq: 105, step: 2, prev: 102, newRun: true, comment: "off the stride after 2 rows: an irregular run"},
-		{seq: 106, step: 3, prev: 105, comment: "distance 1"},
-		{seq: 106 + far, step: 4, prev: 106, comment: "the farthest distance a side table entry holds"},
-		{seq: 106 + 2*far + 1, step: 5, prev: 106 + far, newRun: true, comment: "one further: the next run, irregular too"},
-		{seq: 106 + 2*far + 8, step: 6, prev: 106 + 2*far + 1, comment: "distance 7"},
-		{seq: 106 + 2*far + 9, step: 7, prev: 106 + 2*far + 8, comment: "distance 1"},
+		{seq: 105, step: 2, prev: 102, newRun: true, comment: "off the stride after 2 rows: a regular run (one early break)"},
+		{seq: 106, step: 3, prev: 105, comment: "stride 1"},
+		{seq: 108, step: 4, prev: 106, newRun: true, comment: "off the stride after 2 rows again: an irregular run"},
+		{seq: 109, step: 5, prev: 108, comment: "distance 1"},
+		{seq: 109 + far, step: 6, prev: 109, comment: "the farthest distance a side table entry holds"},
+		{seq: 109 + 2*far + 1, step: 7, prev: 109 + far, newRun: true, comment: "one further: the next run, irregular too"},
+		{seq: 109 + 2*far + 8, step: 8, prev: 109 + 2*far + 1, comment: "distance 7"},
+		{seq: 109 + 2*far + 9, step: 9, prev: 109 + 2*far + 8, comment: "distance 1"},
+	}
+	// Then evenly spaced again: 15 more rows at distance 1 stay in the
+	// irregular run (16 in a row with the last one), the next starts a
+	// regular run, which the rows after it continue.
+	evenAgain := slices.Clone(irregular)
+	for i := range int64(18) {
+		last := evenAgain[len(evenAgain)-1]
+		c := step{seq: last.seq + 1, step: last.step + 1, prev: last.seq, comment: fmt.Sprintf("distance 1, %d rows evenly spaced", i+2)}
+		if i == 15 {
+			c.newRun, c.comment = true, "the 17th row at distance 1: a regular run"
+		}
+		evenAgain = append(evenAgain, c)
 	}
 	t.Run("irregular", func(t *testing.T) {
 		b := ringOf(t)
 		b.wmu.Lock()
 		defer b.wmu.Unlock()
-		run(t, b, 3, irregular[:2])
+		run(t, b, 3, irregular[:4])
 		if b.runs.irr.Load() != nil {
 			t.Fatal("side table mapped before any irregular row")
 		}
-		run(t, b, 3, irregular)
-		if b.runs.irr.Load() == nil {
+		b2 := ringOf(t)
+		b2.wmu.Lock()
+		defer b2.wmu.Unlock()
+		run(t, b2, 3, irregular)
+		if b2.runs.irr.Load() == nil {
 			t.Fatal("irregular rows written, no side table")
+		}
+	})
+	t.Run("evenly spaced again", func(t *testing.T) {
+		b := ringOf(t)
+		b.wmu.Lock()
+		defer b.wmu.Unlock()
+		run(t, b, 3, evenAgain)
+		o := b.runs.openOf(3)
+		if o == nil || o.stride != 1 || o.off != 2 {
+			t.Fatalf("the trajectory's open run %+v, want a regular run of stride 1 and 3 rows", o)
 		}
 	})
 	t.Run("long run", func(t *testing.T) {
@@ -669,11 +758,11 @@ func TestStridedIrregularRuns(t *testing.T) {
 		defer b.wmu.Unlock()
 		b.runs.irrFailed = true // as when the OS refuses the mapping
 		steps := slices.Clone(irregular)
-		// Regular runs: 105, 106 (stride 1); 106+far, one further
-		// (stride 65,536); then distance 7 and 1.
-		steps[3].comment, steps[4].newRun = "stride 1", true
-		steps[5].newRun, steps[5].comment = false, "stride 65,536"
-		steps[6].newRun = true
+		// Regular runs all: 109+far starts one, the row one further
+		// sets its stride (65,536), the row at distance 7 starts one.
+		steps[6].newRun, steps[6].comment = true, "off the stride of 1"
+		steps[7].newRun, steps[7].comment = false, "stride 65,536"
+		steps[8].newRun = true
 		run(t, b, 3, steps)
 		if b.runs.irr.Load() != nil {
 			t.Fatal("side table mapped after its mapping failed")

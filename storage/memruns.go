@@ -43,12 +43,19 @@ import (
 // / stride, the previous row seq - stride. A row whose distance back
 // differs from its run's stride starts a run. Rows that keep no stride
 // (actors sending a step or a few at a time, interleaved as their requests
-// arrive) would then cost a run record a row: once a run breaks its
-// stride within its first irregularBelow rows, its trajectory's next run
-// is irregular instead (stride irregularStride), and each of its rows past
+// arrive) would then cost a run record every few rows: once two runs of a
+// trajectory in a row break their stride within their first
+// irregularBelow rows, its next run is irregular instead (stride
+// irregularStride; one early break alone is what a collector's extend
+// leaves at its edge when another writer's rows come between its extends),
+// and each of its rows past
 // the first keeps its offset and distance back in 4 bytes of a side table
 // (runTable.irr), mapped at the first such row, whose pages take memory
-// only where such rows were written.
+// only where such rows were written. An irregular run whose last
+// irregularBelow distances were equal ends at the next row at that
+// distance, which starts a regular run: rows that come evenly spaced again
+// (a trajectory that broke its stride at an extend's edge, from one of
+// several collectors) go back to runs without a side table entry.
 const (
 	// runRecordSize is the room a run record takes: its 40 bytes padded
 	// to a cache line, so that reading one costs one miss (runs are
@@ -82,9 +89,10 @@ const (
 	// irregularStride marks an irregular run of a strided table.
 	irregularStride = -1
 	// irregularBelow: a run that breaks its stride before this many rows
-	// makes its trajectory's next run irregular. A regular run costs its
-	// 64-byte record, 64/k bytes a row for runs of k rows, an irregular
-	// one 4 bytes a row past its first: even at 16.
+	// breaks it early; a run that does after one that did makes its
+	// trajectory's next run irregular. A regular run costs its 64-byte
+	// record, 64/k bytes a row for runs of k rows, an irregular one 4
+	// bytes a row past its first: even at 16.
 	irregularBelow = 16
 	// irrEntry is the bytes a slot takes in the side table.
 	irrEntry = 4
@@ -116,8 +124,12 @@ type runTable struct {
 	// irregular runs). Writers map it, readers load it.
 	irr       atomic.Pointer[byte]
 	irrRegion *mmapfile.Region
-	irrFailed bool
+	irrFailed bool  // never retried: rows at irregular distances then cost a run each
 	slots     int64 // the ring's capacity
+	// irregularLive counts the irregular runs rows name (writers change
+	// it; prefetchRuns reads it: while it is 0 no row reads the side
+	// table).
+	irregularLive atomic.Int64
 
 	refs []uint32 // rows naming each handle handed out so far
 	// handedOut is len(refs) for readers: how many run records have
@@ -150,6 +162,13 @@ type openRun struct {
 	lastSeq, lastStep int64
 	env, version      int64
 	first, stride     int64 // strided tables (stride irregularStride: an irregular run)
+	// Irregular runs: the last row's distance back and how many rows in
+	// a row, up to the last, came at that distance.
+	lastDist int64
+	same     int
+	// afterEarly: the run follows a run of its trajectory that broke its
+	// stride early (regular runs).
+	afterEarly bool
 }
 
 // newRunTable returns the run table of a ring of capacity rows: every slot
@@ -183,6 +202,9 @@ func (t *runTable) continues(o *openRun, r *record) bool {
 		return false
 	}
 	d := r.Seq - r.PrevSeq
+	if o.stride == irregularStride && d == o.lastDist && o.same >= irregularBelow {
+		return false // evenly spaced again: a regular run next (irregularAfter)
+	}
 	if !t.strided || o.stride == irregularStride {
 		return d <= maxRunDist && o.off+1 < maxRunRows
 	}
@@ -194,14 +216,26 @@ func (t *runTable) continues(o *openRun, r *record) bool {
 
 // irregularAfter reports whether the row that follows o's last one but
 // does not continue its run should start an irregular run: o is itself
-// irregular (it ran out of room, or the row is too far for 16 bits), or
-// broke its stride early; and the side table is (or can be) mapped.
+// irregular (it ran out of room, or the row is too far for 16 bits) and
+// its rows did not come evenly spaced again, or o broke its stride early
+// after a run that did too; and the side table is (or can be) mapped.
 func (t *runTable) irregularAfter(o *openRun) bool {
-	if !t.strided || o.stride != irregularStride && o.off+1 >= irregularBelow {
+	switch {
+	case !t.strided:
+		return false
+	case o.stride == irregularStride:
+		if o.same >= irregularBelow {
+			return false
+		}
+	case !o.afterEarly || !brokeEarly(o):
 		return false
 	}
 	return t.irrMapped()
 }
+
+// brokeEarly reports whether o, a regular run whose stride the next row
+// breaks, broke it early.
+func brokeEarly(o *openRun) bool { return o.off+1 < irregularBelow }
 
 // irrMapped maps the side table of irregular runs if it is not yet, and
 // reports whether it is.
@@ -316,6 +350,13 @@ func (t *runTable) place(r *record) (handle, off uint32, irregular, ok bool) {
 		if t.strided && o.stride == 0 {
 			t.setStride(o, r.Seq-r.PrevSeq)
 		}
+		if o.stride == irregularStride {
+			if d := r.Seq - r.PrevSeq; d == o.lastDist {
+				o.same++
+			} else {
+				o.lastDist, o.same = d, 1
+			}
+		}
 		o.off++
 		o.lastSeq, o.lastStep = r.Seq, r.Step
 		t.refs[o.handle]++
@@ -325,8 +366,12 @@ func (t *runTable) place(r *record) (handle, off uint32, irregular, ok bool) {
 		}
 		return handle, off, irregular, true
 	}
+	var afterEarly bool
 	if o != nil {
-		irregular = t.follows(o, r) && t.irregularAfter(o)
+		if t.follows(o, r) {
+			irregular = t.irregularAfter(o)
+			afterEarly = !irregular && t.strided && o.stride != irregularStride && brokeEarly(o)
+		}
 		t.closeOpen(o)
 	}
 	h, ok := t.alloc()
@@ -343,6 +388,7 @@ func (t *runTable) place(r *record) (handle, off uint32, irregular, ok bool) {
 	var stride int64
 	if irregular {
 		stride = irregularStride
+		t.irregularLive.Add(1)
 	}
 	if t.strided {
 		le.PutUint64(rb[runFirst:], uint64(r.Seq))
@@ -352,7 +398,7 @@ func (t *runTable) place(r *record) (handle, off uint32, irregular, ok bool) {
 	t.refs[h] = 1
 	t.live++
 	if r.Flags&flagDone == 0 {
-		o := &openRun{traj: r.TrajID, handle: h, lastSeq: r.Seq, lastStep: r.Step, env: r.Env, version: r.PolicyVersion, first: r.Seq, stride: stride}
+		o := &openRun{traj: r.TrajID, handle: h, lastSeq: r.Seq, lastStep: r.Step, env: r.Env, version: r.PolicyVersion, first: r.Seq, stride: stride, afterEarly: afterEarly}
 		t.open[r.TrajID] = o
 		t.recent[r.TrajID&(openCacheSize-1)] = o
 	}
@@ -393,7 +439,11 @@ func (t *runTable) release(handle uint32) {
 	}
 	t.live--
 	t.free = append(t.free, handle)
-	traj := int64(binary.LittleEndian.Uint64(t.rec(handle)[runTraj:]))
+	rb := t.rec(handle)
+	if t.strided && int64(binary.LittleEndian.Uint64(rb[runStride:])) == irregularStride {
+		t.irregularLive.Add(-1)
+	}
+	traj := int64(binary.LittleEndian.Uint64(rb[runTraj:]))
 	if o := t.openOf(traj); o != nil && o.handle == handle {
 		t.closeOpen(o)
 	}
@@ -407,14 +457,14 @@ func (t *runTable) release(handle uint32) {
 const runsInCache = 256 << 10
 
 // prefetchRuns asks for the run records the memory records of seqs (< 0
-// skipped) name, and their side table entries once a strided table has
-// one (for every row: which rows are irregular is in the run records
-// being asked for). A run record is a second, dependent miss per row in a
+// skipped) name, and their side table entries while a strided table has
+// irregular runs (for every row: which rows are irregular is in the run
+// records being asked for). A run record is a second, dependent miss per row in a
 // large ring: read one row at a time, the misses would be served one
 // after another. The records' own lines were asked for before.
 func (b *Buffer) prefetchRuns(seqs []int64, ring ringSlots) {
 	irr := b.runs.irr.Load()
-	if irr != nil && b.runs.slots*irrEntry <= runsInCache {
+	if irr != nil && (b.runs.slots*irrEntry <= runsInCache || b.runs.irregularLive.Load() == 0) {
 		irr = nil
 	}
 	if irr == nil && b.runs.handedOut.Load()*runRecordSize <= runsInCache {

@@ -32,7 +32,7 @@ import (
 // 8-byte record: run word and 32-bit pass stamp); their bound is the
 // issue's target itself. Written by 64 actors a step at a time (each a
 // stream of its own), so that a trajectory's rows are irregular distances
-// apart, a strided buffer holds 58.7-58.8 B (2026-11-28; 96.4-96.6 before
+// apart, a strided buffer holds 59.3-59.4 B (2026-11-28; 96.4-96.6 before
 // irregular runs and packed seq runs): 4 bytes a row of side table and
 // 4.8 of packed seq runs (24 bytes for five rows) on top.
 //
