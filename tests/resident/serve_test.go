@@ -49,28 +49,9 @@ func TestServeResidentBytesPerCartPoleRow(t *testing.T) {
 		{"strided", 47},
 	} {
 		t.Run(tc.rowMeta, func(t *testing.T) {
-			srv, err := testbin.StartServer(bin, t.TempDir(), 30*time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer srv.Stop(syscall.SIGTERM, 10*time.Second)
-			c, err := client.New(srv.URL, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx := context.Background()
-			anonIdle := rssAnon(t, srv)
 			const capacity = 1_000_000
-			spec := fmt.Sprintf(`{"capacity": %d, "storage": "memory", "compact_obs": true, "row_meta": %q, "fields": {
-				"observation": {"dtype": "float32", "shape": [4]},
-				"action": {"dtype": "int64", "shape": []},
-				"next.reward": {"dtype": "float32", "shape": []},
-				"next.done": {"dtype": "bool", "shape": []},
-				"next.terminated": {"dtype": "bool", "shape": []},
-				"next.truncated": {"dtype": "bool", "shape": []}}}`, capacity, tc.rowMeta)
-			if _, _, err := c.CreateBufferJSON(ctx, "cartpole", []byte(spec)); err != nil {
-				t.Fatal(err)
-			}
+			srv, c, anonIdle := cartPoleServer(t, bin, tc.rowMeta, capacity)
+			ctx := context.Background()
 			w := newCartPole()
 			const ticks = 256
 			var anonFirst int64
@@ -89,17 +70,7 @@ func TestServeResidentBytesPerCartPoleRow(t *testing.T) {
 			if info.Size != capacity {
 				t.Fatalf("the buffer holds %d rows, want %d", info.Size, capacity)
 			}
-			// Wait for the log line, not on /metrics: a scrape's garbage
-			// would be part of the reading.
-			releases := strings.Count(srv.Stderr.String(), releaseLine)
-			deadline := time.Now().Add(30 * time.Second)
-			for strings.Count(srv.Stderr.String(), releaseLine) == releases {
-				if time.Now().After(deadline) {
-					t.Fatalf("the server, quiet for 30 s after the fill, did not return its freed heap (no new %q line):\n%s", releaseLine, srv.Stderr.String())
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
-			anon := rssAnon(t, srv)
+			anon := quietRssAnon(t, srv)
 			fromIdle := float64(anon-anonIdle) / capacity
 			perRow := float64(anon-anonFirst) / (capacity - ticks*nEnvs)
 			t.Logf("RssAnon: +%.1f B a row from the idle server, +%.1f B from after the first extend", fromIdle, perRow)
@@ -116,6 +87,52 @@ func TestServeResidentBytesPerCartPoleRow(t *testing.T) {
 
 // releaseLine is the message of the server's idle release (server/gctune.go).
 const releaseLine = `"msg":"quiet: returned freed heap to the OS"`
+
+// cartPoleServer starts rbd serve (stopped when the test ends) with a
+// compact CartPole memory buffer "cartpole" of capacity rows and the
+// row_meta given, and returns a client and the server's RssAnon from
+// before the buffer was created.
+func cartPoleServer(t *testing.T, bin, rowMeta string, capacity int) (*testbin.Server, *client.Client, int64) {
+	t.Helper()
+	srv, err := testbin.StartServer(bin, t.TempDir(), 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop(syscall.SIGTERM, 10*time.Second) })
+	c, err := client.New(srv.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	anonIdle := rssAnon(t, srv)
+	spec := fmt.Sprintf(`{"capacity": %d, "storage": "memory", "compact_obs": true, "row_meta": %q, "fields": {
+		"observation": {"dtype": "float32", "shape": [4]},
+		"action": {"dtype": "int64", "shape": []},
+		"next.reward": {"dtype": "float32", "shape": []},
+		"next.done": {"dtype": "bool", "shape": []},
+		"next.terminated": {"dtype": "bool", "shape": []},
+		"next.truncated": {"dtype": "bool", "shape": []}}}`, capacity, rowMeta)
+	if _, _, err := c.CreateBufferJSON(context.Background(), "cartpole", []byte(spec)); err != nil {
+		t.Fatal(err)
+	}
+	return srv, c, anonIdle
+}
+
+// quietRssAnon waits until the server, quiet after a fill, logs that it
+// returned its freed heap to the OS, and returns its RssAnon then. It
+// waits for the log line, not on /metrics: a scrape's garbage would be
+// part of the reading.
+func quietRssAnon(t *testing.T, srv *testbin.Server) int64 {
+	t.Helper()
+	releases := strings.Count(srv.Stderr.String(), releaseLine)
+	deadline := time.Now().Add(30 * time.Second)
+	for strings.Count(srv.Stderr.String(), releaseLine) == releases {
+		if time.Now().After(deadline) {
+			t.Fatalf("the server, quiet for 30 s after the fill, did not return its freed heap (no new %q line):\n%s", releaseLine, srv.Stderr.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return rssAnon(t, srv)
+}
 
 func rssAnon(t *testing.T, srv *testbin.Server) int64 {
 	t.Helper()
