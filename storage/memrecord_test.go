@@ -287,7 +287,7 @@ func checkRuns(t *testing.T, b *Buffer) {
 	}
 	var irregular int64
 	for h := 1; h < len(rt.refs); h++ {
-		if rt.strided && rt.refs[h] > 0 && int64(binary.LittleEndian.Uint64(rt.rec(uint32(h))[runStride:])) == irregularStride {
+		if rt.refs[h] > 0 && rt.isIrregular(uint32(h)) {
 			irregular++
 		}
 	}
@@ -571,7 +571,7 @@ func TestStridedRunsTwoCollectors(t *testing.T) {
 			t.Fatalf("seq %d: strided runs read %+v, file record %+v", seq, g[i], w[i])
 		}
 		h := binary.LittleEndian.Uint32(mem.recs[(seq%capacity)*mem.recPitch+mem.runs.wordOff:]) & memRunMask
-		if h != 0 && int64(binary.LittleEndian.Uint64(mem.runs.rec(h)[runStride:])) == irregularStride {
+		if h != 0 && mem.runs.isIrregular(h) {
 			irregular++
 		}
 	}

@@ -256,6 +256,24 @@ func (t *runTable) irrMapped() bool {
 	return true
 }
 
+// isIrregular reports whether handle (handed out) names an irregular run.
+func (t *runTable) isIrregular(handle uint32) bool {
+	return t.strided && int64(binary.LittleEndian.Uint64(t.rec(handle)[runStride:])) == irregularStride
+}
+
+// irregularRow returns the offset and distance back the side table holds
+// for the row in slot, ok false when there is none (a torn read: the
+// caller's stamp check drops the row then anyway).
+func (t *runTable) irregularRow(slot int64) (off, dist int64, ok bool) {
+	irr := t.irr.Load()
+	if irr == nil {
+		return 0, 0, false
+	}
+	e := *irrAt(irr, slot)
+	off, dist = int64(e&0xffff), int64(e>>16)
+	return off, dist, off > 0 && dist > 0
+}
+
 // irrAt is slot's entry in the side table at base.
 func irrAt(base *byte, slot int64) *uint32 {
 	return (*uint32)(unsafe.Add(unsafe.Pointer(base), slot*irrEntry))
@@ -439,11 +457,10 @@ func (t *runTable) release(handle uint32) {
 	}
 	t.live--
 	t.free = append(t.free, handle)
-	rb := t.rec(handle)
-	if t.strided && int64(binary.LittleEndian.Uint64(rb[runStride:])) == irregularStride {
+	if t.isIrregular(handle) {
 		t.irregularLive.Add(-1)
 	}
-	traj := int64(binary.LittleEndian.Uint64(rb[runTraj:]))
+	traj := int64(binary.LittleEndian.Uint64(t.rec(handle)[runTraj:]))
 	if o := t.openOf(traj); o != nil && o.handle == handle {
 		t.closeOpen(o)
 	}
@@ -601,11 +618,8 @@ func (b *Buffer) stridedFields(slot, seq int64) (traj, step, prev, env, version 
 	stride := int64(le.Uint64(run[runStride:]))
 	if x < 0 || x > maxStridedSpan || stride <= 0 {
 		if stride == irregularStride && x > 0 {
-			if irr := b.runs.irr.Load(); irr != nil {
-				e := *irrAt(irr, slot)
-				if off, dist := int64(e&0xffff), int64(e>>16); off > 0 && dist > 0 {
-					return traj, step + off, seq - dist, env, version, flags
-				}
+			if off, dist, ok := b.runs.irregularRow(slot); ok {
+				return traj, step + off, seq - dist, env, version, flags
 			}
 		}
 		return 0, 0, -1, 0, 0, flags // torn
