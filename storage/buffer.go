@@ -304,13 +304,17 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) (*Buffer, error) {
 			&column{name: pf.Name, file: "priority.col", role: rolePriority, field: pf, rowBytes: 8, cz: -1})
 	}
 	b.notify = make(chan struct{})
-	b.stamps = newStampTable(spec.Capacity)
+	stamps, err := newStampTable(spec.Capacity)
+	if err != nil {
+		return nil, fmt.Errorf("buffer %q: %w", name, err)
+	}
+	b.stamps = stamps
 	b.ix.init(spec.Capacity)
 	b.sync.init()
 	if spec.Storage == KindCompressed {
 		cs, err := newChunkStore(b)
 		if err != nil {
-			return nil, err
+			return nil, errors.Join(err, b.stamps.close())
 		}
 		if cs != nil {
 			b.cs = cs
@@ -464,8 +468,7 @@ func (b *Buffer) mapRecords(r *mmapfile.Region) error {
 		return fmt.Errorf("buffer %q records: %w", b.name, err)
 	}
 	b.group, b.recs, b.recPitch, b.runs = g, g.Bytes(), memRunRecordSize, newRunTable(b.capacity, false)
-	b.stamps.inRows(g.Bytes(), memRunRecordSize, false)
-	return nil
+	return b.stamps.inRows(g.Bytes(), memRunRecordSize, false)
 }
 
 // openFiles maps the files of an existing persistent buffer and checks
@@ -612,10 +615,6 @@ func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 	}
 	recBytes := memRecordBytes(b.spec)
 	pitch := rowGroupPitch(recBytes, fieldBytes)
-	if wc := b.writeCount.Load(); recBytes == memStridedRecordSize && wc > maxPassStampSeq(b.capacity) {
-		return fmt.Errorf("buffer %q: write count %d: %w (row_meta %q stamps seqs below %d in a ring of %d rows)",
-			b.name, wc, ErrSeqsExhausted, RowMetaStrided, maxPassStampSeq(b.capacity), b.capacity)
-	}
 	r, err := mmapfile.Anonymous(b.capacity * pitch)
 	if err != nil {
 		return fmt.Errorf("buffer %q row group: %w", b.name, err)
@@ -650,7 +649,7 @@ func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 		}
 		errs = append(errs, meta.Close())
 	}
-	b.stamps.inRows(r.Bytes(), pitch, recBytes == memStridedRecordSize)
+	errs = append(errs, b.stamps.inRows(r.Bytes(), pitch, recBytes == memStridedRecordSize))
 	off := recBytes
 	for _, c := range group {
 		data := r.Bytes()[off:]
@@ -678,7 +677,6 @@ func (b *Buffer) unmap() error {
 		errs = append(errs, b.runs.close())
 		b.group, b.recs, b.recPitch, b.runs = nil, nil, recordSize, nil
 		b.wide = wideRecords{}
-		b.stamps = newStampTable(b.capacity) // its stamps were in the group
 		b.tailIx = nil
 		for _, c := range b.cols {
 			if c.stride != 0 {
@@ -690,7 +688,7 @@ func (b *Buffer) unmap() error {
 		errs = append(errs, b.meta.Close())
 		b.meta, b.hdr, b.recs, b.drecs = nil, nil, nil, nil
 	}
-	errs = append(errs, b.ix.release())
+	errs = append(errs, b.ix.release(), b.stamps.close())
 	if b.rlog != nil {
 		errs = append(errs, b.rlog.close())
 	}

@@ -42,10 +42,12 @@ var (
 	// ErrInvalidName is returned for a buffer name outside
 	// ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$ (or containing "..").
 	ErrInvalidName = errors.New("storage: invalid buffer name")
-	// ErrSeqsExhausted is returned by Extend when the rows would take
-	// seqs past what the buffer can stamp: (2^32 - 1) x capacity in a
-	// memory buffer with row_meta "strided" (its stamps are 32-bit
-	// passes). Nothing is written; the buffer still samples.
+	// ErrSeqsExhausted was returned by Extend when the rows would take
+	// seqs past what the buffer could stamp: (2^32 - 1) x capacity in a
+	// memory buffer with row_meta "strided", whose stamps held the whole
+	// pass. Since 2026-11-28 they hold its low bits and no buffer returns
+	// it; it stays for callers that test for it (and the HTTP API's 507
+	// seqs_exhausted, which no request gets now).
 	ErrSeqsExhausted = errors.New("storage: seqs exhausted")
 )
 

@@ -618,7 +618,7 @@ func (v Index) PrefetchTrajectories(ts []*Trajectory) {
 // PrefetchSlots is Prefetch for the slots SlotSeq will be asked about.
 func (v Index) PrefetchSlots(slots []uint64) {
 	b := v.b
-	if b.stamps.rows == nil {
+	if !b.stamps.inGroup() {
 		return
 	}
 	var sum int64

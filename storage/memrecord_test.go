@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -798,43 +797,45 @@ func TestStridedOffset(t *testing.T) {
 	}
 }
 
-// TestStridedSeqsExhausted: a strided ring whose next rows would take
-// seqs past what its 32-bit pass stamps hold refuses them with
-// ErrSeqsExhausted, writes nothing, and takes the rows that still fit.
-// The write count is moved near the limit by hand (no test writes 2^34
-// rows); the rows below it go through Extend.
-func TestStridedSeqsExhausted(t *testing.T) {
-	b := fourSlotBuffer(t, RowMetaStrided)
-	limit := maxPassStampSeq(4)
-	b.wmu.Lock()
-	b.writeCount.Store(limit - 3)
-	b.wmu.Unlock()
-	rows := func(n int) []row {
-		out := make([]row, n)
-		for i := range out {
-			out[i] = row{env: 0, val: float32(i)}
+// TestStridedSeqsPastPassBits: a strided ring takes rows past the seqs its
+// pass stamps once stopped at, (2^32 - 1) x capacity, and past a wrap of
+// the 31 bits of a pass they keep, with every row's seq, step and link
+// exact, the rows it overwrote gone, and samples of the new rows only.
+// The write count is moved there by hand (no test writes 2^34 rows); the
+// rows go through Extend.
+func TestStridedSeqsPastPassBits(t *testing.T) {
+	const capacity = 4
+	for _, start := range []int64{(1<<32-1)*capacity - 3, (1<<31)*capacity - 3, (1<<33)*capacity + 1} {
+		b := fourSlotBuffer(t, RowMetaStrided)
+		b.wmu.Lock()
+		b.writeCount.Store(start)
+		b.wmu.Unlock()
+		rows := make([]row, 3)
+		for i := range rows {
+			rows[i] = row{env: 0, val: float32(i)}
 		}
-		return out
-	}
-	mustExtend(t, b, "s", makeBatch(b.spec, rows(2), true))
-	_, err := b.Extend("s", makeBatch(b.spec, rows(2), true))
-	if !errors.Is(err, ErrSeqsExhausted) {
-		t.Fatalf("extend past the limit: %v, want ErrSeqsExhausted", err)
-	}
-	if wc := b.WriteCount(); wc != limit-1 {
-		t.Fatalf("write count %d after the refused extend, want %d", wc, limit-1)
-	}
-	mustExtend(t, b, "s", makeBatch(b.spec, rows(1), true))
-	seqs := b.LiveSeqs(0, 10)
-	if want := []int64{limit - 3, limit - 2, limit - 1}; !slices.Equal(seqs, want) {
-		t.Fatalf("live seqs %v, want %v", seqs, want)
-	}
-	for i, m := range metas(t, b, seqs...) {
-		if m.Step != int64(i) || (i > 0 && m.PrevSeq != seqs[i-1]) {
-			t.Errorf("seq %d: step %d prev %d, want step %d after %d", seqs[i], m.Step, m.PrevSeq, i, seqs[max(i-1, 0)])
+		var want []int64
+		for i := range 3 { // 9 rows: the ring goes round twice
+			mustExtend(t, b, "s", makeBatch(b.spec, rows, true))
+			for k := range int64(3) {
+				want = append(want, start+int64(3*i)+k)
+			}
 		}
-	}
-	if _, err := b.Extend("s", makeBatch(b.spec, rows(1), true)); !errors.Is(err, ErrSeqsExhausted) {
-		t.Fatalf("extend at the limit: %v, want ErrSeqsExhausted", err)
+		want = want[len(want)-capacity:]
+		seqs := b.LiveSeqs(0, 10)
+		if !slices.Equal(seqs, want) {
+			t.Fatalf("from seq %d: live seqs %v, want %v", start, seqs, want)
+		}
+		for i, m := range metas(t, b, seqs...) {
+			step := int64(9 - capacity + i)
+			if m.Seq != seqs[i] || m.Step != step || m.PrevSeq != seqs[i]-1 {
+				t.Errorf("from seq %d: row %d: seq %d step %d prev %d, want seq %d step %d prev %d", start, i, m.Seq, m.Step, m.PrevSeq, seqs[i], step, seqs[i]-1)
+			}
+		}
+		for _, seq := range []int64{start, start + 4} { // overwritten
+			if b.stamps.Load(seq%capacity) == seq {
+				t.Errorf("from seq %d: overwritten seq %d still stamped", start, seq)
+			}
+		}
 	}
 }

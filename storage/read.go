@@ -224,7 +224,7 @@ func (v Index) CopyIndexed(seqs []int64, cols []Column, dst [][]byte, missing []
 	}
 	wc := b.writeCount.Load()
 	lo := wc - b.capacity
-	if b.stamps.rows != nil {
+	if b.stamps.inGroup() {
 		// In a memory buffer the stamps share the rows' lines: one touch
 		// pass brings in both, and the stamps are then checked from cache
 		// (a touch pass of their own cost 3-4% of a CartPole sample).
@@ -301,7 +301,7 @@ func (v Index) CopyIndexed(seqs []int64, cols []Column, dst [][]byte, missing []
 // is a cache miss of its own (in the row's line, which the copy needs
 // next anyway), and a short loop overlaps them (see touchRows).
 func (b *Buffer) touchStamps(seqs []int64, ring ringSlots) {
-	if b.stamps.rows != nil {
+	if b.stamps.inGroup() {
 		keepLoads(touchRows(b.recs, seqs, ring, b.recPitch, 8))
 	}
 }
@@ -317,7 +317,7 @@ func (b *Buffer) touchStamps(seqs []int64, ring ringSlots) {
 func (b *Buffer) touchColumns(cols []Column, slots []int64) {
 	var sum int64
 	lo, hi := int64(math.MaxInt64), int64(0) // the row group's span
-	if b.stamps.rows != nil {
+	if b.stamps.inGroup() {
 		lo, hi = 0, 8 // the stamp word starts the row
 	}
 	for _, c := range cols {

@@ -72,7 +72,8 @@ const (
 	// for readers. Not for compressed buffers.
 	RowMetaRuns RowMetaLayout = "runs"
 	// RowMetaStrided (memory buffers only) keeps an 8-byte record per row:
-	// a 32-bit stamp of the row's pass round the ring and its run's
+	// a 32-bit stamp of the row's pass round the ring (its low 31 bits:
+	// seqs have no bound of their own) and its run's
 	// handle and flags. A run is a stretch of a trajectory whose rows are
 	// equally many seqs apart (envs stepping in lockstep, as collectors
 	// and vectorised environments write them), so a row's step and
@@ -80,8 +81,7 @@ const (
 	// 40 bytes, not 48 or 64. Rows that keep no stride (actors writing
 	// steps of one trajectory at irregular intervals) go to irregular
 	// runs, which keep each row's offset and distance back in 4 bytes of
-	// a side table. Seqs are bounded by (2^32 - 1) x capacity, 4.3e14
-	// rows in a ring of 10^5.
+	// a side table.
 	RowMetaStrided RowMetaLayout = "strided"
 )
 

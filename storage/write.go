@@ -306,10 +306,6 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	n := int64(p.n)
 	first := b.writeCount.Load()
 	end := first + n
-	if b.stamps.passes && end > maxPassStampSeq(b.capacity) {
-		return ExtendResult{}, fmt.Errorf("extend %q: %d rows from seq %d: %w (row_meta %q stamps seqs below %d in a ring of %d rows; a larger capacity or row_meta %q has room for more)",
-			b.name, n, first, ErrSeqsExhausted, RowMetaStrided, maxPassStampSeq(b.capacity), b.capacity, RowMetaRuns)
-	}
 	if end > b.seqRes.Load() {
 		// Seqs are reserved in the catalog before they are handed out, so
 		// they stay unique across restarts whatever was lost: memory

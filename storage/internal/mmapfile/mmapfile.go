@@ -31,21 +31,36 @@ type Region struct {
 // the tail store, where only trajectory ends are written) costs only what it
 // uses.
 func Anonymous(size int64) (*Region, error) {
+	// Private, not shared (mmap-go's ANON is MAP_SHARED): shared anonymous
+	// memory is shmem, which the kernel backs with huge pages only under
+	// shmem_enabled, usually never, while private memory follows
+	// MADV_HUGEPAGE (AdviseHugePages). Nothing else maps these pages.
+	return anonymous(size, unix.MAP_PRIVATE|unix.MAP_ANON)
+}
+
+func anonymous(size int64, flags int) (*Region, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("mmap anonymous: size %d must be positive", size)
 	}
 	if size != int64(int(size)) {
 		return nil, fmt.Errorf("mmap anonymous: size %d too large for this platform", size)
 	}
-	// Private, not shared (mmap-go's ANON is MAP_SHARED): shared anonymous
-	// memory is shmem, which the kernel backs with huge pages only under
-	// shmem_enabled, usually never, while private memory follows
-	// MADV_HUGEPAGE (AdviseHugePages). Nothing else maps these pages.
-	m, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON)
+	m, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, flags)
 	if err != nil {
 		return nil, fmt.Errorf("mmap anonymous %d bytes: %w", size, err)
 	}
 	return &Region{m: mmap.MMap(m), path: "(anonymous)"}, nil
+}
+
+// AnonymousNoReserve is Anonymous for tables that most processes touch a
+// small part of, however large (MAP_NORESERVE): the kernel charges no
+// swap or commit for the whole size at the mapping (under its default
+// heuristic overcommit), only for the pages written. Writing a page the
+// machine has no memory for then kills the process instead of failing
+// here; use it only where an allocation of the same pages would have done
+// no better.
+func AnonymousNoReserve(size int64) (*Region, error) {
+	return anonymous(size, unix.MAP_PRIVATE|unix.MAP_ANON|unix.MAP_NORESERVE)
 }
 
 // Create makes a new file of exactly size bytes (sparse: holes cost no disk)
