@@ -451,9 +451,10 @@ func BenchmarkSample(b *testing.B) {
 // "row"): memory buffers (a 16-byte record in the row group and a run record per
 // stretch of a trajectory, against a 32-byte record), and memmap buffers
 // (16-byte memory records and rows.meta format version 2, against 64-byte
-// file records read from the page cache and a stamp table); and memory
-// buffers with strided runs (row_meta "strided": an 8-byte record, the
-// row's offset in its run a multiply away).
+// file records read from the page cache and a stamp table); and buffers
+// with strided runs (row_meta "strided": an 8-byte record, the row's
+// offset in its run a multiply away; a memmap buffer's files are those of
+// "runs").
 //
 // go test . -run '^$' -bench BenchmarkSampleRunMeta -benchtime 1s -count 3
 func BenchmarkSampleRunMeta(b *testing.B) {
@@ -463,9 +464,6 @@ func BenchmarkSampleRunMeta(b *testing.B) {
 		for _, kind := range []string{"uniform", "slice"} {
 			for _, rows := range []int64{1e5, 1e7} {
 				for _, layout := range []storage.RowMetaLayout{storage.RowMetaPerRow, storage.RowMetaRuns, storage.RowMetaStrided} {
-					if layout == storage.RowMetaStrided && sk != storage.KindMemory {
-						continue // memory buffers only
-					}
 					b.Run(fmt.Sprintf("kind=%s/sampler=%s/rows=%s/row_meta=%s", sk, kind, sbenchRowsLabel(rows), layout), func(b *testing.B) {
 						if testing.Short() && rows > 1e5 {
 							b.Skip("-short: 10^7 rows take about 2 GB and a few seconds to fill")

@@ -215,8 +215,8 @@ func BenchmarkExtend(b *testing.B) {
 // row_meta "row" (each spelled out): what placing each row in its trajectory's run costs a
 // writer, and for memmap buffers what rows.meta format version 2 (16-byte
 // records and a run log, beside 16-byte memory records) costs against
-// version 1 (64-byte records and a stamp table), and for memory buffers
-// what strided runs (row_meta "strided": 8-byte records) cost. disk_B/row
+// version 1 (64-byte records and a stamp table), and what strided runs
+// (row_meta "strided": 8-byte memory records) cost. disk_B/row
 // is the buffer's files over its capacity (Info.DiskBytes, memmap only).
 //
 // go test ./storage -run '^$' -bench BenchmarkExtendRunMeta -benchtime 1s -count 3
@@ -224,9 +224,6 @@ func BenchmarkExtendRunMeta(b *testing.B) {
 	for _, kind := range []Kind{KindMemory, KindMemmap} {
 		for _, shape := range benchShapes {
 			for _, layout := range []RowMetaLayout{RowMetaPerRow, RowMetaRuns, RowMetaStrided} {
-				if layout == RowMetaStrided && kind != KindMemory {
-					continue // memory buffers only
-				}
 				b.Run(fmt.Sprintf("kind=%s/row=%s/row_meta=%s", kind, shape.name, layout), func(b *testing.B) {
 					dur := DurabilityNone
 					if kind == KindMemory {

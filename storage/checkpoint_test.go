@@ -85,6 +85,7 @@ func TestCheckpointWhileWriting(t *testing.T) {
 	// rows.meta version 2: the copy takes the file records as they are
 	// and the run segments pinned, while writers append to them.
 	t.Run("memmap-runs", func(t *testing.T) { testCheckpointWhileWriting(t, KindMemmap, RowMetaRuns) })
+	t.Run("memmap-strided", func(t *testing.T) { testCheckpointWhileWriting(t, KindMemmap, RowMetaStrided) })
 	// rows.meta version 1 (the default of memmap buffers before
 	// 2026-11-27), whatever RBD_TEST_MEMMAP_ROW_META says.
 	t.Run("memmap-row", func(t *testing.T) { testCheckpointWhileWriting(t, KindMemmap, RowMetaPerRow) })
@@ -204,7 +205,7 @@ func testCheckpointWhileWriting(t *testing.T, kind Kind, layout RowMetaLayout) {
 				t.Errorf("a restored memory buffer kept its checkpoint files: %v", err)
 			}
 		}
-		if layout == RowMetaRuns {
+		if layout == RowMetaRuns || layout == RowMetaStrided {
 			if cb.runs == nil {
 				t.Fatal("the restored buffer has no run records")
 			}

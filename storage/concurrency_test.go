@@ -31,6 +31,7 @@ func TestConcurrentReadersNeverSeeTornRows(t *testing.T) {
 	// rows.meta version 2: the same memory records, beside file records
 	// and a run log the writers append to.
 	t.Run("memmap-runs", func(t *testing.T) { testTornRows(t, KindMemmap, RowMetaRuns) })
+	t.Run("memmap-strided", func(t *testing.T) { testTornRows(t, KindMemmap, RowMetaStrided) })
 	// rows.meta version 1 (the default of memmap buffers before
 	// 2026-11-27), whatever RBD_TEST_MEMMAP_ROW_META says.
 	t.Run("memmap-row", func(t *testing.T) { testTornRows(t, KindMemmap, RowMetaPerRow) })

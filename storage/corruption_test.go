@@ -508,7 +508,7 @@ func corruptCases(layout RowMetaLayout) []corruptCase {
 			})
 		}, wantErr: ErrCorrupt, wantFile: obsCol, wantOff: 16},
 	}
-	if layout == RowMetaRuns {
+	if layout == RowMetaRuns || layout == RowMetaStrided { // rows.meta version 2
 		return append(cases, runMetaCases()...)
 	}
 	return append(cases, rowMetaCases()...)

@@ -74,6 +74,10 @@ const (
 	// crashFsyncRuns is crashFsync with rows.meta format version 2 and a
 	// run log (row_meta "runs"), whatever RBD_TEST_MEMMAP_ROW_META says.
 	crashFsyncRuns = "rs"
+	// crashFsyncStrided is crashFsyncRuns with strided memory records
+	// (row_meta "strided": the same files, 8-byte pass-stamped records
+	// rebuilt from them on open).
+	crashFsyncStrided = "ss"
 )
 
 func crashSpecFor(name string) Spec {
@@ -85,6 +89,10 @@ func crashSpecFor(name string) Spec {
 	case crashFsyncRuns:
 		s := crashSpec(KindMemmap, 448, crashBlobBytes, true, DurabilityFsync)
 		s.RowMetaLayout = RowMetaRuns
+		return s
+	case crashFsyncStrided:
+		s := crashSpec(KindMemmap, 384, crashBlobBytes, true, DurabilityFsync)
+		s.RowMetaLayout = RowMetaStrided
 		return s
 	}
 	panic("unknown crash buffer " + name)
@@ -1070,7 +1078,7 @@ func TestCrashKillRandom(t *testing.T) {
 	}
 	dir := t.TempDir()
 	rng := rand.New(rand.NewPCG(7, 11))
-	m := newCrashModel(crashFsync, crashFlush, crashFsyncRuns)
+	m := newCrashModel(crashFsync, crashFlush, crashFsyncRuns, crashFsyncStrided)
 	inflight := 0
 	var failed []int
 	for r := 0; r < rounds; r++ {
@@ -1078,7 +1086,7 @@ func TestCrashKillRandom(t *testing.T) {
 		ok := t.Run(fmt.Sprintf("round%02d", r), func(t *testing.T) {
 			run := crashRunChild(t, crashChildCfg{
 				dir: dir, seed: uint64(r), tokenBase: int64(r+1) << 32,
-				bufs: []string{crashFsync, crashFlush, crashFsyncRuns}, intervalMS: 20, killAfter: delay,
+				bufs: []string{crashFsync, crashFlush, crashFsyncRuns, crashFsyncStrided}, intervalMS: 20, killAfter: delay,
 			})
 			inflight += len(run.begins) - len(run.acks)
 			m.absorb(t, r, run)
@@ -1092,8 +1100,8 @@ func TestCrashKillRandom(t *testing.T) {
 		}
 	}
 	m.writeAfter(t, dir, rounds)
-	t.Logf("%d rounds, %d rows acknowledged, %d extends in flight at the kills; write counts: fs %d, fl %d, rs %d",
-		rounds, m.ackedRows, inflight, m.lastWC[crashFsync], m.lastWC[crashFlush], m.lastWC[crashFsyncRuns])
+	t.Logf("%d rounds, %d rows acknowledged, %d extends in flight at the kills; write counts: fs %d, fl %d, rs %d, ss %d",
+		rounds, m.ackedRows, inflight, m.lastWC[crashFsync], m.lastWC[crashFlush], m.lastWC[crashFsyncRuns], m.lastWC[crashFsyncStrided])
 	if len(m.pushedOut) > 0 {
 		t.Logf("acknowledged rows that nothing overwrote but that left the window when the store skipped seqs on reopen: %v", m.pushedOut)
 	}
@@ -1101,7 +1109,7 @@ func TestCrashKillRandom(t *testing.T) {
 		t.Errorf("%d of %d rounds failed %v; %d acknowledged rows lost in all", len(failed), rounds, failed, m.lostRows)
 	}
 	if m.lastWC[crashFsync] <= crashSpecFor(crashFsync).Capacity || m.lastWC[crashFlush] <= crashSpecFor(crashFlush).Capacity ||
-		m.lastWC[crashFsyncRuns] <= crashSpecFor(crashFsyncRuns).Capacity {
+		m.lastWC[crashFsyncRuns] <= crashSpecFor(crashFsyncRuns).Capacity || m.lastWC[crashFsyncStrided] <= crashSpecFor(crashFsyncStrided).Capacity {
 		t.Errorf("the rings never wrapped (write counts %v): the test exercised too little", m.lastWC)
 	}
 }
@@ -1134,6 +1142,10 @@ func TestCrashPoints(t *testing.T) {
 		{"mid-runs", crashFsyncRuns, 30},
 		{"after-runs", crashFsyncRuns, 30},
 		{"after-sync", crashFsyncRuns, 40},
+		// The same files with strided memory records.
+		{"after-meta", crashFsyncStrided, 1},
+		{"after-meta", crashFsyncStrided, 700},
+		{"after-runs", crashFsyncStrided, 30},
 	}
 	for i, tc := range cases {
 		t.Run(fmt.Sprintf("%s/%s/%d", tc.point, tc.buf, tc.after), func(t *testing.T) {

@@ -27,7 +27,7 @@ func fileBytesNeeded(spec Spec) int64 {
 	}
 	col := func(rowBytes int) int64 { return satAdd(headerSize, satMul(spec.Capacity, int64(rowBytes))) }
 	total := col(recordSize)
-	if spec.Storage == KindMemmap && spec.RowMetaLayout == RowMetaRuns {
+	if spec.runLogFiles() {
 		// rows.meta format version 2, and the run log at a run record
 		// per 8 rows plus a segment of slack (runBytesPerRow's bargain:
 		// one-step episodes would take 64 bytes a row, CartPole-like

@@ -36,11 +36,14 @@ func fullMemoryBytes(spec Spec) int64 {
 	c := spec.Capacity
 	perRow := int64(indexBytesPerRow)
 	switch {
-	case spec.Storage == KindMemmap && spec.RowMetaLayout == RowMetaRuns:
+	case spec.runLogFiles():
 		// Memory records (the stamps among them) and run records, as in
-		// a memory buffer with run records; rows.meta is in the page
+		// a memory buffer of the same row_meta; rows.meta is in the page
 		// cache.
-		perRow += memRunRecordSize + runBytesPerRow
+		perRow += memRecordBytes(spec) + runBytesPerRow
+		if spec.RowMetaLayout == RowMetaStrided {
+			perRow += irrEntry
+		}
 	case spec.Storage != KindMemory:
 		perRow += stampBytesPerRow // a memory buffer's are in its row group
 	default:

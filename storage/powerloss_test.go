@@ -257,7 +257,7 @@ func TestPowerLossDamageBelowWatermark(t *testing.T) {
 			return target{powerLossColPath(bdir, "action"), colOff(61, 8, 0), 61}
 		}},
 		{"record", func(bdir string, _ []int64) target {
-			if layout == RowMetaRuns {
+			if layout == RowMetaRuns || layout == RowMetaStrided { // rows.meta version 2
 				return target{metaFile(bdir), headerSize + 77*fileRunRecordSize + frOff, 77}
 			}
 			return target{metaFile(bdir), headerSize + 77*recordSize + recStep, 77}

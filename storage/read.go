@@ -518,12 +518,13 @@ type Info struct {
 	DiskBytes int64 `json:"disk_bytes"`
 	// RowMetaBytes is what one slot's row metadata takes: the 64-byte
 	// record of a file (16 in rows.meta format version 2, the default of
-	// new memmap buffers, whose run log DiskBytes counts), or a memory buffer's 32-byte record (16 with run
-	// records) plus the padding of its row group (the stamp, index
-	// structures and run records are not counted).
+	// new memmap buffers, with row_meta "runs" or "strided", whose run log
+	// DiskBytes counts), or a memory buffer's 32-byte record (16 with run
+	// records, 8 strided) plus the padding of its row group (the stamp,
+	// index structures and run records are not counted).
 	RowMetaBytes int64 `json:"row_meta_bytes"`
 	// RunRecords is how many run records a buffer with "row_meta": "runs"
-	// holds in memory (0 for other buffers): Size / RunRecords rows share
+	// or "strided" holds in memory (0 for other buffers): Size / RunRecords rows share
 	// each 64-byte record on average, and a workload whose runs are a few
 	// rows long is better served by the default layout.
 	RunRecords int64 `json:"run_records,omitempty"`
@@ -665,7 +666,11 @@ func (b *Buffer) Info() (Info, error) {
 		info.Bytes[c.name] = fb
 	}
 	info.RowMetaBytes = recordSize
-	if b.compactRecords() {
+	if b.rlog != nil {
+		// A memmap buffer's file record (its memory records, 16 or 8
+		// bytes, are not what the field reports).
+		info.RowMetaBytes = fileRunRecordSize
+	} else if b.compactRecords() {
 		info.RowMetaBytes = b.recPitch
 		for _, c := range b.cols {
 			if c.stride != 0 {

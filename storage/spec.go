@@ -71,7 +71,8 @@ const (
 	// bytes a slot, not 64) and a run log, with 16-byte memory records
 	// for readers. Not for compressed buffers.
 	RowMetaRuns RowMetaLayout = "runs"
-	// RowMetaStrided (memory buffers only) keeps an 8-byte record per row:
+	// RowMetaStrided (memory and memmap buffers) keeps an 8-byte record per
+	// row:
 	// a 32-bit stamp of the row's pass round the ring (its low 31 bits:
 	// seqs have no bound of their own) and its run's
 	// handle and flags. A run is a stretch of a trajectory whose rows are
@@ -84,6 +85,13 @@ const (
 	// a side table.
 	RowMetaStrided RowMetaLayout = "strided"
 )
+
+// runLogFiles reports whether a buffer of s keeps rows.meta in format
+// version 2 with a run log: memmap buffers with row_meta "runs" or
+// "strided" (the two differ in their memory records only).
+func (s Spec) runLogFiles() bool {
+	return s.Storage == KindMemmap && (s.RowMetaLayout == RowMetaRuns || s.RowMetaLayout == RowMetaStrided)
+}
 
 // Limits enforced by Validate. They exist to turn absurd requests (usually
 // typos or unit mix-ups) into clear errors before any file is sized from them.
@@ -579,8 +587,8 @@ func (v *specValidator) validate(s Spec) {
 			v.add("row_meta", "row_meta %q applies to memory and memmap buffers; %s buffers keep 64-byte row records", s.RowMetaLayout, s.Storage)
 		}
 	case RowMetaStrided:
-		if s.Storage != KindMemory {
-			v.add("row_meta", "row_meta %q applies to memory buffers only; %s buffers keep %s or %s", s.RowMetaLayout, s.Storage, RowMetaPerRow, RowMetaRuns)
+		if s.Storage == KindCompressed {
+			v.add("row_meta", "row_meta %q applies to memory and memmap buffers; %s buffers keep 64-byte row records", s.RowMetaLayout, s.Storage)
 		}
 	default:
 		v.add("row_meta", "unknown row_meta %q; want %s, %s or %s", s.RowMetaLayout, RowMetaPerRow, RowMetaRuns, RowMetaStrided)

@@ -470,7 +470,6 @@ func TestSpecValidateInvalid(t *testing.T) {
 		{"memory with none", specDoc(specBaseFields, `"storage": "memory", "durability": "none"`), []string{"durability"}},
 		{"unknown row_meta", specDoc(specBaseFields, `"storage": "memory", "row_meta": "columns"`), []string{"row_meta"}},
 		{"run records on compressed", specDoc(specBaseFields, `"storage": "compressed", "row_meta": "runs"`), []string{"row_meta"}},
-		{"strided runs on memmap", specDoc(specBaseFields, `"row_meta": "strided"`), []string{"row_meta"}},
 		{"strided runs on compressed", specDoc(specBaseFields, `"storage": "compressed", "row_meta": "strided"`), []string{"row_meta"}},
 		{"row_meta not a string", specDoc(specBaseFields, `"storage": "memory", "row_meta": 1`), []string{"row_meta"}},
 		{"compression on memmap", specDoc(specBaseFields, `"compression": {"codec": "zstd", "level": 3}`), []string{"compression"}},

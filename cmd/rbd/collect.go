@@ -182,10 +182,8 @@ func (o *collectOptions) validate() error {
 	switch {
 	case o.rowMeta != "" && o.rowMeta != string(storage.RowMetaPerRow) && o.rowMeta != string(storage.RowMetaRuns) && o.rowMeta != string(storage.RowMetaStrided):
 		errs = append(errs, fmt.Errorf("--row-meta %q: want %s, %s or %s", o.rowMeta, storage.RowMetaPerRow, storage.RowMetaRuns, storage.RowMetaStrided))
-	case o.rowMeta == string(storage.RowMetaRuns) && o.storage == "compressed":
+	case o.rowMeta != "" && o.rowMeta != string(storage.RowMetaPerRow) && o.storage == "compressed":
 		errs = append(errs, fmt.Errorf("--row-meta %s needs --storage memory or memmap (compressed buffers keep 64-byte row records)", o.rowMeta))
-	case o.rowMeta == string(storage.RowMetaStrided) && o.storage != "memory":
-		errs = append(errs, fmt.Errorf("--row-meta %s needs --storage memory (memmap buffers keep %s or %s)", o.rowMeta, storage.RowMetaPerRow, storage.RowMetaRuns))
 	}
 	if o.epsilon < 0 || o.epsilon > 1 {
 		errs = append(errs, fmt.Errorf("--epsilon %v: want 0..1", o.epsilon))
