@@ -496,16 +496,7 @@ func TestStridedRunsLockstep(t *testing.T) {
 		left[e] = 5 + rng.IntN(40)
 	}
 	for batchNo := range 40 {
-		var rows []row
-		for range 4 { // steps
-			for e := range envs {
-				left[e]--
-				rows = append(rows, row{env: int64(e), val: float32(len(rows)), terminated: left[e] == 0, final: -1})
-				if left[e] == 0 {
-					left[e] = 5 + rng.IntN(40)
-				}
-			}
-		}
+		rows := lockstepRows(left[:], 4, func() int { return 5 + rng.IntN(40) })
 		for _, b := range []*Buffer{mem, file} {
 			mustExtend(t, b, "collector", makeBatch(b.spec, rows, true))
 		}
@@ -548,16 +539,7 @@ func TestStridedRunsTwoCollectors(t *testing.T) {
 	}
 	for batchNo := range 100 {
 		c := batchNo % 2
-		var rows []row
-		for range 32 {
-			for e := range envs {
-				left[c][e]--
-				rows = append(rows, row{env: int64(e), val: float32(len(rows)), terminated: left[c][e] == 0, final: -1})
-				if left[c][e] == 0 {
-					left[c][e] = 5 + rng.IntN(40)
-				}
-			}
-		}
+		rows := lockstepRows(left[c][:], 32, func() int { return 5 + rng.IntN(40) })
 		for _, b := range []*Buffer{mem, file} {
 			mustExtend(t, b, fmt.Sprintf("collector%d", c), makeBatch(b.spec, rows, true))
 		}
@@ -577,6 +559,82 @@ func TestStridedRunsTwoCollectors(t *testing.T) {
 	checkRuns(t, mem)
 	if irregular*100 > len(seqs) {
 		t.Fatalf("%d of %d live rows in irregular runs: two collectors' rows are evenly spaced but for their extends' edges", irregular, len(seqs))
+	}
+}
+
+// lockstepRows is steps ticks of len(left) envs stepped together, as a
+// collector writes them: left[e] is the steps left in env e's episode,
+// which ends terminated and starts again at episode() steps.
+func lockstepRows(left []int, steps int, episode func() int) []row {
+	var rows []row
+	for range steps {
+		for e := range left {
+			left[e]--
+			rows = append(rows, row{env: int64(e), val: float32(len(rows)), terminated: left[e] == 0, final: -1})
+			if left[e] == 0 {
+				left[e] = episode()
+			}
+		}
+	}
+	return rows
+}
+
+// TestStridedSideTableGivenBack: rows of actors that send a step at a time
+// fill irregular runs and their side table entries; once a collector's
+// rows have overwritten every one of them, the table's pages are given
+// back (every entry reads zero again) and the buffer reads as a file
+// record buffer fed the same rows does.
+func TestStridedSideTableGivenBack(t *testing.T) {
+	const capacity, actors, envs = 4096, 64, 8
+	mem, file := memAndFileBuffers(t, capacity, RowMetaStrided)
+	rng := rand.New(rand.NewPCG(9, 10))
+	var left [actors]int
+	for a := range left {
+		left[a] = 20 + rng.IntN(60)
+	}
+	for range 2 * capacity {
+		a := rng.IntN(actors)
+		left[a]--
+		rows := []row{{env: int64(a), val: float32(left[a]), terminated: left[a] == 0, final: -1}}
+		if left[a] == 0 {
+			left[a] = 20 + rng.IntN(60)
+		}
+		for _, b := range []*Buffer{mem, file} {
+			mustExtend(t, b, fmt.Sprintf("actor%d", a), makeBatch(b.spec, rows, true))
+		}
+	}
+	entries := func() (nonzero int) {
+		irr := mem.runs.irr.Load()
+		if irr == nil {
+			t.Fatal("actors' rows mapped no side table")
+		}
+		for slot := range int64(capacity) {
+			if *irrAt(irr, slot) != 0 {
+				nonzero++
+			}
+		}
+		return nonzero
+	}
+	if n := entries(); mem.runs.irregularLive.Load() == 0 || n < capacity/2 {
+		t.Fatalf("after the actors: %d irregular runs live, %d side table entries", mem.runs.irregularLive.Load(), n)
+	}
+	checkRuns(t, mem)
+	for range 2 * capacity / (32 * envs) {
+		rows := lockstepRows(left[:envs], 32, func() int { return 20 + rng.IntN(60) })
+		for _, b := range []*Buffer{mem, file} {
+			mustExtend(t, b, "collector", makeBatch(b.spec, rows, true))
+		}
+	}
+	if n := entries(); mem.runs.irregularLive.Load() != 0 || n != 0 || mem.runs.irrDirty {
+		t.Fatalf("after the collector overwrote the ring: %d irregular runs live, %d side table entries, dirty %v", mem.runs.irregularLive.Load(), n, mem.runs.irrDirty)
+	}
+	checkRuns(t, mem)
+	seqs := file.LiveSeqs(0, capacity)
+	g, w := metas(t, mem, seqs...), metas(t, file, seqs...)
+	for i, seq := range seqs {
+		if g[i] != w[i] {
+			t.Fatalf("seq %d: strided runs read %+v, file record %+v", seq, g[i], w[i])
+		}
 	}
 }
 

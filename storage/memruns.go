@@ -124,8 +124,14 @@ type runTable struct {
 	// irregular runs). Writers map it, readers load it.
 	irr       atomic.Pointer[byte]
 	irrRegion *mmapfile.Region
-	irrFailed bool  // never retried: rows at irregular distances then cost a run each
-	slots     int64 // the ring's capacity
+	irrFailed bool // never retried: rows at irregular distances then cost a run each
+	// irrDirty: entries were written since the side table was last given
+	// back (writers only). When the last irregular run a row names is
+	// released, no row reads the table: its pages go back to the kernel
+	// (discardIrr), so that a buffer whose actors have gone keeps no
+	// memory for them.
+	irrDirty bool
+	slots    int64 // the ring's capacity
 	// irregularLive counts the irregular runs rows name (writers change
 	// it; prefetchRuns reads it: while it is 0 no row reads the side
 	// table).
@@ -254,6 +260,16 @@ func (t *runTable) irrMapped() bool {
 	t.irrRegion = r
 	t.irr.Store(unsafe.SliceData(r.Bytes()))
 	return true
+}
+
+// discardIrr gives the side table's pages back: no row names an irregular
+// run, so no row reads an entry. A reader still reading one for a row
+// overwritten meanwhile reads zeros, which irregularRow calls torn (its
+// stamp check drops the row too). If the kernel refuses, the pages stay.
+func (t *runTable) discardIrr() {
+	if t.irrRegion != nil && t.irrRegion.Discard() == nil {
+		t.irrDirty = false
+	}
 }
 
 // isIrregular reports whether handle (handed out) names an irregular run.
@@ -457,8 +473,8 @@ func (t *runTable) release(handle uint32) {
 	}
 	t.live--
 	t.free = append(t.free, handle)
-	if t.isIrregular(handle) {
-		t.irregularLive.Add(-1)
+	if t.isIrregular(handle) && t.irregularLive.Add(-1) == 0 && t.irrDirty {
+		t.discardIrr()
 	}
 	traj := int64(binary.LittleEndian.Uint64(t.rec(handle)[runTraj:]))
 	if o := t.openOf(traj); o != nil && o.handle == handle {
@@ -548,6 +564,7 @@ func (b *Buffer) putStridedRecord(slot int64, r *record) {
 	if irregular && off > 0 {
 		// place keeps both within 16 bits for irregular runs.
 		*irrAt(b.runs.irr.Load(), slot) = off | uint32(r.Seq-r.PrevSeq)<<16
+		b.runs.irrDirty = true
 	}
 	le.PutUint32(word, h|r.Flags<<memRunBits)
 }

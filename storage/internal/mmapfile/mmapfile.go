@@ -378,3 +378,14 @@ func (r *Region) AdviseRandom() error {
 	}
 	return unix.Madvise(r.m, unix.MADV_RANDOM)
 }
+
+// Discard gives the pages of an anonymous region back to the kernel
+// (madvise MADV_DONTNEED): it reads as zeros afterwards, and a page is
+// backed again when next written. Only for memory nothing reads as data
+// any more.
+func (r *Region) Discard() error {
+	if len(r.m) == 0 || r.f != nil {
+		return nil
+	}
+	return unix.Madvise(r.m, unix.MADV_DONTNEED)
+}
