@@ -456,8 +456,9 @@ func (b *Buffer) metaHeader() metaHeader {
 // records beside memory records in an anonymous region of their own, as
 // in a memory buffer of the same row_meta: 16 bytes a slot with "runs"
 // (the stamp, the run handle, the offset and the distance), 8 with
-// "strided" (a pass stamp and the run word; 6-7% slower uniform and slice
-// samples at 10^5 rows for 8 bytes a slot less, docs/performance.md).
+// "strided" (a pass stamp and the run word: 8 bytes a slot less for
+// uniform samples 7% slower and slices 6% at 10^5 rows,
+// docs/performance.md).
 func (b *Buffer) mapRecords(r *mmapfile.Region) error {
 	b.hdr = r.Bytes()[:headerSize]
 	if b.rlog == nil {
