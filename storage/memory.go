@@ -26,6 +26,19 @@ const (
 	runBytesPerRow = (runRecordSize + 4 + 4) / 8
 )
 
+// runMetaBytesPerRow is what run records take a row in memory (buffers
+// whose records name runs), with the side table of irregular runs for
+// strided ones (if rows at irregular distances fill it).
+func runMetaBytesPerRow(spec Spec) int64 {
+	switch spec.RowMetaLayout {
+	case RowMetaRuns:
+		return runBytesPerRow
+	case RowMetaStrided:
+		return runBytesPerRow + irrEntry
+	}
+	return 0
+}
+
 // fullMemoryBytes estimates what a buffer of spec holds in memory once
 // every slot is written: the per-row heap structures (stamps, index,
 // priority trees) for every kind and, for memory buffers, the rows
@@ -40,10 +53,7 @@ func fullMemoryBytes(spec Spec) int64 {
 		// Memory records (the stamps among them) and run records, as in
 		// a memory buffer of the same row_meta; rows.meta is in the page
 		// cache.
-		perRow += memRecordBytes(spec) + runBytesPerRow
-		if spec.RowMetaLayout == RowMetaStrided {
-			perRow += irrEntry
-		}
+		perRow += memRecordBytes(spec) + runMetaBytesPerRow(spec)
 	case spec.Storage != KindMemory:
 		perRow += stampBytesPerRow // a memory buffer's are in its row group
 	default:
@@ -56,12 +66,7 @@ func fullMemoryBytes(spec Spec) int64 {
 			}
 		}
 		perRow = satAdd(perRow, rowGroupPitch(memRecordBytes(spec), group))
-		if spec.RowMetaLayout == RowMetaRuns || spec.RowMetaLayout == RowMetaStrided {
-			perRow += runBytesPerRow
-		}
-		if spec.RowMetaLayout == RowMetaStrided {
-			perRow += irrEntry // the side table of irregular runs, if rows at irregular distances fill it
-		}
+		perRow += runMetaBytesPerRow(spec)
 		if spec.CompactObs {
 			for _, k := range spec.ObsKeys {
 				if f, ok := spec.Field(k); ok {

@@ -72,10 +72,9 @@ const (
 	// for readers. Not for compressed buffers.
 	RowMetaRuns RowMetaLayout = "runs"
 	// RowMetaStrided (memory and memmap buffers) keeps an 8-byte record per
-	// row:
-	// a 32-bit stamp of the row's pass round the ring (its low 31 bits:
-	// seqs have no bound of their own) and its run's
-	// handle and flags. A run is a stretch of a trajectory whose rows are
+	// row: a 32-bit stamp of the row's pass round the ring (its low 31
+	// bits: seqs have no bound of their own) and its run's handle and
+	// flags. A run is a stretch of a trajectory whose rows are
 	// equally many seqs apart (envs stepping in lockstep, as collectors
 	// and vectorised environments write them), so a row's step and
 	// previous row follow from its seq. A compact CartPole row group is
@@ -582,11 +581,7 @@ func (v *specValidator) validate(s Spec) {
 
 	switch s.RowMetaLayout {
 	case "", RowMetaPerRow:
-	case RowMetaRuns:
-		if s.Storage == KindCompressed {
-			v.add("row_meta", "row_meta %q applies to memory and memmap buffers; %s buffers keep 64-byte row records", s.RowMetaLayout, s.Storage)
-		}
-	case RowMetaStrided:
+	case RowMetaRuns, RowMetaStrided:
 		if s.Storage == KindCompressed {
 			v.add("row_meta", "row_meta %q applies to memory and memmap buffers; %s buffers keep 64-byte row records", s.RowMetaLayout, s.Storage)
 		}

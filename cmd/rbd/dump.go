@@ -292,10 +292,11 @@ func printDump(out io.Writer, res *dumpOutput) {
 		if d.Storage != storage.KindMemory {
 			fmt.Fprintf(out, "  disk: %d bytes in files\n", d.DiskBytes)
 		}
+		runs := d.Spec.RowMetaLayout == storage.RowMetaRuns || d.Spec.RowMetaLayout == storage.RowMetaStrided
 		switch {
-		case (d.Spec.RowMetaLayout == storage.RowMetaRuns || d.Spec.RowMetaLayout == storage.RowMetaStrided) && d.Storage == storage.KindMemmap:
+		case runs && d.Storage == storage.KindMemmap:
 			fmt.Fprintf(out, "  row metadata: rows.meta format version 2 (%d bytes a slot) and a run log; %d run records in memory\n", d.RowMetaBytes, d.RunRecords)
-		case d.Spec.RowMetaLayout == storage.RowMetaRuns || d.Spec.RowMetaLayout == storage.RowMetaStrided:
+		case runs:
 			fmt.Fprintf(out, "  row metadata: %d bytes a slot and %d run records\n", d.RowMetaBytes, d.RunRecords)
 		default:
 			fmt.Fprintf(out, "  row metadata: %d bytes a slot\n", d.RowMetaBytes)
