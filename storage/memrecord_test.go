@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/rbdb/rbd/storage/internal/mmapfile"
 )
 
 // TestMemoryRecordsMatchFileRecords writes the same batches into a memory
@@ -813,7 +816,11 @@ func TestStridedIrregularRuns(t *testing.T) {
 		b := ringOf(t)
 		b.wmu.Lock()
 		defer b.wmu.Unlock()
-		b.runs.irrFailed = true // as when the OS refuses the mapping
+		var tries int
+		b.runs.mapIrr = func(int64) (*mmapfile.Region, error) {
+			tries++
+			return nil, errors.New("refused") // as under a commit limit
+		}
 		steps := slices.Clone(irregular)
 		// Regular runs all: 109+far starts one, the row one further
 		// sets its stride (65,536), the row at distance 7 starts one.
@@ -824,7 +831,56 @@ func TestStridedIrregularRuns(t *testing.T) {
 		if b.runs.irr.Load() != nil {
 			t.Fatal("side table mapped after its mapping failed")
 		}
+		if tries != 1 {
+			t.Fatalf("%d tries to map the side table, want 1 (the next waits %d rows)", tries, irrRetryRows)
+		}
 	})
+}
+
+// TestStridedSideTableRetried checks that a side table the OS refused to
+// map is tried again after irrRetryRows rows that would have used it, and
+// not before: memory freed later serves irregular runs again, and a
+// refusal that lasts costs a system call per irrRetryRows rows.
+func TestStridedSideTableRetried(t *testing.T) {
+	rt := newRunTable(1024, true)
+	t.Cleanup(func() {
+		if err := rt.close(); err != nil {
+			t.Error(err)
+		}
+	})
+	var tries int
+	refuse := true
+	rt.mapIrr = func(size int64) (*mmapfile.Region, error) {
+		tries++
+		if refuse {
+			return nil, errors.New("refused")
+		}
+		return mmapfile.Anonymous(size)
+	}
+	for _, c := range []struct {
+		rows      int // calls of irrMapped
+		refuse    bool
+		wantTries int
+		wantMap   bool
+	}{
+		{1, true, 1, false},                 // refused
+		{irrRetryRows, true, 1, false},      // waiting
+		{1, true, 2, false},                 // tried again, refused again
+		{irrRetryRows - 1, false, 2, false}, // memory freed, still waiting
+		{1, false, 2, false},                // the wait's last row
+		{1, false, 3, true},                 // tried again, mapped
+		{irrRetryRows, false, 3, true},      // mapped: no more tries
+	} {
+		refuse = c.refuse
+		var mapped bool
+		for range c.rows {
+			mapped = rt.irrMapped()
+		}
+		if tries != c.wantTries || mapped != c.wantMap || (rt.irr.Load() != nil) != c.wantMap {
+			t.Fatalf("after %d more rows (refusing %v): %d tries, mapped %v (table %v), want %d tries, mapped %v",
+				c.rows, c.refuse, tries, mapped, rt.irr.Load() != nil, c.wantTries, c.wantMap)
+		}
+	}
 }
 
 // TestStridedOffset checks the reciprocal division against the division

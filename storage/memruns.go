@@ -96,6 +96,10 @@ const (
 	irregularBelow = 16
 	// irrEntry is the bytes a slot takes in the side table.
 	irrEntry = 4
+	// irrRetryRows is how many rows that would use the side table wait
+	// after the OS refused to map it before the next try: a system call
+	// (a microsecond or two) per 4,096 rows while the refusal lasts.
+	irrRetryRows = 4096
 
 	runBlockBits = 12 // 4,096 run records, 256 KiB, a block
 	runBlockRuns = 1 << runBlockBits
@@ -119,12 +123,18 @@ type runTable struct {
 	// irr is the base of the side table of irregular runs (strided
 	// tables; see the comment above runRecordSize): slot's entry is the
 	// u16 offset in its run and the u16 distance back at irr + 4 x slot.
-	// nil until the first irregular row; irrRegion is its mapping, and
-	// irrFailed says the OS refused it (rows then start runs, as without
-	// irregular runs). Writers map it, readers load it.
+	// nil until the first irregular row; irrRegion is its mapping.
+	// Writers map it, readers load it. When the OS refuses the mapping
+	// (a commit limit under strict overcommit, an address-space limit),
+	// rows start runs as without irregular runs (a run record each) and
+	// irrWait counts down the rows that would have used the table before
+	// the next try (irrRetryRows), so that memory freed later is used
+	// without a system call per row while it is not. mapIrr maps the
+	// table: mmapfile.Anonymous, or a test's refusal.
 	irr       atomic.Pointer[byte]
 	irrRegion *mmapfile.Region
-	irrFailed bool // never retried: rows at irregular distances then cost a run each
+	irrWait   int64
+	mapIrr    func(size int64) (*mmapfile.Region, error)
 	// irrDirty: entries were written since the side table was last given
 	// back (writers only). When the last irregular run a row names is
 	// released, no row reads the table: its pages go back to the kernel
@@ -187,6 +197,7 @@ func newRunTable(capacity int64, strided bool) *runTable {
 		blocks: make([]atomic.Pointer[runBlock], (limit+runBlockRuns-1)/runBlockRuns),
 		limit:  limit, refs: []uint32{0}, open: map[int64]*openRun{},
 		strided: strided, wordOff: mrecRun, slots: capacity,
+		mapIrr: mmapfile.Anonymous,
 	}
 	if strided {
 		t.wordOff = mrecStridedRun
@@ -249,12 +260,13 @@ func (t *runTable) irrMapped() bool {
 	if t.irr.Load() != nil {
 		return true
 	}
-	if t.irrFailed {
+	if t.irrWait > 0 {
+		t.irrWait--
 		return false
 	}
-	r, err := mmapfile.Anonymous(t.slots * irrEntry)
+	r, err := t.mapIrr(t.slots * irrEntry)
 	if err != nil {
-		t.irrFailed = true
+		t.irrWait = irrRetryRows
 		return false
 	}
 	t.irrRegion = r
