@@ -409,7 +409,11 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	// A memory buffer's fields go in a column at a time: each row's stamp
 	// stays void until writeRow stores it after the row's record, as
 	// before. Row by row, a CartPole extend took 18.9 µs, by column 16.0
-	// (docs/performance.md).
+	// (docs/performance.md). So do a version 2 memmap buffer's, once
+	// every slot they go to is marked as being written (markRunsWriting).
+	if b.rlog != nil {
+		b.markRunsWriting(recs[written-first:], written%capacity)
+	}
 	if b.copiesByColumn() {
 		b.copyColumns(p, int(written-first), written%capacity, int(end-written))
 	}
@@ -641,23 +645,23 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 	b.store.crash.at("after-meta")
 }
 
-// writeRowRuns is writeRow for a memmap buffer with rows.meta version 2:
-// the memory record as a memory buffer writes it, and the version 2 file
-// record with its writing marker first and its seq word last. A function
-// of its own: its branches in writeRow made memory and version 1 extends
-// 6-7% slower (BenchmarkExtend/kind=memory, alternating builds), so the
-// field loop is written twice on purpose.
+// writeRowRuns is writeRow for a memmap buffer with rows.meta version 2,
+// whose fields write copied already, a column at a time, after marking the
+// row's file record as being written: the row's checksum, its tail, the
+// memory record as a memory buffer writes it, and the version 2 file
+// record with its seq word last. A function of its own: its branches in
+// writeRow made memory and version 1 extends 6-7% slower
+// (BenchmarkExtend/kind=memory, alternating builds).
 func (b *Buffer) writeRowRuns(slot int64, rec *record, p *plan, r int) {
 	drec := b.drecs[slot*fileRunRecordSize : (slot+1)*fileRunRecordSize]
 	pr := b.rlog.rows[rec.Seq-b.rlog.first]
-	// As writeRow: the stamp void (write did that), then the slot marked
-	// as being written with this seq (a version 2 writing marker).
-	binary.LittleEndian.PutUint64(drec[frWord:], fileRunWord(rec.Seq, pr.delta)|frWriting)
+	// The checksum covers the row's bytes as the extend gave them, which
+	// are the bytes in the columns: staged from the extend's own arrays,
+	// which are in cache, not read back from the files' pages.
 	var crc uint32
 	staged := 0 // bytes in b.crcScratch not yet checksummed
 	for i, c := range b.cols {
 		src := p.src[i][r*c.rowBytes : (r+1)*c.rowBytes]
-		copyField(c.row(slot), src)
 		if !c.field.Mutable { // updates rewrite mutable fields in place
 			if staged+len(src) > len(b.crcScratch) {
 				crc = crc32.Update(crc, castagnoli, b.crcScratch[:staged])
@@ -902,8 +906,32 @@ func copyField(dst, src []byte) {
 // copiesByColumn reports whether an extend copies its fields a column at a
 // time (copyColumns) before writing each row's record, instead of row by
 // row in writeRow: a memory buffer's, whose rows have no checksum to stage
-// and no crash protocol to follow.
-func (b *Buffer) copiesByColumn() bool { return !b.persistent }
+// and no crash protocol to follow, and a memmap buffer's with rows.meta
+// version 2, whose records are all marked as being written first
+// (markRunsWriting) and whose rows' checksums writeRowRuns stages from the
+// extend's own bytes. Not version 1 memmap buffers: their checksum is
+// staged as each row is copied, and nothing else makes them faster.
+func (b *Buffer) copiesByColumn() bool { return !b.persistent || b.rlog != nil }
+
+// markRunsWriting puts the writing marker of each of recs in the version 2
+// file record of its slot (the first at slot0, wrapping at the capacity),
+// before any of the rows' bytes change: after a crash, recovery knows that
+// the ring had reached these seqs, so the rows these slots held are gone
+// (overwritten or about to be), not lost from the middle of the window, and
+// the marked rows are not there (no record: an unacknowledged extend's,
+// torn). writeRowRuns then completes each record once its row is whole.
+func (b *Buffer) markRunsWriting(recs []record, slot0 int64) {
+	le := binary.LittleEndian
+	slot := slot0
+	for i := range recs {
+		seq := recs[i].Seq
+		pr := b.rlog.rows[seq-b.rlog.first]
+		le.PutUint64(b.drecs[slot*fileRunRecordSize+frWord:], fileRunWord(seq, pr.delta)|frWriting)
+		if slot++; slot == b.capacity {
+			slot = 0
+		}
+	}
+}
 
 // copyColumns copies n rows of the plan from its row r0 on into the slots
 // from slot0 on (wrapping at the capacity), a column at a time.
