@@ -153,7 +153,10 @@ type Buffer struct {
 	// call a CartPole row takes 15 ns, a call per field 35
 	// (BenchmarkRowChecksum).
 	crcScratch [crcScratchSize]byte
-	recBatch   []record // the records of the extend being written (batchRecords), guarded by wmu
+	// runStage holds the checksummed bytes of an extend's rows side by
+	// side (stageRunRows; version 2 memmap buffers), guarded by wmu.
+	runStage []byte
+	recBatch []record // the records of the extend being written (batchRecords), guarded by wmu
 	// punchFrom is the first seq whose row punchTails has not looked at
 	// (sparse tail files), guarded by wmu.
 	punchFrom int64

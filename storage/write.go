@@ -417,9 +417,20 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	if b.copiesByColumn() {
 		b.copyColumns(p, int(written-first), written%capacity, int(end-written))
 	}
-	for s := written; s < end; s++ {
-		r := int(s - first)
-		b.writeRow(s%capacity, &recs[r], p, r)
+	if pitch := b.runStagePitch(); pitch > 0 {
+		for s := written; s < end; {
+			n := min(end-s, runStageRows)
+			rows := b.stageRunRows(p, int(s-first), int(n), pitch)
+			for j := range n {
+				b.writeRowRuns((s+j)%capacity, &recs[s+j-first], p, int(s+j-first), rows[j*pitch:(j+1)*pitch])
+			}
+			s += n
+		}
+	} else {
+		for s := written; s < end; s++ {
+			r := int(s - first)
+			b.writeRow(s%capacity, &recs[r], p, r)
+		}
 	}
 
 	if b.persistent {
@@ -561,7 +572,7 @@ func (p *plan) envAt(r int) int64 {
 // it after a crash, and readers judge a row by its stamp.)
 func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 	if b.rlog != nil {
-		b.writeRowRuns(slot, rec, p, r)
+		b.writeRowRuns(slot, rec, p, r, nil)
 		return
 	}
 	compact := b.compactRecords()
@@ -645,34 +656,89 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 	b.store.crash.at("after-meta")
 }
 
+// runStagePitch returns the bytes a row takes in stageRunRows' staging:
+// its checksummed field bytes and room for its record's. It returns 0 when
+// rows are not staged a batch at a time: when the buffer is not a version
+// 2 memmap buffer, or when a row's checksummed bytes are more than
+// crcScratchSize (images: checksummed where they are, row by row).
+func (b *Buffer) runStagePitch() int64 {
+	if b.rlog == nil {
+		return 0
+	}
+	var fieldBytes int
+	for _, c := range b.cols {
+		if !c.field.Mutable {
+			fieldBytes += c.rowBytes
+		}
+	}
+	if fieldBytes > crcScratchSize {
+		return 0
+	}
+	return int64(fieldBytes + runCRCBytes)
+}
+
+// runStageRows bounds the rows stageRunRows stages at once (at most 1 MiB
+// and a bit for rows of crcScratchSize bytes).
+const runStageRows = 4096
+
+// stageRunRows stages the checksummed field bytes of n rows of p from its
+// row r0 on for writeRowRuns, a column at a time: row j's bytes side by
+// side at j × pitch (runStagePitch) in the returned slice, each followed by
+// runCRCBytes of room for its record's bytes. Column loops over the batch
+// instead of a loop over the fields in each row: that loop cost about as
+// much as the rest of a CartPole row's checksum (docs/performance.md).
+func (b *Buffer) stageRunRows(p *plan, r0, n int, pitch int64) []byte {
+	if need := int64(n) * pitch; int64(cap(b.runStage)) < need {
+		b.runStage = make([]byte, need)
+	}
+	rows := b.runStage[:int64(n)*pitch]
+	off := 0
+	for i, c := range b.cols {
+		if c.field.Mutable {
+			continue
+		}
+		rb := c.rowBytes
+		scatterFixed(rows[off:], p.src[i][r0*rb:(r0+n)*rb], pitch, rb, n)
+		off += rb
+	}
+	return rows
+}
+
 // writeRowRuns is writeRow for a memmap buffer with rows.meta version 2,
 // whose fields write copied already, a column at a time, after marking the
 // row's file record as being written: the row's checksum, its tail, the
 // memory record as a memory buffer writes it, and the version 2 file
-// record with its seq word last. A function of its own: its branches in
+// record with its seq word last. staged is the row's checksummed field
+// bytes and room for its record's (stageRunRows), or nil: then they are
+// staged here, field by field, in b.crcScratch. A function of its own: its branches in
 // writeRow made memory and version 1 extends 6-7% slower
 // (BenchmarkExtend/kind=memory, alternating builds).
-func (b *Buffer) writeRowRuns(slot int64, rec *record, p *plan, r int) {
+func (b *Buffer) writeRowRuns(slot int64, rec *record, p *plan, r int, row []byte) {
 	drec := b.drecs[slot*fileRunRecordSize : (slot+1)*fileRunRecordSize]
 	pr := b.rlog.rows[rec.Seq-b.rlog.first]
 	// The checksum covers the row's bytes as the extend gave them, which
 	// are the bytes in the columns: staged from the extend's own arrays,
 	// which are in cache, not read back from the files' pages.
 	var crc uint32
-	staged := 0 // bytes in b.crcScratch not yet checksummed
-	for i, c := range b.cols {
-		src := p.src[i][r*c.rowBytes : (r+1)*c.rowBytes]
-		if !c.field.Mutable { // updates rewrite mutable fields in place
-			if staged+len(src) > len(b.crcScratch) {
-				crc = crc32.Update(crc, castagnoli, b.crcScratch[:staged])
-				staged = 0
+	scratch := b.crcScratch[:]
+	staged := 0 // bytes in scratch not yet checksummed
+	if row != nil {
+		scratch, staged = row, len(row)-runCRCBytes
+	} else {
+		for i, c := range b.cols {
+			src := p.src[i][r*c.rowBytes : (r+1)*c.rowBytes]
+			if !c.field.Mutable { // updates rewrite mutable fields in place
+				if staged+len(src) > len(scratch) {
+					crc = crc32.Update(crc, castagnoli, scratch[:staged])
+					staged = 0
+				}
+				if len(src) > len(scratch) {
+					crc = crc32.Update(crc, castagnoli, src)
+					continue
+				}
+				copyField(scratch[staged:], src)
+				staged += len(src)
 			}
-			if len(src) > len(b.crcScratch) {
-				crc = crc32.Update(crc, castagnoli, src)
-				continue
-			}
-			copyField(b.crcScratch[staged:], src)
-			staged += len(src)
 		}
 	}
 	if b.tailIx != nil {
@@ -680,8 +746,8 @@ func (b *Buffer) writeRowRuns(slot int64, rec *record, p *plan, r int) {
 	}
 	if t := p.tailRowOf(r); t >= 0 {
 		if staged > 0 {
-			crc = crc32.Update(crc, castagnoli, b.crcScratch[:staged])
-			staged = 0
+			crc = crc32.Update(crc, castagnoli, scratch[:staged])
+			staged = 0 // the record's bytes then go where the fields were
 		}
 		at := slot // a tail file of an older build keeps it at the slot
 		if b.tailIx != nil {
@@ -699,12 +765,12 @@ func (b *Buffer) writeRowRuns(slot int64, rec *record, p *plan, r int) {
 	// The record's bytes the checksum covers are staged after the row's:
 	// a row without a tail (nearly all) is checksummed in one call, not
 	// two (3-4 ns a call, BenchmarkRowChecksum).
-	if staged+runCRCBytes > len(b.crcScratch) {
-		crc = crc32.Update(crc, castagnoli, b.crcScratch[:staged])
+	if staged+runCRCBytes > len(scratch) {
+		crc = crc32.Update(crc, castagnoli, scratch[:staged])
 		staged = 0
 	}
-	putRunCRCBytes(b.crcScratch[staged:], rec.Seq, pr)
-	crc = crc32.Update(crc, castagnoli, b.crcScratch[:staged+runCRCBytes])
+	putRunCRCBytes(scratch[staged:], rec.Seq, pr)
+	crc = crc32.Update(crc, castagnoli, scratch[:staged+runCRCBytes])
 	b.store.crash.at("after-data")
 	b.putMemRecord(slot, rec)
 	putFileRunRecord(drec, rec.Seq, pr, crc)
