@@ -685,8 +685,8 @@ const runStageRows = 4096
 // row r0 on for writeRowRuns, a column at a time: row j's bytes side by
 // side at j × pitch (runStagePitch) in the returned slice, each followed by
 // runCRCBytes of room for its record's bytes. Column loops over the batch
-// instead of a loop over the fields in each row: that loop cost about as
-// much as the rest of a CartPole row's checksum (docs/performance.md).
+// instead of a loop over the fields in each row: that loop took more of a
+// CartPole extend's time than the checksum call (docs/performance.md).
 func (b *Buffer) stageRunRows(p *plan, r0, n int, pitch int64) []byte {
 	if need := int64(n) * pitch; int64(cap(b.runStage)) < need {
 		b.runStage = make([]byte, need)
@@ -705,13 +705,13 @@ func (b *Buffer) stageRunRows(p *plan, r0, n int, pitch int64) []byte {
 }
 
 // writeRowRuns is writeRow for a memmap buffer with rows.meta version 2,
-// whose fields write copied already, a column at a time, after marking the
-// row's file record as being written: the row's checksum, its tail, the
-// memory record as a memory buffer writes it, and the version 2 file
-// record with its seq word last. staged is the row's checksummed field
-// bytes and room for its record's (stageRunRows), or nil: then they are
-// staged here, field by field, in b.crcScratch. A function of its own: its branches in
-// writeRow made memory and version 1 extends 6-7% slower
+// whose fields write has copied already, a column at a time, after marking
+// the row's file record as being written: the row's checksum, its tail,
+// the memory record as a memory buffer writes it, and the version 2 file
+// record with its seq word last. row is the row's checksummed field bytes
+// and room for its record's (stageRunRows), or nil: then they are staged
+// here, field by field, in b.crcScratch. A function of its own: its
+// branches in writeRow made memory and version 1 extends 6-7% slower
 // (BenchmarkExtend/kind=memory, alternating builds).
 func (b *Buffer) writeRowRuns(slot int64, rec *record, p *plan, r int, row []byte) {
 	drec := b.drecs[slot*fileRunRecordSize : (slot+1)*fileRunRecordSize]
@@ -975,8 +975,8 @@ func copyField(dst, src []byte) {
 // and no crash protocol to follow, and a memmap buffer's with rows.meta
 // version 2, whose records are all marked as being written first
 // (markRunsWriting) and whose rows' checksums writeRowRuns stages from the
-// extend's own bytes. Not version 1 memmap buffers: their checksum is
-// staged as each row is copied, and nothing else makes them faster.
+// extend's own bytes. Version 1 memmap buffers still copy row by row,
+// staging each row's checksum as they copy it.
 func (b *Buffer) copiesByColumn() bool { return !b.persistent || b.rlog != nil }
 
 // markRunsWriting puts the writing marker of each of recs in the version 2
