@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"testing"
+
+	"github.com/rbdb/rbd/storage"
 )
 
 // TestPlanKeyCoversRequest: every field of SampleRequest but Seed and
@@ -151,5 +154,46 @@ func TestCachedPlanKeepsItsOwnRequest(t *testing.T) {
 	}
 	if _, err := b.Sample(t.Context(), &first, nil); err == nil {
 		t.Fatal("n_step.n 0 was accepted: the changed request reused the old plan")
+	}
+}
+
+// TestPlanFlagsFromMetas checks which stored keys a plan gathers and which
+// it writes from the rows' metadata: the episode flags come from the
+// metadata unless nothing else would be gathered at the rows, whose copy
+// is what checks them (then they are gathered too); with n-step the flags
+// are still the row's (the transform sets them from the window).
+func TestPlanFlagsFromMetas(t *testing.T) {
+	b := rqBuffers(t, false)["plain"]
+	names := func(cs []storage.Column) (out []string) {
+		for _, c := range cs {
+			out = append(out, c.Name)
+		}
+		return out
+	}
+	flags := func(fs []flagCol) (out []string) {
+		for _, f := range fs {
+			out = append(out, f.name)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		req               SampleRequest
+		atRow, flagsFromM []string
+	}{
+		{SampleRequest{BatchSize: 4, Keys: []string{"observation", "next.done", "next.reward"}}, []string{"observation", "next.reward"}, []string{"next.done"}},
+		{SampleRequest{BatchSize: 4, Keys: []string{"next.done", "next.terminated", "next.truncated", "next.reward"}}, []string{"next.reward"}, []string{"next.done", "next.terminated", "next.truncated"}},
+		{SampleRequest{BatchSize: 4, Keys: []string{"next.done", "next.terminated"}}, []string{"next.done", "next.terminated"}, nil},
+		{SampleRequest{BatchSize: 4, Keys: []string{"observation", "next.done"}, NStep: &NStep{N: 3, Gamma: 0.9}}, []string{"observation"}, []string{"next.done"}},
+	} {
+		p, err := b.planSample(&c.req, 0)
+		if err != nil {
+			t.Fatalf("%v: %v", c.req.Keys, err)
+		}
+		if got := names(p.atRow); !slices.Equal(got, c.atRow) {
+			t.Errorf("%v: gathered at the rows %v, want %v", c.req.Keys, got, c.atRow)
+		}
+		if got := flags(p.flagCols); !slices.Equal(got, c.flagsFromM) {
+			t.Errorf("%v: flags from the metadata %v, want %v", c.req.Keys, got, c.flagsFromM)
+		}
 	}
 }

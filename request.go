@@ -205,11 +205,19 @@ type plan struct {
 	// atRow and atLast split stored: with n-step, the next.* fields the
 	// transform takes from the window's last row are gathered there.
 	atRow, atLast []storage.Column
-	outKeys       []string // every requested key, in order
-	recon         []string // obs keys k whose next.<k> is reconstructed
-	fillNaN       bool
-	slices        bool
-	rows          int // output rows (B or S*L)
+	// flagCols are the episode flags of stored (next.done, .terminated,
+	// .truncated: bool scalars, never mutable) that are not gathered but
+	// written from the rows' metadata, which the draw has read already
+	// and which holds the same flags (an extend derives a row's record
+	// flags from these columns): in a memmap buffer, three lines a row in
+	// three files fewer to read. Kept in atRow when nothing else is
+	// there, so that the rows are still copied and checked.
+	flagCols []flagCol
+	outKeys  []string // every requested key, in order
+	recon    []string // obs keys k whose next.<k> is reconstructed
+	fillNaN  bool
+	slices   bool
+	rows     int // output rows (B or S*L)
 	// minVersion is min_policy_version, -1 without one.
 	minVersion int64
 	// rewardColumn is next.reward, for n-step returns.
@@ -458,9 +466,18 @@ func (b *Buffer) planSample(req *SampleRequest, maxBytes int64) (*plan, error) {
 	for _, c := range p.stored {
 		if p.nstep != nil && isNStepNext(c.Name) {
 			p.atLast = append(p.atLast, c)
+		} else if f, ok := flagOf(c.Name); ok {
+			p.flagCols = append(p.flagCols, flagCol{name: c.Name, flag: f})
 		} else {
 			p.atRow = append(p.atRow, c)
 		}
+	}
+	if len(p.atRow) == 0 && len(p.flagCols) > 0 {
+		for _, f := range p.flagCols {
+			c, _ := b.Column(f.name)
+			p.atRow = append(p.atRow, c)
+		}
+		p.flagCols = nil
 	}
 	if len(p.recon) > 0 && !req.IncludeIncomplete && !p.slices {
 		p.params.NextKnown = true

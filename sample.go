@@ -563,6 +563,9 @@ func (b *Buffer) gather(p *plan, d *drawn, ix *storage.Index) (_ *gathered, ok b
 		}
 	}
 	clear(g.dst)
+	for _, f := range p.flagCols {
+		g.stored[f.name] = f.fromMetas(g.alloc(b, n), d.metas)
+	}
 	if len(p.recon) > 0 {
 		if ok, err := b.gatherNext(p, d, g, ix); err != nil || !ok {
 			return nil, ok, err
@@ -808,6 +811,55 @@ func cutNext(k string) (string, bool) {
 		return k[5:], true
 	}
 	return "", false
+}
+
+// flagCol is an episode flag field written from the rows' metadata
+// (plan.flagCols).
+type flagCol struct {
+	name string
+	flag episodeFlag
+}
+
+type episodeFlag int
+
+const (
+	flagDone episodeFlag = iota
+	flagTerminated
+	flagTruncated
+)
+
+// flagOf names the episode flag a field holds, if it is one.
+func flagOf(name string) (episodeFlag, bool) {
+	switch name {
+	case "next.done":
+		return flagDone, true
+	case "next.terminated":
+		return flagTerminated, true
+	case "next.truncated":
+		return flagTruncated, true
+	}
+	return 0, false
+}
+
+// fromMetas fills dst with the flag of each row of metas (0 for padding
+// rows, whose metadata says no flag, as a gather zeroes them) and
+// returns it.
+func (f flagCol) fromMetas(dst []byte, metas []storage.RowMeta) []byte {
+	dst = dst[:len(metas)]
+	for i := range metas {
+		m := &metas[i]
+		var v bool
+		switch f.flag {
+		case flagDone:
+			v = m.Done
+		case flagTerminated:
+			v = m.Terminated
+		default:
+			v = m.Truncated
+		}
+		dst[i] = b2u(v)
+	}
+	return dst
 }
 
 func boolBytes(dst []byte, v []bool) []byte {
