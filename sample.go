@@ -846,18 +846,20 @@ func flagOf(name string) (episodeFlag, bool) {
 // returns it.
 func (f flagCol) fromMetas(dst []byte, metas []storage.RowMeta) []byte {
 	dst = dst[:len(metas)]
-	for i := range metas {
-		m := &metas[i]
-		var v bool
-		switch f.flag {
-		case flagDone:
-			v = m.Done
-		case flagTerminated:
-			v = m.Terminated
-		default:
-			v = m.Truncated
+	// A loop for each flag, not a switch a row.
+	switch f.flag {
+	case flagDone:
+		for i := range metas {
+			dst[i] = b2u(metas[i].Done)
 		}
-		dst[i] = b2u(v)
+	case flagTerminated:
+		for i := range metas {
+			dst[i] = b2u(metas[i].Terminated)
+		}
+	default:
+		for i := range metas {
+			dst[i] = b2u(metas[i].Truncated)
+		}
 	}
 	return dst
 }
