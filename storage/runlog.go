@@ -219,8 +219,9 @@ func newRunLog(b *Buffer) *runLog {
 // pieces of the window (2 bytes a row for CartPole-like batches of 8 envs)
 // plus at most two segments of slack (the one being filled, the oldest
 // one partly dead) and the spare: 0.75 bytes a row, above 256 Ki rows. A
-// segment starts every 30-odd extends of 256 rows (a file creation, made
-// ahead by prepareNext; no sync: the next sync does it).
+// segment starts every 120 or so extends of 256 rows from 8 envs (8-9
+// pieces each) at the least size, less often in larger rings (a file
+// creation, made ahead by prepareNext; no sync: the next sync does it).
 func runSegmentTarget(capacity int64) int64 { return min(max(capacity/4, 64<<10), 64<<20) }
 
 // plan cuts recs (one extend's rows in seq order) into pieces and returns
