@@ -172,7 +172,7 @@ func TestPlanFlagsFromMetas(t *testing.T) {
 	}
 	flags := func(fs []flagCol) (out []string) {
 		for _, f := range fs {
-			out = append(out, f.name)
+			out = append(out, f.col.Name)
 		}
 		return out
 	}

@@ -467,15 +467,14 @@ func (b *Buffer) planSample(req *SampleRequest, maxBytes int64) (*plan, error) {
 		if p.nstep != nil && isNStepNext(c.Name) {
 			p.atLast = append(p.atLast, c)
 		} else if f, ok := flagOf(c.Name); ok {
-			p.flagCols = append(p.flagCols, flagCol{name: c.Name, flag: f})
+			p.flagCols = append(p.flagCols, flagCol{col: c, flag: f})
 		} else {
 			p.atRow = append(p.atRow, c)
 		}
 	}
 	if len(p.atRow) == 0 && len(p.flagCols) > 0 {
 		for _, f := range p.flagCols {
-			c, _ := b.Column(f.name)
-			p.atRow = append(p.atRow, c)
+			p.atRow = append(p.atRow, f.col)
 		}
 		p.flagCols = nil
 	}

@@ -564,7 +564,7 @@ func (b *Buffer) gather(p *plan, d *drawn, ix *storage.Index) (_ *gathered, ok b
 	}
 	clear(g.dst)
 	for _, f := range p.flagCols {
-		g.stored[f.name] = f.fromMetas(g.alloc(b, n), d.metas)
+		g.stored[f.col.Name] = f.fromMetas(g.alloc(b, n), d.metas)
 	}
 	if len(p.recon) > 0 {
 		if ok, err := b.gatherNext(p, d, g, ix); err != nil || !ok {
@@ -816,7 +816,7 @@ func cutNext(k string) (string, bool) {
 // flagCol is an episode flag field written from the rows' metadata
 // (plan.flagCols).
 type flagCol struct {
-	name string
+	col  storage.Column
 	flag episodeFlag
 }
 
