@@ -44,7 +44,9 @@ func testSpec(kind Kind, capacity int64, compact bool) Spec {
 // out, they get the default of new memmap buffers (rows.meta format version
 // 2 and a run log); RBD_TEST_MEMMAP_ROW_META=row runs every test of a
 // memmap buffer made by testSpec on rows.meta format version 1, the layout
-// of buffers made by older builds (.ci/run does, after the default run).
+// of buffers made by older builds, and RBD_TEST_MEMMAP_ROW_META=strided
+// with 8-byte strided memory records (.ci/run runs both, after the default
+// run).
 var testMemmapRowMeta = RowMetaLayout(os.Getenv("RBD_TEST_MEMMAP_ROW_META"))
 
 var kinds = []Kind{KindMemory, KindMemmap, KindCompressed}
