@@ -670,6 +670,10 @@ func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 		c.region, c.data, c.stride, c.groupOff = nil, data, pitch, off
 		off += int64(c.rowBytes)
 	}
+	if runs == nil {
+		// The row layout's records hold the index's next distances.
+		errs = append(errs, b.ix.deltasInRows(r.Bytes()[mrecNext:], pitch))
+	}
 	b.group = r
 	return errors.Join(errs...)
 }

@@ -245,6 +245,14 @@ type index struct {
 	nextDelta []uint16
 	// deltas holds nextDelta's memory when it is mapped, not allocated.
 	deltas *mmapfile.Region
+	// deltaRows, when not nil, is where the next distances are instead
+	// of nextDelta: the 16 bits at deltaRows + slot x deltaPitch, in the
+	// row's own memory record (memrecord.go, mrecNext; memory buffers
+	// with the row layout, deltasInRows). A sample reads that line
+	// anyway, where nextDelta is a line of its own a row in a large ring
+	// and 2 bytes a row more.
+	deltaRows  unsafe.Pointer
+	deltaPitch int64
 	// recent caches the write path's trajectory lookups (writerLookup).
 	recent [recentTrajs]*Trajectory
 	// capacity maps seqs to slots.
@@ -264,6 +272,7 @@ func (ix *index) init(capacity int64) {
 	ix.versions.init()
 	ix.known = slotBits{}
 	ix.nextDelta, ix.deltas = nil, nil
+	ix.deltaRows, ix.deltaPitch = nil, 0
 	ix.recent = [recentTrajs]*Trajectory{}
 	ix.capacity = capacity
 	ix.ring = newRingSlots(0, capacity)
@@ -321,13 +330,47 @@ func (ix *index) add(id, step, seq int64, done, hasTail bool) error {
 }
 
 func (ix *index) setNextDelta(slot, delta int64) {
-	if int64(len(ix.nextDelta)) <= slot {
-		ix.growNextDeltas(slot)
-	}
 	if delta > math.MaxUint16 {
 		delta = 0
 	}
+	if ix.deltaRows != nil {
+		*(*uint16)(unsafe.Add(ix.deltaRows, slot*ix.deltaPitch)) = uint16(delta)
+		return
+	}
+	if int64(len(ix.nextDelta)) <= slot {
+		ix.growNextDeltas(slot)
+	}
 	ix.nextDelta[slot] = uint16(delta)
+}
+
+// nextDist returns the next distance of slot, whose known bit is set.
+func (ix *index) nextDist(slot int64) uint16 {
+	if ix.deltaRows != nil {
+		return *(*uint16)(unsafe.Add(ix.deltaRows, slot*ix.deltaPitch))
+	}
+	return ix.nextDelta[slot]
+}
+
+// deltasInRows moves the next distances into the rows' memory records: the
+// 16 bits at rows[slot x pitch] of each slot (rows starts at mrecNext of
+// slot 0's record). The distances held so far are copied there and their
+// array given back. Called with the index to the caller alone (a buffer
+// being created or restored).
+func (ix *index) deltasInRows(rows []byte, pitch int64) error {
+	if int64(len(rows)) < (ix.capacity-1)*pitch+2 {
+		panic("rbd: next distance rows too short")
+	}
+	base := unsafe.Pointer(unsafe.SliceData(rows))
+	for slot, d := range ix.nextDelta {
+		*(*uint16)(unsafe.Add(base, int64(slot)*pitch)) = d
+	}
+	var err error
+	if ix.deltas != nil {
+		err = ix.deltas.Close()
+	}
+	ix.nextDelta, ix.deltas = nil, nil
+	ix.deltaRows, ix.deltaPitch = base, pitch
+	return err
 }
 
 // mappedDeltaBytes is the size from which next distances are mapped, not
@@ -370,6 +413,12 @@ func (ix *index) growNextDeltas(slot int64) {
 // the index (Buffer.unmap). Next bits are cleared with them, so that an
 // index used again answers "next unknown" until rows are added.
 func (ix *index) release() error {
+	if ix.deltaRows != nil {
+		// In the rows, which the buffer unmaps.
+		ix.deltaRows, ix.deltaPitch = nil, 0
+		ix.known = slotBits{}
+		return nil
+	}
 	if ix.deltas == nil {
 		return nil // the heap's: the collector frees it
 	}
@@ -393,7 +442,7 @@ func (ix *index) nextOfSlot(seq, slot, id, step int64, done bool) int64 {
 	if done || !ix.known.get(slot) {
 		return -1
 	}
-	if d := ix.nextDelta[slot]; d != 0 {
+	if d := ix.nextDist(slot); d != 0 {
 		return seq + int64(d)
 	}
 	return ix.next(id, step)
@@ -847,7 +896,8 @@ func (v Index) Rows(seqs []int64, metas []RowMeta) {
 
 // touchNext loads what nextOf reads for seqs (a bit and a next distance
 // per row, at random places in arrays of 1/8 and 2 bytes a slot), so that
-// in large rings their misses overlap too.
+// in large rings their misses overlap too. Distances in the rows
+// (deltaRows) come with the rows' lines, which Rows asks for.
 func (ix *index) touchNext(seqs []int64) int64 {
 	var sum int64
 	nd, kw := ix.nextDelta, ix.known.words

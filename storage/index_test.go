@@ -1,9 +1,12 @@
 package storage
 
 import (
+	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -276,10 +279,9 @@ func TestIndexMatchesRows(t *testing.T) {
 			if tc.kind == KindMemory {
 				// Deltas too far for 16 bits are stored as 0: the
 				// trajectory answers instead.
-				saved := b.ix.nextDelta
-				b.ix.nextDelta = make([]uint16, len(saved))
+				restore := zeroNextDists(&b.ix)
 				checkIndex(t, b, "every next delta unknown")
-				b.ix.nextDelta = saved
+				restore()
 				// The middle of an extend: the rows about to be
 				// overwritten have left the index, the write count has
 				// not moved, so they are still inside the window.
@@ -326,7 +328,7 @@ func TestNextDeltaTooFar(t *testing.T) {
 	if !okN || n.NextSeq != 2 {
 		t.Fatalf("row 1: next seq %d (found %v), want 2", n.NextSeq, okN)
 	}
-	if d := b.ix.nextDelta[0]; d != 0 {
+	if d := b.ix.nextDist(0); d != 0 {
 		t.Fatalf("row 0's next distance is stored as %d, want 0 (too far for 16 bits)", d)
 	}
 	checkIndex(t, b, "after a successor 70,001 seqs on")
@@ -343,6 +345,8 @@ func TestNextDistancesMappedAndReleased(t *testing.T) {
 		mapped   bool
 		end      func(t *testing.T, s *Store)
 	}{
+		// Memory buffers with the row layout keep them in their records
+		// (TestNextDistancesInRows); with runs records, here.
 		{"memory/deleted", KindMemory, 1 << 16, true, func(t *testing.T, s *Store) {
 			if err := s.DeleteBuffer("b"); err != nil {
 				t.Fatal(err)
@@ -358,6 +362,9 @@ func TestNextDistancesMappedAndReleased(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := openStore(t, t.TempDir())
 			spec := testSpec(tc.kind, tc.capacity, true)
+			if tc.kind == KindMemory {
+				spec.RowMetaLayout = RowMetaRuns
+			}
 			b := mustCreate(t, s, "b", spec)
 			if b.ix.nextDelta != nil {
 				t.Fatal("next distances exist before any row has a successor")
@@ -390,6 +397,118 @@ func TestNextDistancesMappedAndReleased(t *testing.T) {
 				t.Fatalf("the next distances' mapping (%#x) outlived the buffer", start)
 			}
 		})
+	}
+}
+
+// zeroNextDists sets every next distance of ix to 0 (unknown: the
+// trajectory answers) and returns what puts them back.
+func zeroNextDists(ix *index) (restore func()) {
+	if ix.deltaRows == nil {
+		saved := ix.nextDelta
+		ix.nextDelta = make([]uint16, len(saved))
+		return func() { ix.nextDelta = saved }
+	}
+	saved := make([]uint16, ix.capacity)
+	for slot := range ix.capacity {
+		saved[slot] = ix.nextDist(slot)
+		ix.setNextDelta(slot, 0)
+	}
+	return func() {
+		for slot, d := range saved {
+			ix.setNextDelta(int64(slot), int64(d))
+		}
+	}
+}
+
+// TestNextDistancesInRows: a memory buffer with the row layout keeps each
+// row's next distance in the top 16 bits of its record's traj_id word, not
+// in an array: every row with a successor has its distance there while
+// the ring wraps, the traj_ids beside them read back whole (the narrow
+// slot's last id, 2^48 - 1, too; 2^48 goes wide), a new row's record clears
+// its slot's distance, and a restored checkpoint moves the distances its
+// recovery put in an array into the rows.
+func TestNextDistancesInRows(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	spec := testSpec(KindMemory, 1000, true)
+	b := mustCreate(t, s, "b", spec)
+	val := float32(0)
+	for i := range 9 {
+		rows := make([]row, 128)
+		for j := range rows {
+			val++
+			rows[j] = row{env: int64(j % (3 + i%2)), val: val, terminated: j%37 == 36, final: -val}
+		}
+		mustExtend(t, b, "s", makeBatch(spec, rows, true))
+	}
+	check := func(b *Buffer, when string) {
+		t.Helper()
+		if b.ix.deltaRows == nil || b.ix.nextDelta != nil || b.ix.deltas != nil {
+			t.Fatalf("%s: next distances in the rows %v, in an array of %d", when, b.ix.deltaRows != nil, len(b.ix.nextDelta))
+		}
+		withNext := 0
+		if err := b.ReadIndex(func(v Index) {
+			lo, hi := v.Window()
+			for seq := lo; seq < hi; seq++ {
+				m, ok := v.Row(seq)
+				if !ok {
+					continue
+				}
+				tr, pos := v.Position(m)
+				if tr == nil || tr.ID() != m.TrajID {
+					t.Fatalf("%s: row %d reads traj_id %d, which the index does not hold it in", when, seq, m.TrajID)
+				}
+				want := uint16(0)
+				if pos+1 < tr.Len() {
+					want = uint16(tr.Seq(pos+1) - seq)
+					withNext++
+				}
+				if got := b.ix.nextDist(v.ix.ring.of(seq)); got != want {
+					t.Fatalf("%s: row %d's next distance is %d, want %d", when, seq, got, want)
+				}
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if withNext < 900 {
+			t.Fatalf("%s: %d rows with a successor in a full ring of 1000", when, withNext)
+		}
+	}
+	check(b, "written")
+	checkIndex(t, b, "written")
+
+	dest := filepath.Join(t.TempDir(), "cp")
+	if _, err := b.Checkpoint(context.Background(), dest, nil); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := Open(dest, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	cb, err := cs.Buffer("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(cb, "restored")
+	checkIndex(t, cb, "restored")
+
+	// The traj_id word's own bits, with the distance's bits all set.
+	b.wmu.Lock()
+	defer b.wmu.Unlock()
+	for _, id := range []int64{0, 1<<trajBits - 1, 1 << trajBits, math.MaxInt64} {
+		r := record{Seq: 5000, TrajID: id, Step: 3, PrevSeq: 4999, Env: 1, PolicyVersion: 2}
+		b.putMemRecord(0, &r)
+		if got := b.ix.nextDist(0); got != 0 {
+			t.Fatalf("traj_id %d: a new record left next distance %d", id, got)
+		}
+		b.ix.setNextDelta(0, math.MaxUint16)
+		traj, step, prev, env, version, _ := b.memFields(0, 5000)
+		if traj != id || step != 3 || prev != 4999 || env != 1 || version != 2 {
+			t.Fatalf("traj_id %d reads back as %d (step %d prev %d env %d version %d)", id, traj, step, prev, env, version)
+		}
+		if wide := b.wide.n > 0; wide != (id >= 1<<trajBits) {
+			t.Fatalf("traj_id %d: wide %v", id, wide)
+		}
 	}
 }
 

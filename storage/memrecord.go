@@ -15,8 +15,9 @@ import (
 // and the small fields are in. Two layouts (Spec.RowMetaLayout):
 //
 //   - "row" (the default): a 32-byte record narrowed to what real rows
-//     use: traj_id, then step, the distance back to prev_seq and
-//     policy_version in 32 bits, env in 24 and the flags in 8.
+//     use: traj_id in 48 bits beside the index's 16-bit next distance,
+//     then step, the distance back to prev_seq and policy_version in 32
+//     bits, env in 24 and the flags in 8.
 //   - "runs": a 16-byte record naming the row's run (memruns.go), which
 //     holds what the consecutive rows of a trajectory share.
 //   - "strided": an 8-byte record, a run word (handle and flags, as in
@@ -24,8 +25,9 @@ import (
 //     rows are equally spaced: offset and distance follow from the seq.
 //
 // A row whose values fit neither (a previous row 2^32 seqs back, a step
-// or version outside [0, 2^32), an env outside [0, 2^24) in the row
-// layout; no free run handle in the runs layout) keeps them in the
+// or version outside [0, 2^32), an env outside [0, 2^24), a traj_id
+// outside [0, 2^48) in the row layout; no free run handle in the runs
+// layout) keeps them in the
 // buffer's wideRecords, and its record says so with flagWide.
 //
 // Checkpoints turn these records back into file records (checkpoint.go);
@@ -38,13 +40,19 @@ const (
 	mrecStamp = 0 // i64 stamp (seq+1, 0: none), owned by stampTable, the row and runs layouts
 
 	// The row layout.
-	mrecTraj     = 8  // i64 traj_id
+	mrecTraj     = 8  // u64: traj_id in the low 48 bits (trajBits), the row's next distance in the high 16 (mrecNext)
+	mrecNext     = 14 // u16 seq of the row's successor minus its own, 0: none known; owned by the index (index.deltaRows)
 	mrecStep     = 16 // u32 step
 	mrecPrev     = 20 // u32 seq - prev_seq; 0 for prev_seq -1
 	mrecVersion  = 24 // u32 policy_version
 	mrecEnvFlags = 28 // u32: env in the low 24 bits, flags in the high 8
 
 	memEnvBits = 24
+	// trajBits are the bits of a traj_id the row layout keeps (2.8e14
+	// trajectories: ids are handed out in order from 0, so only a spec
+	// that restores a checkpoint from another world could hold more,
+	// and such rows are wide).
+	trajBits = 48
 
 	// The runs layout.
 	mrecRun  = 8  // u32: run handle in the low memRunBits bits, flags above
@@ -113,7 +121,7 @@ func narrowFits(r *record) bool {
 	d := r.Seq - r.PrevSeq
 	prev := r.PrevSeq == -1 || (r.PrevSeq >= 0 && d >= 1 && d <= most)
 	return prev && r.Step >= 0 && r.Step <= most && r.Env >= 0 && r.Env < 1<<memEnvBits &&
-		r.PolicyVersion >= 0 && r.PolicyVersion <= most
+		r.PolicyVersion >= 0 && r.PolicyVersion <= most && r.TrajID >= 0 && r.TrajID < 1<<trajBits
 }
 
 // putMemRecord writes r (with r.Seq set) as slot's memory record, all but
@@ -125,8 +133,10 @@ func (b *Buffer) putMemRecord(slot int64, r *record) {
 	}
 	rb := b.recs[slot*b.recPitch : slot*b.recPitch+memRecordSize]
 	le := binary.LittleEndian
-	le.PutUint64(rb[mrecTraj:], uint64(r.TrajID))
 	if narrowFits(r) {
+		// traj_id < 2^48: the next distance's bits are zero, none known
+		// yet (the index sets it when the successor is added).
+		le.PutUint64(rb[mrecTraj:], uint64(r.TrajID))
 		dist := uint32(0)
 		if r.PrevSeq >= 0 {
 			dist = uint32(r.Seq - r.PrevSeq)
@@ -139,7 +149,7 @@ func (b *Buffer) putMemRecord(slot int64, r *record) {
 		return
 	}
 	b.wide.set(slot, wideMeta{TrajID: r.TrajID, Step: r.Step, PrevSeq: r.PrevSeq, Env: r.Env, PolicyVersion: r.PolicyVersion})
-	clear(rb[mrecStep:mrecEnvFlags])
+	clear(rb[mrecTraj:mrecEnvFlags])
 	le.PutUint32(rb[mrecEnvFlags:], (r.Flags|flagWide)<<memEnvBits)
 }
 
@@ -157,12 +167,12 @@ func (b *Buffer) memFields(slot, seq int64) (traj, step, prev, env, version int6
 	}
 	rb := b.recs[slot*b.recPitch : slot*b.recPitch+memRecordSize]
 	le := binary.LittleEndian
-	traj = int64(le.Uint64(rb[mrecTraj:]))
+	traj = int64(le.Uint64(rb[mrecTraj:]) & (1<<trajBits - 1))
 	ef := le.Uint32(rb[mrecEnvFlags:])
 	flags = ef >> memEnvBits
 	if flags&flagWide != 0 {
 		w := b.wide.get(slot)
-		return traj, w.Step, w.PrevSeq, w.Env, w.PolicyVersion, flags &^ flagWide
+		return w.TrajID, w.Step, w.PrevSeq, w.Env, w.PolicyVersion, flags &^ flagWide
 	}
 	prev = -1
 	if d := le.Uint32(rb[mrecPrev:]); d != 0 {

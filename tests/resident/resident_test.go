@@ -21,11 +21,13 @@ import (
 //
 // The bounds are today's figures with room for noise, not the issue's
 // target: issue 11 asks for at most 47 B per row (floor 70 B). The default
-// layout ("row") holds 68.7-69.5 B (2026-11-26; 143 B with 64-byte
-// records, heap stamps, per-row seq lists and final observations at the
-// slot): the row group's 64 B (a 32-byte memory record, seq stamp
-// included, and 31 bytes of fields: one cache line), next distances
-// (2 B), the dense tails (about 0.1 B a row) and the trajectories. Run
+// layout ("row") holds 67.0 B (2026-11-29; 68.7-69.5 on 2026-11-26, when
+// the next distances were an array of their own, 2 B a row; 143 B with
+// 64-byte records, heap stamps, per-row seq lists and final observations
+// at the slot): the row group's 64 B (a 32-byte memory record, seq stamp
+// and next distance included, and 31 bytes of fields: one cache line),
+// the dense tails (about 0.1 B a row) and the trajectories; its bound is
+// the issue's floor. Run
 // records ("runs") hold 53.7-54.0 B (2026-11-27): a 48-byte row group (a
 // 16-byte record) and a 64-byte run record per episode. Strided runs
 // ("strided") hold 45.5-46.0 B (2026-11-27): a 40-byte row group (an
@@ -53,7 +55,7 @@ func TestResidentBytesPerCartPoleRow(t *testing.T) {
 		actors         int // 0: one collector, 8 envs in lockstep
 		maxBytesPerRow float64
 	}{
-		{"row", 0, 75},
+		{"row", 0, 70},
 		{"runs", 0, 59},
 		{"strided", 0, 47},
 		// 64 actors, one step an extend: rows at irregular distances,
