@@ -155,15 +155,9 @@ func testCheckpointWhileWriting(t *testing.T, kind Kind, layout RowMetaLayout) {
 		if rep, err := Verify(dest, nil); err != nil || !rep.OK() {
 			t.Fatalf("verify the checkpoint: %v %+v", err, rep)
 		}
-		cs, err := Open(dest, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		cs := openStore(t, dest)
 		defer cs.Close()
-		cb, err := cs.Buffer("b")
-		if err != nil {
-			t.Fatal(err)
-		}
+		cb := mustBuffer(t, cs, "b")
 		info, _ := cb.Info()
 		if info.WriteCount != res.WriteCount || info.Size != res.Rows {
 			t.Fatalf("opened checkpoint: write_count %d size %d, want %d and %d", info.WriteCount, info.Size, res.WriteCount, res.Rows)

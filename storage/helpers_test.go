@@ -122,6 +122,15 @@ func openStore(t testing.TB, dir string) *Store {
 	return s
 }
 
+func mustBuffer(t testing.TB, s *Store, name string) *Buffer {
+	t.Helper()
+	b, err := s.Buffer(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 func mustCreate(t testing.TB, s *Store, name string, spec Spec) *Buffer {
 	t.Helper()
 	b, _, err := s.CreateBuffer(name, spec)

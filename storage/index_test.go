@@ -480,15 +480,9 @@ func TestNextDistancesInRows(t *testing.T) {
 	if _, err := b.Checkpoint(context.Background(), dest, nil); err != nil {
 		t.Fatal(err)
 	}
-	cs, err := Open(dest, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cs := openStore(t, dest)
 	defer cs.Close()
-	cb, err := cs.Buffer("b")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cb := mustBuffer(t, cs, "b")
 	check(cb, "restored")
 	checkIndex(t, cb, "restored")
 

@@ -115,14 +115,8 @@ func testMemoryRecordsMatchFileRecords(t *testing.T, layout RowMetaLayout) {
 	if _, err := mem.Checkpoint(context.Background(), dest, nil); err != nil {
 		t.Fatal(err)
 	}
-	cs, err := Open(dest, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	restored, err := cs.Buffer("mem")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cs := openStore(t, dest)
+	restored := mustBuffer(t, cs, "mem")
 	if !restored.compactRecords() || restored.tailIx == nil {
 		t.Error("a restored memory buffer should hold memory records and dense tails")
 	}

@@ -122,10 +122,7 @@ func checkTailCopies(t *testing.T, s *Store, dir string, b, ref *Buffer, allowed
 		t.Errorf("the checkpoint's tail file takes %d bytes, allowed %d", got, allowed)
 	}
 	cs := openStore(t, cpDir)
-	cb, err := cs.Buffer("img")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cb := mustBuffer(t, cs, "img")
 	compareBuffers(t, ref, cb)
 	if err := cs.Close(); err != nil {
 		t.Fatal(err)
