@@ -670,9 +670,15 @@ func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 		c.region, c.data, c.stride, c.groupOff = nil, data, pitch, off
 		off += int64(c.rowBytes)
 	}
-	if runs == nil {
-		// The row layout's records hold the index's next distances.
-		errs = append(errs, b.ix.deltasInRows(r.Bytes()[mrecNext:], pitch))
+	// The rows hold the index's next distances where they have room: the
+	// row layout's records, or the padding after the fields (off).
+	switch pad := pitch - off; {
+	case runs == nil:
+		errs = append(errs, b.ix.deltasInRows(r.Bytes()[mrecNext:], pitch, 2))
+	case pad >= 2:
+		errs = append(errs, b.ix.deltasInRows(r.Bytes()[off:], pitch, 2))
+	case pad == 1:
+		errs = append(errs, b.ix.deltasInRows(r.Bytes()[off:], pitch, 1))
 	}
 	b.group = r
 	return errors.Join(errs...)

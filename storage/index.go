@@ -246,13 +246,17 @@ type index struct {
 	// deltas holds nextDelta's memory when it is mapped, not allocated.
 	deltas *mmapfile.Region
 	// deltaRows, when not nil, is where the next distances are instead
-	// of nextDelta: the 16 bits at deltaRows + slot x deltaPitch, in the
-	// row's own memory record (memrecord.go, mrecNext; memory buffers
-	// with the row layout, deltasInRows). A sample reads that line
-	// anyway, where nextDelta is a line of its own a row in a large ring
-	// and 2 bytes a row more.
+	// of nextDelta: the deltaBytes (2, or 1) little-endian bytes at
+	// deltaRows + slot x deltaPitch, in the row itself (deltasInRows):
+	// the top of the row layout's traj_id word (memrecord.go, mrecNext),
+	// or the padding after the small fields of a runs or strided row
+	// group (a compact CartPole row has one byte there: distances up to
+	// 255, further ones 0, which the trajectory answers). A sample reads
+	// that line anyway, where nextDelta is a line of its own a row in a
+	// large ring and 2 bytes a row more.
 	deltaRows  unsafe.Pointer
 	deltaPitch int64
+	deltaBytes int
 	// recent caches the write path's trajectory lookups (writerLookup).
 	recent [recentTrajs]*Trajectory
 	// capacity maps seqs to slots.
@@ -272,7 +276,7 @@ func (ix *index) init(capacity int64) {
 	ix.versions.init()
 	ix.known = slotBits{}
 	ix.nextDelta, ix.deltas = nil, nil
-	ix.deltaRows, ix.deltaPitch = nil, 0
+	ix.deltaRows, ix.deltaPitch, ix.deltaBytes = nil, 0, 0
 	ix.recent = [recentTrajs]*Trajectory{}
 	ix.capacity = capacity
 	ix.ring = newRingSlots(0, capacity)
@@ -334,7 +338,7 @@ func (ix *index) setNextDelta(slot, delta int64) {
 		delta = 0
 	}
 	if ix.deltaRows != nil {
-		*(*uint16)(unsafe.Add(ix.deltaRows, slot*ix.deltaPitch)) = uint16(delta)
+		ix.putDist(slot, delta)
 		return
 	}
 	if int64(len(ix.nextDelta)) <= slot {
@@ -343,33 +347,50 @@ func (ix *index) setNextDelta(slot, delta int64) {
 	ix.nextDelta[slot] = uint16(delta)
 }
 
+// putDist stores slot's next distance in its row (deltaRows): 0 when it
+// does not fit.
+func (ix *index) putDist(slot, delta int64) {
+	p := (*[2]byte)(unsafe.Add(ix.deltaRows, slot*ix.deltaPitch))
+	if ix.deltaBytes == 1 {
+		if delta > math.MaxUint8 {
+			delta = 0
+		}
+		p[0] = byte(delta)
+		return
+	}
+	p[0], p[1] = byte(delta), byte(delta>>8) // any alignment
+}
+
 // nextDist returns the next distance of slot, whose known bit is set.
 func (ix *index) nextDist(slot int64) uint16 {
 	if ix.deltaRows != nil {
-		return *(*uint16)(unsafe.Add(ix.deltaRows, slot*ix.deltaPitch))
+		p := (*[2]byte)(unsafe.Add(ix.deltaRows, slot*ix.deltaPitch))
+		if ix.deltaBytes == 1 {
+			return uint16(p[0])
+		}
+		return uint16(p[0]) | uint16(p[1])<<8
 	}
 	return ix.nextDelta[slot]
 }
 
-// deltasInRows moves the next distances into the rows' memory records: the
-// 16 bits at rows[slot x pitch] of each slot (rows starts at mrecNext of
-// slot 0's record). The distances held so far are copied there and their
-// array given back. Called with the index to the caller alone (a buffer
-// being created or restored).
-func (ix *index) deltasInRows(rows []byte, pitch int64) error {
-	if int64(len(rows)) < (ix.capacity-1)*pitch+2 {
-		panic("rbd: next distance rows too short")
+// deltasInRows moves the next distances into the rows: the width bytes
+// (2, or 1) at rows[slot x pitch] of each slot, which nothing else uses.
+// The distances held so far are copied there (those too far for the width
+// become 0) and their array given back. Called with the index to the
+// caller alone (a buffer being created or restored).
+func (ix *index) deltasInRows(rows []byte, pitch int64, width int) error {
+	if (width != 1 && width != 2) || int64(len(rows)) < (ix.capacity-1)*pitch+int64(width) {
+		panic("rbd: next distance rows too short, or a width not 1 or 2")
 	}
-	base := unsafe.Pointer(unsafe.SliceData(rows))
+	ix.deltaRows, ix.deltaPitch, ix.deltaBytes = unsafe.Pointer(unsafe.SliceData(rows)), pitch, width
 	for slot, d := range ix.nextDelta {
-		*(*uint16)(unsafe.Add(base, int64(slot)*pitch)) = d
+		ix.putDist(int64(slot), int64(d))
 	}
 	var err error
 	if ix.deltas != nil {
 		err = ix.deltas.Close()
 	}
 	ix.nextDelta, ix.deltas = nil, nil
-	ix.deltaRows, ix.deltaPitch = base, pitch
 	return err
 }
 
@@ -415,7 +436,7 @@ func (ix *index) growNextDeltas(slot int64) {
 func (ix *index) release() error {
 	if ix.deltaRows != nil {
 		// In the rows, which the buffer unmaps.
-		ix.deltaRows, ix.deltaPitch = nil, 0
+		ix.deltaRows, ix.deltaPitch, ix.deltaBytes = nil, 0, 0
 		ix.known = slotBits{}
 		return nil
 	}

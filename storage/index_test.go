@@ -345,8 +345,9 @@ func TestNextDistancesMappedAndReleased(t *testing.T) {
 		mapped   bool
 		end      func(t *testing.T, s *Store)
 	}{
-		// Memory buffers with the row layout keep them in their records
-		// (TestNextDistancesInRows); with runs records, here.
+		// Memory buffers keep them in their rows where the rows have
+		// room (TestNextDistancesInRows); these have none: runs records
+		// and 32 bytes of fields fill a 48-byte row.
 		{"memory/deleted", KindMemory, 1 << 16, true, func(t *testing.T, s *Store) {
 			if err := s.DeleteBuffer("b"); err != nil {
 				t.Fatal(err)
@@ -364,12 +365,17 @@ func TestNextDistancesMappedAndReleased(t *testing.T) {
 			spec := testSpec(tc.kind, tc.capacity, true)
 			if tc.kind == KindMemory {
 				spec.RowMetaLayout = RowMetaRuns
+				spec.Fields = append(spec.Fields, Field{Name: "extra", DType: Uint8, Shape: []int{1}})
 			}
 			b := mustCreate(t, s, "b", spec)
 			if b.ix.nextDelta != nil {
 				t.Fatal("next distances exist before any row has a successor")
 			}
-			mustExtend(t, b, "s", makeBatch(spec, []row{{env: 0, val: 1}, {env: 1, val: 2}, {env: 0, val: 3}}, true))
+			batch := makeBatch(spec, []row{{env: 0, val: 1}, {env: 1, val: 2}, {env: 0, val: 3}}, true)
+			if tc.kind == KindMemory {
+				batch.Fields["extra"] = make([]byte, 3)
+			}
+			mustExtend(t, b, "s", batch)
 			// Mapped: one a slot at once. On the heap: grown as slots
 			// are written (slot 0 so far).
 			want := 1
@@ -420,89 +426,127 @@ func zeroNextDists(ix *index) (restore func()) {
 	}
 }
 
-// TestNextDistancesInRows: a memory buffer with the row layout keeps each
-// row's next distance in the top 16 bits of its record's traj_id word, not
-// in an array: every row with a successor has its distance there while
-// the ring wraps, the traj_ids beside them read back whole (the narrow
-// slot's last id, 2^48 - 1, too; 2^48 goes wide), a new row's record clears
-// its slot's distance, and a restored checkpoint moves the distances its
-// recovery put in an array into the rows.
+// TestNextDistancesInRows: a memory buffer keeps each row's next distance
+// in the row where the row has room: the top 16 bits of the row layout's
+// traj_id word, or the padding after the small fields of a runs or strided
+// row group (one byte for compact CartPole rows: distances up to 255,
+// further ones 0), else in the index's array. Every row with a successor
+// has its distance there while the ring wraps (an env that pauses for 384
+// rows has 0 where the byte cannot hold that), the traj_ids beside them
+// read back whole (the row layout's narrow limit, 2^48 - 1; 2^48 goes
+// wide), and a restored checkpoint moves the distances its recovery put
+// in an array into the rows.
 func TestNextDistancesInRows(t *testing.T) {
-	s := openStore(t, t.TempDir())
-	spec := testSpec(KindMemory, 1000, true)
-	b := mustCreate(t, s, "b", spec)
-	val := float32(0)
-	for i := range 9 {
-		rows := make([]row, 128)
-		for j := range rows {
-			val++
-			rows[j] = row{env: int64(j % (3 + i%2)), val: val, terminated: j%37 == 36, final: -val}
-		}
-		mustExtend(t, b, "s", makeBatch(spec, rows, true))
-	}
-	check := func(b *Buffer, when string) {
-		t.Helper()
-		if b.ix.deltaRows == nil || b.ix.nextDelta != nil || b.ix.deltas != nil {
-			t.Fatalf("%s: next distances in the rows %v, in an array of %d", when, b.ix.deltaRows != nil, len(b.ix.nextDelta))
-		}
-		withNext := 0
-		if err := b.ReadIndex(func(v Index) {
-			lo, hi := v.Window()
-			for seq := lo; seq < hi; seq++ {
-				m, ok := v.Row(seq)
-				if !ok {
-					continue
+	for _, tc := range []struct {
+		layout RowMetaLayout
+		extra  int // bytes of one more small field, beside the 31 of testSpec
+		width  int // bytes of distance in the row; 0: the index's array
+	}{
+		{RowMetaPerRow, 0, 2},
+		{RowMetaRuns, 0, 1},    // 16 + 31 in 48
+		{RowMetaStrided, 0, 1}, // 8 + 31 in 40
+		{RowMetaRuns, 3, 2},    // 16 + 34 in 64
+		{RowMetaRuns, 1, 0},    // 16 + 32 in 48: no room
+		{RowMetaStrided, 1, 0}, // 8 + 32 in 40
+	} {
+		t.Run(fmt.Sprintf("%s/extra=%d", tc.layout, tc.extra), func(t *testing.T) {
+			s := openStore(t, t.TempDir())
+			spec := testSpec(KindMemory, 1000, true)
+			spec.RowMetaLayout = tc.layout
+			if tc.extra > 0 {
+				spec.Fields = append(spec.Fields, Field{Name: "extra", DType: Uint8, Shape: []int{tc.extra}})
+			}
+			b := mustCreate(t, s, "b", spec)
+			val := float32(0)
+			for i := range 9 {
+				rows := make([]row, 128)
+				for j := range rows {
+					val++
+					rows[j] = row{env: int64(j % (3 + i%2)), val: val, terminated: j%37 == 36, final: -val}
 				}
-				tr, pos := v.Position(m)
-				if tr == nil || tr.ID() != m.TrajID {
-					t.Fatalf("%s: row %d reads traj_id %d, which the index does not hold it in", when, seq, m.TrajID)
+				if i == 4 || i == 7 {
+					rows[0].env = 9 // two steps 384 seqs apart
 				}
-				want := uint16(0)
-				if pos+1 < tr.Len() {
-					want = uint16(tr.Seq(pos+1) - seq)
-					withNext++
+				batch := makeBatch(spec, rows, true)
+				if tc.extra > 0 {
+					batch.Fields["extra"] = make([]byte, tc.extra*len(rows))
 				}
-				if got := b.ix.nextDist(v.ix.ring.of(seq)); got != want {
-					t.Fatalf("%s: row %d's next distance is %d, want %d", when, seq, got, want)
+				mustExtend(t, b, "s", batch)
+			}
+			check := func(b *Buffer, when string) {
+				t.Helper()
+				if inRows := b.ix.deltaRows != nil; inRows != (tc.width > 0) || b.ix.deltaBytes != tc.width {
+					t.Fatalf("%s: next distances in the rows %v (%d bytes), want %d bytes", when, inRows, b.ix.deltaBytes, tc.width)
+				}
+				if tc.width > 0 && (b.ix.nextDelta != nil || b.ix.deltas != nil) {
+					t.Fatalf("%s: next distances in the rows and in an array of %d", when, len(b.ix.nextDelta))
+				}
+				withNext, far := 0, 0
+				if err := b.ReadIndex(func(v Index) {
+					lo, hi := v.Window()
+					for seq := lo; seq < hi; seq++ {
+						m, ok := v.Row(seq)
+						if !ok {
+							continue
+						}
+						tr, pos := v.Position(m)
+						if tr == nil || tr.ID() != m.TrajID {
+							t.Fatalf("%s: row %d reads traj_id %d, which the index does not hold it in", when, seq, m.TrajID)
+						}
+						if pos+1 >= tr.Len() {
+							continue
+						}
+						withNext++
+						d := tr.Seq(pos+1) - seq
+						want := uint16(d)
+						if tc.width == 1 && d > math.MaxUint8 {
+							want, far = 0, far+1
+						}
+						if got := b.ix.nextDist(v.ix.ring.of(seq)); got != want {
+							t.Fatalf("%s: row %d's next distance is %d, want %d (successor %d seqs on)", when, seq, got, want, d)
+						}
+					}
+				}); err != nil {
+					t.Fatal(err)
+				}
+				if withNext < 900 || (tc.width == 1 && far != 1) {
+					t.Fatalf("%s: %d rows with a successor in a full ring of 1000, %d too far for a byte", when, withNext, far)
 				}
 			}
-		}); err != nil {
-			t.Fatal(err)
-		}
-		if withNext < 900 {
-			t.Fatalf("%s: %d rows with a successor in a full ring of 1000", when, withNext)
-		}
-	}
-	check(b, "written")
-	checkIndex(t, b, "written")
+			check(b, "written")
+			checkIndex(t, b, "written")
 
-	dest := filepath.Join(t.TempDir(), "cp")
-	if _, err := b.Checkpoint(context.Background(), dest, nil); err != nil {
-		t.Fatal(err)
-	}
-	cs := openStore(t, dest)
-	defer cs.Close()
-	cb := mustBuffer(t, cs, "b")
-	check(cb, "restored")
-	checkIndex(t, cb, "restored")
+			dest := filepath.Join(t.TempDir(), "cp")
+			if _, err := b.Checkpoint(context.Background(), dest, nil); err != nil {
+				t.Fatal(err)
+			}
+			cs := openStore(t, dest)
+			defer cs.Close()
+			check(mustBuffer(t, cs, "b"), "restored")
+			checkIndex(t, mustBuffer(t, cs, "b"), "restored")
 
-	// The traj_id word's own bits, with the distance's bits all set.
-	b.wmu.Lock()
-	defer b.wmu.Unlock()
-	for _, id := range []int64{0, 1<<trajBits - 1, 1 << trajBits, math.MaxInt64} {
-		r := record{Seq: 5000, TrajID: id, Step: 3, PrevSeq: 4999, Env: 1, PolicyVersion: 2}
-		b.putMemRecord(0, &r)
-		if got := b.ix.nextDist(0); got != 0 {
-			t.Fatalf("traj_id %d: a new record left next distance %d", id, got)
-		}
-		b.ix.setNextDelta(0, math.MaxUint16)
-		traj, step, prev, env, version, _ := b.memFields(0, 5000)
-		if traj != id || step != 3 || prev != 4999 || env != 1 || version != 2 {
-			t.Fatalf("traj_id %d reads back as %d (step %d prev %d env %d version %d)", id, traj, step, prev, env, version)
-		}
-		if wide := b.wide.n > 0; wide != (id >= 1<<trajBits) {
-			t.Fatalf("traj_id %d: wide %v", id, wide)
-		}
+			if tc.layout != RowMetaPerRow {
+				return
+			}
+			// The traj_id word's own bits, with the distance's bits all set.
+			b.wmu.Lock()
+			defer b.wmu.Unlock()
+			for _, id := range []int64{0, 1<<trajBits - 1, 1 << trajBits, math.MaxInt64} {
+				r := record{Seq: 5000, TrajID: id, Step: 3, PrevSeq: 4999, Env: 1, PolicyVersion: 2}
+				b.putMemRecord(0, &r)
+				if got := b.ix.nextDist(0); got != 0 {
+					t.Fatalf("traj_id %d: a new record left next distance %d", id, got)
+				}
+				b.ix.setNextDelta(0, math.MaxUint16)
+				traj, step, prev, env, version, _ := b.memFields(0, 5000)
+				if traj != id || step != 3 || prev != 4999 || env != 1 || version != 2 {
+					t.Fatalf("traj_id %d reads back as %d (step %d prev %d env %d version %d)", id, traj, step, prev, env, version)
+				}
+				if wide := b.wide.n > 0; wide != (id >= 1<<trajBits) {
+					t.Fatalf("traj_id %d: wide %v", id, wide)
+				}
+			}
+		})
 	}
 }
 

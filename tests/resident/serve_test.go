@@ -45,7 +45,7 @@ func TestServeResidentBytesPerCartPoleRow(t *testing.T) {
 		maxBytesPerRow float64 // after the first extend; from idle: 1 more
 	}{
 		{"row", 70},
-		{"runs", 59},
+		{"runs", 57},
 		{"strided", 47},
 	} {
 		t.Run(tc.rowMeta, func(t *testing.T) {
