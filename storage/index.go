@@ -350,24 +350,26 @@ func (ix *index) setNextDelta(slot, delta int64) {
 // putDist stores slot's next distance in its row (deltaRows): 0 when it
 // does not fit.
 func (ix *index) putDist(slot, delta int64) {
-	p := (*[2]byte)(unsafe.Add(ix.deltaRows, slot*ix.deltaPitch))
+	q := unsafe.Add(ix.deltaRows, slot*ix.deltaPitch)
 	if ix.deltaBytes == 1 {
 		if delta > math.MaxUint8 {
 			delta = 0
 		}
-		p[0] = byte(delta)
+		*(*byte)(q) = byte(delta) // maybe the mapping's last byte
 		return
 	}
+	p := (*[2]byte)(q)
 	p[0], p[1] = byte(delta), byte(delta>>8) // any alignment
 }
 
 // nextDist returns the next distance of slot, whose known bit is set.
 func (ix *index) nextDist(slot int64) uint16 {
 	if ix.deltaRows != nil {
-		p := (*[2]byte)(unsafe.Add(ix.deltaRows, slot*ix.deltaPitch))
+		q := unsafe.Add(ix.deltaRows, slot*ix.deltaPitch)
 		if ix.deltaBytes == 1 {
-			return uint16(p[0])
+			return uint16(*(*byte)(q))
 		}
+		p := (*[2]byte)(q)
 		return uint16(p[0]) | uint16(p[1])<<8
 	}
 	return ix.nextDelta[slot]
