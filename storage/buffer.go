@@ -671,14 +671,12 @@ func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 		off += int64(c.rowBytes)
 	}
 	// The rows hold the index's next distances where they have room: the
-	// row layout's records, or the padding after the fields (off).
-	switch pad := pitch - off; {
-	case runs == nil:
+	// row layout's records, or up to two bytes of the padding after the
+	// fields (off).
+	if runs == nil {
 		errs = append(errs, b.ix.deltasInRows(r.Bytes()[mrecNext:], pitch, 2))
-	case pad >= 2:
-		errs = append(errs, b.ix.deltasInRows(r.Bytes()[off:], pitch, 2))
-	case pad == 1:
-		errs = append(errs, b.ix.deltasInRows(r.Bytes()[off:], pitch, 1))
+	} else if width := min(pitch-off, 2); width > 0 {
+		errs = append(errs, b.ix.deltasInRows(r.Bytes()[off:], pitch, int(width)))
 	}
 	b.group = r
 	return errors.Join(errs...)

@@ -48,10 +48,9 @@ const (
 	mrecEnvFlags = 28 // u32: env in the low 24 bits, flags in the high 8
 
 	memEnvBits = 24
-	// trajBits are the bits of a traj_id the row layout keeps (2.8e14
-	// trajectories: ids are handed out in order from 0, so only a spec
-	// that restores a checkpoint from another world could hold more,
-	// and such rows are wide).
+	// trajBits are the bits of a traj_id the row layout keeps: 2.8e14
+	// trajectories, where a store hands ids out in order from 0 (a row
+	// with a larger one is kept wide all the same).
 	trajBits = 48
 
 	// The runs layout.
