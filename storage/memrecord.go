@@ -180,6 +180,30 @@ func (b *Buffer) memFields(slot, seq int64) (traj, step, prev, env, version int6
 	return traj, int64(le.Uint32(rb[mrecStep:])), prev, int64(ef & (1<<memEnvBits - 1)), int64(le.Uint32(rb[mrecVersion:])), flags
 }
 
+// evictFields returns what taking the row of seq (at slot) out of the
+// index needs of its record: its trajectory, policy version and flags. A
+// run layout reads them from the row's run word and run record alone:
+// memFields would also work out the row's step and previous seq (a
+// division for a strided run), which an eviction never uses.
+func (b *Buffer) evictFields(slot, seq int64) (traj, version int64, flags uint32) {
+	if b.runs == nil || !b.compactRecords() {
+		var r record
+		b.loadRecord(seq, &r)
+		return r.TrajID, r.PolicyVersion, r.Flags
+	}
+	le := binary.LittleEndian
+	w := le.Uint32(b.recs[slot*b.recPitch+b.runs.wordOff:])
+	if flags = w >> memRunBits; flags&flagWide != 0 {
+		v := b.wide.get(slot)
+		return v.TrajID, v.PolicyVersion, flags &^ flagWide
+	}
+	run := b.runs.rec(w & memRunMask)
+	if run == nil {
+		return 0, 0, flags // the index then says it is out of step
+	}
+	return int64(le.Uint64(run[runTraj:])), int64(le.Uint64(run[runVersion:])), flags
+}
+
 // memRecordBytes is the size of a memory record in a buffer of spec.
 func memRecordBytes(spec Spec) int64 {
 	switch spec.RowMetaLayout {

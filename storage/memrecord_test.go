@@ -45,6 +45,9 @@ func testMemoryRecordsMatchFileRecords(t *testing.T, layout RowMetaLayout) {
 		}
 		g, w := metas(t, got, seqs...), metas(t, want, seqs...)
 		for i := range seqs {
+			if got.compactRecords() {
+				checkEvictFields(t, got, seqs[i])
+			}
 			if g[i] != w[i] {
 				t.Fatalf("seq %d: memory record reads %+v, file record %+v", seqs[i], g[i], w[i])
 			}
@@ -308,6 +311,19 @@ func checkRuns(t *testing.T, b *Buffer) {
 	}
 }
 
+// checkEvictFields checks that what an eviction reads of seq's row
+// (evictFields) is what the row's whole record says (memFields).
+func checkEvictFields(t *testing.T, b *Buffer, seq int64) {
+	t.Helper()
+	slot := seq % b.capacity
+	traj, version, flags := b.evictFields(slot, seq)
+	wantTraj, _, _, _, wantVersion, wantFlags := b.memFields(slot, seq)
+	if traj != wantTraj || version != wantVersion || flags != wantFlags {
+		t.Errorf("seq %d: eviction reads trajectory %d, version %d, flags %#x; the record says %d, %d, %#x",
+			seq, traj, version, flags, wantTraj, wantVersion, wantFlags)
+	}
+}
+
 // TestMemoryRecordRuns writes records straight into a memory buffer's
 // slots and reads each back: values no Extend writes in reasonable time
 // (a previous row 2^17 seqs back, a step of 2^34, versions and envs at
@@ -341,6 +357,7 @@ func TestMemoryRecordRuns(t *testing.T) {
 		if _, wide := b.wide.m[slot]; wide != c.wide {
 			t.Errorf("seq %d: wide entry %v, want %v", c.rec.Seq, wide, c.wide)
 		}
+		checkEvictFields(t, b, c.rec.Seq)
 		checkRuns(t, b)
 	}
 	if len(b.wide.m) != 2 || b.wide.n != 2 {

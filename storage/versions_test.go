@@ -8,13 +8,33 @@ import (
 
 // TestPolicyVersions: rows keep the policy version their writer gave, Info
 // counts the live rows by version as the ring turns, and a reopened store
-// counts them again from its records.
+// counts them again from its records. Memory buffers run in each row_meta
+// layout: evictions read a run layout's versions from its run records.
 func TestPolicyVersions(t *testing.T) {
+	type layoutCase struct {
+		kind   Kind
+		layout RowMetaLayout // "": testSpec's
+	}
+	var cases []layoutCase
 	for _, kind := range kinds {
-		t.Run(string(kind), func(t *testing.T) {
+		cases = append(cases, layoutCase{kind: kind})
+	}
+	for _, l := range []RowMetaLayout{RowMetaRuns, RowMetaStrided} {
+		cases = append(cases, layoutCase{kind: KindMemory, layout: l})
+	}
+	for _, c := range cases {
+		kind := c.kind
+		name := string(kind)
+		if c.layout != "" {
+			name += "/" + string(c.layout)
+		}
+		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
 			s := openStore(t, dir)
 			spec := testSpec(kind, 10, false)
+			if c.layout != "" {
+				spec.RowMetaLayout = c.layout
+			}
 			b := mustCreate(t, s, "v", spec)
 			steps := func(n int, base float32) []row {
 				rows := make([]row, n)

@@ -492,12 +492,11 @@ func (b *Buffer) evictForWrite(first, end int64) {
 		}
 		// No checksum: an indexed row's record was checked when it was
 		// written or recovered, and only writers (we hold wmu) change it.
-		var r record
-		b.loadRecord(s, &r)
-		if err := b.ix.evict(r.TrajID, s, r.Flags&flagHasTail != 0); err != nil {
+		traj, version, flags := b.evictFields(slot, s)
+		if err := b.ix.evict(traj, s, flags&flagHasTail != 0); err != nil {
 			panic(fmt.Sprintf("rbd: buffer %q index out of step with rows: %v", b.name, err))
 		}
-		run.next(r.PolicyVersion, b.ix.versions.remove)
+		run.next(version, b.ix.versions.remove)
 		if b.prio != nil {
 			b.prio.clear(slot)
 		}
