@@ -22,9 +22,9 @@ import (
 // the batches around them keep their shape (1 for a lone env, N for N
 // envs written step by step), so a trajectory usually costs one run, not
 // 8 bytes a row. Irregular arrivals (actors sending a step or a few at a
-// time, interleaved as their requests arrive) pack up to packedRows rows'
-// distances into one run instead: 24 bytes for 5 rows where evenly spaced
-// runs took 24 for 2 at worst.
+// time, interleaved as their requests arrive) pack 5 to 11 rows'
+// distances into one run instead (packedWidths): 24 bytes for 8 rows from
+// 64 actors where evenly spaced runs took 24 for 2 at worst.
 //
 // A *Trajectory is only valid inside the ReadIndex callback that produced it.
 type Trajectory struct {
@@ -48,20 +48,81 @@ func (t *Trajectory) ID() int64 { return t.id }
 // seqRun holds rows pos, pos+1, ... of a trajectory (positions count every
 // row ever appended), whose seqs are first, first+stride, ...; it ends
 // where the next run starts. A packed run (stride < 0, packedRun set)
-// holds at most packedRows rows at any distances: the distance of its row
-// k+1 from row k is bits [15k, 15k+15) of stride.
+// holds rows at any distances up to its width's: bits 61-62 of stride
+// say which of packedWidths its distances take (packedCode), and the
+// distance of its row k+1 from row k is the width's bits from k × width.
 type seqRun struct {
 	pos, first, stride int64
 }
 
 const (
-	packedRun  = math.MinInt64 // the bit of a packed run's stride
-	packedBits = 15
-	packedMask = 1<<packedBits - 1 // the largest distance a packed run holds
-	// packedRows is a packed run's rows: 4 distances of 15 bits fill
-	// stride's 63 low bits as far as whole distances go.
-	packedRows = 5
+	packedRun = math.MinInt64 // the bit of a packed run's stride
+	// packedCodeShift is where a packed run's width code starts: the
+	// distances use the 61 bits below it.
+	packedCodeShift = 61
+	packedMaxBits   = 15 // the widest distance a packed run holds
+	packedMask      = 1<<packedMaxBits - 1
 )
+
+// packedWidths are the distance widths a packed run can take, by code,
+// and packedRowsOf how many rows a run of each holds (its distances fill
+// 61 bits as far as whole ones go): 5 rows up to 32,767 seqs apart, 7 up
+// to 1,023, 8 up to 255, 11 up to 63. A run takes the narrowest width
+// that holds the distances it has (repack), and moves to a wider one when
+// a row comes farther: it ends only when no width holds one more row, so
+// every packed run holds at least 5 rows, as when every run took 15 bits,
+// and rows from 64 actors drawn at random (distances around 64) pack 8.
+var (
+	packedWidths = [4]uint{15, 10, 8, 6}
+	packedRowsOf = [4]int64{5, 7, 8, 11}
+)
+
+// packedMaxRows is the most rows a packed run holds (6-bit distances).
+const packedMaxRows = 11
+
+// packedCode returns the width code of a packed run's stride.
+func packedCode(stride int64) int { return int(uint64(stride)>>packedCodeShift) & 3 }
+
+// repack makes r, a run of count >= 2 rows, a packed run that also holds
+// a row d seqs after its last, in the narrowest width that holds every
+// distance and count+1 rows, and reports whether one does (r is left
+// alone when none does: the row starts a run).
+func (r *seqRun) repack(count, d int64) bool {
+	n := count - 1 // the distances r holds
+	if n+1 >= packedMaxRows {
+		return false
+	}
+	var dists [packedMaxRows - 1]int64
+	maxd := d
+	if r.stride >= 0 {
+		for j := range n {
+			dists[j] = r.stride
+		}
+		maxd = max(maxd, r.stride)
+	} else {
+		w := packedWidths[packedCode(r.stride)]
+		x := uint64(r.stride)
+		for j := range n {
+			dists[j] = int64(x & (1<<w - 1))
+			maxd = max(maxd, dists[j])
+			x >>= w
+		}
+	}
+	dists[n] = d
+	for c := len(packedWidths) - 1; c >= 0; c-- {
+		w := packedWidths[c]
+		if maxd > 1<<w-1 || count >= packedRowsOf[c] {
+			continue
+		}
+		stride := int64(packedRun) | int64(c)<<packedCodeShift
+		for j := range n + 1 {
+			stride |= dists[j] << (w * uint(j))
+		}
+		r.stride = stride
+		return true
+	}
+	return false
+}
 
 // at returns the seq of the run's row k (0 = its first).
 func (r *seqRun) at(k int64) int64 {
@@ -72,10 +133,12 @@ func (r *seqRun) at(k int64) int64 {
 }
 
 func (r *seqRun) packedAt(k int64) int64 {
+	w := packedWidths[packedCode(r.stride)]
+	mask := uint64(1)<<w - 1
 	seq, d := r.first, uint64(r.stride)
 	for ; k > 0; k-- {
-		seq += int64(d & packedMask)
-		d >>= packedBits
+		seq += int64(d & mask)
+		d >>= w
 	}
 	return seq
 }
@@ -156,8 +219,13 @@ func (t *Trajectory) push(seq int64) {
 		count := t.n - r.pos
 		switch last := r.at(count - 1); {
 		case r.stride < 0:
-			if count < packedRows && seq-last <= packedMask {
-				r.stride |= (seq - last) << (packedBits * (count - 1))
+			c := packedCode(r.stride)
+			if w := packedWidths[c]; count < packedRowsOf[c] && seq-last <= 1<<w-1 {
+				r.stride |= (seq - last) << (w * uint(count-1))
+				t.n++
+				return
+			}
+			if r.repack(count, seq-last) { // a wider width holds it
 				t.n++
 				return
 			}
@@ -168,14 +236,9 @@ func (t *Trajectory) push(seq int64) {
 		case seq == last+r.stride:
 			t.n++
 			return
-		case count < packedRows && r.stride <= packedMask && seq-last <= packedMask:
+		case r.repack(count, seq-last):
 			// The first row off the stride of a short run: the run's
-			// rows become a packed run's distances, and this one too.
-			d := int64(packedRun)
-			for j := range count - 1 {
-				d |= r.stride << (packedBits * j)
-			}
-			r.stride = d | (seq-last)<<(packedBits*(count-1))
+			// rows became a packed run's distances, and this one too.
 			t.n++
 			return
 		}
@@ -495,7 +558,22 @@ func (ix *index) setClosed(t *Trajectory) {
 	if t.open {
 		t.open = false
 		ix.open--
+		t.clip()
 	}
+}
+
+// clip gives back the room t.runs has past its live runs, t being closed:
+// no row will be appended, and what append's doubling left (up to half
+// the slice: a 200-row trajectory from 64 actors held 25 runs in room for
+// 32) would stay as long as the trajectory's rows do. Slices of a run or
+// two, a collector's, are left alone.
+func (t *Trajectory) clip() {
+	live := t.runs[t.hr:]
+	if cap(t.runs)-len(live) < 2 {
+		return
+	}
+	t.runs = append(make([]seqRun, 0, len(live)), live...)
+	t.hr = 0
 }
 
 // evict removes the oldest live row of trajectory id, which must be seq.

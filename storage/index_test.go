@@ -632,7 +632,8 @@ func TestRowIntoSetsEveryField(t *testing.T) {
 // a Trajectory, drops its oldest rows now and then, and checks Seq,
 // AppendSeqs and lastSeq against a plain slice after every step. Then it
 // checks what the runs cost: rows arriving evenly take one run, rows at
-// irregular distances one per packedRows rows.
+// irregular distances one per 5 to 11 rows, by how far apart they are.
+// Each trajectory is then closed (clip) and its rows dropped one by one.
 func TestTrajectorySeqRuns(t *testing.T) {
 	rng := rand.New(rand.NewPCG(21, 22))
 	for trial := range 200 {
@@ -645,9 +646,14 @@ func TestTrajectorySeqRuns(t *testing.T) {
 			case 0:
 				stride = int64(1 + rng.IntN(8)) // a new even spacing
 			case 1:
-				seq += packedMask + rng.Int64N(3) - 1 // the largest packed distance and its neighbours
+				// The largest distance of a packed width, and its
+				// neighbours.
+				limit := int64(1)<<packedWidths[rng.IntN(len(packedWidths))] - 1
+				seq += limit + rng.Int64N(3) - 1
 			case 2, 3:
 				seq += 1 + rng.Int64N(200) // irregular
+			case 4:
+				seq += 1 + rng.Int64N(60) // irregular, close
 			default:
 				seq += stride
 			}
@@ -663,6 +669,15 @@ func TestTrajectorySeqRuns(t *testing.T) {
 			}
 			checkTrajectorySeqs(t, tr, ref, fmt.Sprintf("trial %d, step %d", trial, step), rng)
 		}
+		tr.clip()
+		if cap(tr.runs)-len(tr.runs[tr.hr:]) >= 2 {
+			t.Fatalf("trial %d: a closed trajectory keeps room for %d runs, %d live", trial, cap(tr.runs), len(tr.runs[tr.hr:]))
+		}
+		for len(ref) > 1 {
+			checkTrajectorySeqs(t, tr, ref, fmt.Sprintf("trial %d, closed, %d rows", trial, len(ref)), rng)
+			tr.popOldest()
+			ref = ref[1:]
+		}
 	}
 	cost := func(dist func(i int) int64) int {
 		tr := &Trajectory{}
@@ -677,8 +692,18 @@ func TestTrajectorySeqRuns(t *testing.T) {
 		t.Errorf("rows 8 seqs apart took %d runs, want 1", n)
 	}
 	irregular := rand.New(rand.NewPCG(23, 24))
-	if n := cost(func(int) int64 { return 1 + irregular.Int64N(500) }); n > 1000/packedRows+1 {
-		t.Errorf("rows at irregular distances took %d runs for 1000 rows, want at most %d", n, 1000/packedRows+1)
+	for _, c := range []struct {
+		maxDist, rowsPerRun int64
+	}{
+		{500, 5}, // 10-bit runs when the distances so far allow, else 15
+		{packedMask, 5},
+		{1023, 7},
+		{255, 8}, // 64 actors: distances around 64
+		{63, 11},
+	} {
+		if n := cost(func(int) int64 { return 1 + irregular.Int64N(c.maxDist) }); n > int(1000/c.rowsPerRun+1) {
+			t.Errorf("rows at distances up to %d took %d runs for 1000 rows, want at most %d", c.maxDist, n, 1000/c.rowsPerRun+1)
+		}
 	}
 	if n := cost(func(i int) int64 { return int64(packedMask + 1 + i%2) }); n > 500+1 {
 		t.Errorf("rows too far apart to pack took %d runs for 1000 rows, want at most 501 (one for two)", n)
