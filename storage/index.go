@@ -74,7 +74,7 @@ const (
 // and rows from 64 actors drawn at random (distances around 64) pack 8.
 var (
 	packedWidths = [4]uint{15, 10, 8, 6}
-	packedRowsOf = [4]int64{5, 7, 8, 11}
+	packedRowsOf = [4]int64{5, 7, 8, packedMaxRows}
 )
 
 // packedMaxRows is the most rows a packed run holds (6-bit distances).
