@@ -33,6 +33,7 @@ type Trajectory struct {
 	hr        int
 	base      int64 // position of the oldest live row: rows before it were evicted
 	n         int64 // rows ever appended
+	last      int64 // seq of the newest row (while n > 0)
 	firstStep int64 // step of the oldest live row
 	open      bool  // a (stream, env) may still append to it
 	ended     bool  // its last row carries done
@@ -207,44 +208,43 @@ func (t *Trajectory) AppendSeqs(dst []int64, i, n int) []int64 {
 }
 
 // lastSeq returns the seq of the newest row (the trajectory has one).
-func (t *Trajectory) lastSeq() int64 {
-	r := &t.runs[len(t.runs)-1]
-	return r.at(t.n - 1 - r.pos)
-}
+func (t *Trajectory) lastSeq() int64 { return t.last }
 
 // push appends the row seq, which is above every seq of the trajectory.
 func (t *Trajectory) push(seq int64) {
-	if k := len(t.runs); k > t.hr {
-		r := &t.runs[k-1]
-		count := t.n - r.pos
-		switch last := r.at(count - 1); {
-		case r.stride < 0:
-			c := packedCode(r.stride)
-			if w := packedWidths[c]; count < packedRowsOf[c] && seq-last <= 1<<w-1 {
-				r.stride |= (seq - last) << (w * uint(count-1))
-				t.n++
-				return
-			}
-			if r.repack(count, seq-last) { // a wider width holds it
-				t.n++
-				return
-			}
-		case count == 1:
-			r.stride = seq - r.first
-			t.n++
-			return
-		case seq == last+r.stride:
-			t.n++
-			return
-		case r.repack(count, seq-last):
-			// The first row off the stride of a short run: the run's
-			// rows became a packed run's distances, and this one too.
-			t.n++
-			return
-		}
+	if !t.joinLastRun(seq) {
+		t.runs = append(t.runs, seqRun{pos: t.n, first: seq})
 	}
-	t.runs = append(t.runs, seqRun{pos: t.n, first: seq})
+	t.last = seq
 	t.n++
+}
+
+// joinLastRun makes seq the next row of the trajectory's newest live run
+// and reports whether it could (t.n is not yet counted).
+func (t *Trajectory) joinLastRun(seq int64) bool {
+	k := len(t.runs)
+	if k == t.hr {
+		return false
+	}
+	r := &t.runs[k-1]
+	count, last := t.n-r.pos, t.last
+	switch {
+	case r.stride < 0:
+		c := packedCode(r.stride)
+		if w := packedWidths[c]; count < packedRowsOf[c] && seq-last <= 1<<w-1 {
+			r.stride |= (seq - last) << (w * uint(count-1))
+			return true
+		}
+		return r.repack(count, seq-last) // a wider width holds it
+	case count == 1:
+		r.stride = seq - r.first
+		return true
+	case seq == last+r.stride:
+		return true
+	}
+	// The first row off the stride of a short run: the run's rows become
+	// a packed run's distances, and this one too.
+	return r.repack(count, seq-last)
 }
 
 // popOldest drops the oldest live row.
