@@ -565,6 +565,18 @@ func (cs *chunkStore) closeTrajectory(traj int64) (err error) {
 
 // ---- durability and space ----
 
+// syncFoundOnNextSync makes the next sync cover the segments found at open
+// (see runLog.syncFoundOnNextSync: after a kill -9, recovery accepts rows
+// whose chunks may be in the page cache only). Their directory entries
+// were synced when they were created.
+func (cs *chunkStore) syncFoundOnNextSync() {
+	cs.segMu.Lock()
+	defer cs.segMu.Unlock()
+	for _, s := range cs.segs {
+		s.dirty = true
+	}
+}
+
 // syncSegments makes every record written so far durable.
 func (cs *chunkStore) syncSegments() error {
 	cs.segMu.Lock()

@@ -196,6 +196,17 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 			return -1, err
 		}
 	}
+	if !b.store.readOnly && !st.Clean {
+		// The rows accepted above may have their pieces or chunks in the
+		// page cache only (a killed writer's); the first sync makes them
+		// durable before it moves the watermark past those rows.
+		if b.rlog != nil {
+			b.rlog.syncFoundOnNextSync()
+		}
+		if b.cs != nil {
+			b.cs.syncFoundOnNextSync()
+		}
+	}
 	maxTraj := int64(-1)
 	type accepted struct{ traj, step int64 }
 	ok2 := make(map[int64]accepted) // accepted rows whose successor may still come

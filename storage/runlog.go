@@ -476,7 +476,7 @@ func (l *runLog) sync() error {
 	l.segMu.Lock()
 	var jobs []job
 	for _, s := range l.segs {
-		if s.dirty && s.r != nil {
+		if s.dirty {
 			jobs = append(jobs, job{s, int(s.used)})
 			s.dirty = false
 			s.syncing++
@@ -492,7 +492,7 @@ func (l *runLog) sync() error {
 	failed := make([]bool, len(jobs))
 	var errs []error
 	for i, j := range jobs {
-		if err := j.s.r.SyncRange(0, j.n); err != nil {
+		if err := j.s.syncData(j.n); err != nil {
 			errs = append(errs, err)
 			failed[i] = true
 		}
@@ -516,6 +516,39 @@ func (l *runLog) sync() error {
 	}
 	l.segMu.Unlock()
 	return errors.Join(errs...)
+}
+
+// syncData makes the segment's first n bytes durable: through its
+// mapping for a segment of this open, through the file for one found at
+// open (whose newest records a killed writer may have left in the page
+// cache only; see syncFoundOnNextSync).
+func (s *runSegment) syncData(n int) error {
+	if s.r != nil {
+		return s.r.SyncRange(0, n)
+	}
+	f, err := os.OpenFile(s.path, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", s.path, err)
+	}
+	if err := f.Sync(); err != nil {
+		return errors.Join(fmt.Errorf("sync %s: %w", s.path, err), f.Close())
+	}
+	return f.Close()
+}
+
+// syncFoundOnNextSync makes the next sync cover the segments found at open
+// and the buffer's directory, before it moves the watermark: after a
+// crash that left the page cache (kill -9), recovery accepts rows whose
+// pieces are in those segments, perhaps not yet on disk, and perhaps in
+// a segment whose directory entry never was; a watermark moved past those
+// rows without them would claim rows a power loss could still take.
+func (l *runLog) syncFoundOnNextSync() {
+	l.segMu.Lock()
+	defer l.segMu.Unlock()
+	for _, s := range l.segs {
+		s.dirty = true
+	}
+	l.dirDirty = true
 }
 
 // close waits for the spare's goroutine, unmaps the segments and deletes
