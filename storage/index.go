@@ -61,8 +61,6 @@ const (
 	// packedCodeShift is where a packed run's width code starts: the
 	// distances use the 61 bits below it.
 	packedCodeShift = 61
-	packedMaxBits   = 15 // the widest distance a packed run holds
-	packedMask      = 1<<packedMaxBits - 1
 )
 
 // packedWidths are the distance widths a packed run can take, by code,

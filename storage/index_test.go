@@ -522,8 +522,9 @@ func TestNextDistancesInRows(t *testing.T) {
 			}
 			cs := openStore(t, dest)
 			defer cs.Close()
-			check(mustBuffer(t, cs, "b"), "restored")
-			checkIndex(t, mustBuffer(t, cs, "b"), "restored")
+			cb := mustBuffer(t, cs, "b")
+			check(cb, "restored")
+			checkIndex(t, cb, "restored")
 
 			if tc.layout != RowMetaPerRow {
 				return
@@ -692,11 +693,12 @@ func TestTrajectorySeqRuns(t *testing.T) {
 		t.Errorf("rows 8 seqs apart took %d runs, want 1", n)
 	}
 	irregular := rand.New(rand.NewPCG(23, 24))
+	widest := int64(1)<<packedWidths[0] - 1 // the largest distance a packed run holds
 	for _, c := range []struct {
 		maxDist, rowsPerRun int64
 	}{
 		{500, 5}, // 10-bit runs when the distances so far allow, else 15
-		{packedMask, 5},
+		{widest, 5},
 		{1023, 7},
 		{255, 8}, // 64 actors: distances around 64
 		{63, 11},
@@ -705,7 +707,7 @@ func TestTrajectorySeqRuns(t *testing.T) {
 			t.Errorf("rows at distances up to %d took %d runs for 1000 rows, want at most %d", c.maxDist, n, 1000/c.rowsPerRun+1)
 		}
 	}
-	if n := cost(func(i int) int64 { return int64(packedMask + 1 + i%2) }); n > 500+1 {
+	if n := cost(func(i int) int64 { return widest + 1 + int64(i%2) }); n > 500+1 {
 		t.Errorf("rows too far apart to pack took %d runs for 1000 rows, want at most 501 (one for two)", n)
 	}
 }

@@ -194,8 +194,8 @@ func (b *Buffer) evictFields(slot, seq int64) (traj, version int64, flags uint32
 	le := binary.LittleEndian
 	w := le.Uint32(b.recs[slot*b.recPitch+b.runs.wordOff:])
 	if flags = w >> memRunBits; flags&flagWide != 0 {
-		v := b.wide.get(slot)
-		return v.TrajID, v.PolicyVersion, flags &^ flagWide
+		traj, _, _, _, version, flags = b.wideFields(slot, flags)
+		return traj, version, flags
 	}
 	run := b.runs.rec(w & memRunMask)
 	if run == nil {
