@@ -382,8 +382,8 @@ func (s *State) drawWithoutReplacement(ix storage.Index, p Params, rng *rand.Ran
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.epochFor(p.Consumer)
-	lo, hi := ix.Window()
-	n := hi - lo // slots in use: min(write_count, capacity)
+	_, hi := ix.Window()
+	n := min(hi, ix.Slots()) // slots in use
 	if e.finished || e.size != ix.LiveRows() {
 		// A new epoch: when the last ended, or when the number of live
 		// rows changed (TorchRL's rule: a full ring keeps its epoch while

@@ -141,10 +141,10 @@ func (b *Buffer) SamplePriorities(n int, rng *rand.Rand) ([]float64, error) {
 	out := make([]float64, 0, n)
 	for try := 0; try < 4*n && len(out) < n; try++ {
 		seq := lo + rng.Int64N(wc-lo)
-		if b.stamps.Load(seq%b.capacity) != seq {
+		if b.stamps.Load(seq%b.slots) != seq {
 			continue
 		}
-		out = append(out, b.prio.raw(seq%b.capacity))
+		out = append(out, b.prio.raw(seq%b.slots))
 	}
 	slices.Sort(out)
 	return out, nil

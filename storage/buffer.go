@@ -79,16 +79,20 @@ type Buffer struct {
 	log   *slog.Logger
 
 	persistent bool
-	capacity   int64
-	cols       []*column // spec fields, in spec order
-	tails      []*column // final observations per obs key (compact buffers)
-	tailOf     map[string]int
-	colOf      map[string]int
-	meta       *mmapfile.Region
-	group      *mmapfile.Region // a memory buffer's records and small fields, row-major (nil: none)
-	hdr        []byte           // meta header (nil for memory buffers)
-	recs       []byte           // capacity records, recPitch bytes apart
-	recPitch   int64            // recordSize, or the row group's row size
+	capacity   int64 // the window: the last capacity seqs are live
+	// slots is how many slots the ring maps seqs onto (seq mod slots):
+	// the capacity, or more with a spare block (ringSlotCount). Every
+	// per-slot structure has slots entries.
+	slots    int64
+	cols     []*column // spec fields, in spec order
+	tails    []*column // final observations per obs key (compact buffers)
+	tailOf   map[string]int
+	colOf    map[string]int
+	meta     *mmapfile.Region
+	group    *mmapfile.Region // a memory buffer's records and small fields, row-major (nil: none)
+	hdr      []byte           // meta header (nil for memory buffers)
+	recs     []byte           // slots records, recPitch bytes apart
+	recPitch int64            // recordSize, or the row group's row size
 	// tailIx places a compact memory buffer's final observations densely
 	// in its tail columns, and a memmap buffer's in dense tail files (nil
 	// for other buffers: their tails are at the slot). tailScan is what
@@ -255,7 +259,7 @@ func tailFile(dir, key string) string  { return filepath.Join(dir, tailFileName(
 
 // newBuffer builds the in-memory shell of a buffer; its columns are mapped
 // by createFiles or openFiles.
-func newBuffer(s *Store, name string, spec Spec, uid uint64) (*Buffer, error) {
+func newBuffer(s *Store, name string, spec Spec, uid uint64, slots int64) (*Buffer, error) {
 	b := &Buffer{
 		name:       name,
 		spec:       spec,
@@ -264,6 +268,7 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) (*Buffer, error) {
 		log:        s.log.With("buffer", name),
 		persistent: spec.Storage != KindMemory,
 		capacity:   spec.Capacity,
+		slots:      slots,
 		recPitch:   recordSize,
 		tailOf:     map[string]int{},
 		colOf:      map[string]int{},
@@ -303,16 +308,16 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64) (*Buffer, error) {
 	}
 	if spec.Priority != nil {
 		pf := Field{Name: "priority", DType: Float64, Shape: []int{}}
-		b.prio = newPriorities(spec.Priority.Alpha, spec.Priority.Eps, spec.Capacity,
+		b.prio = newPriorities(spec.Priority.Alpha, spec.Priority.Eps, slots,
 			&column{name: pf.Name, file: "priority.col", role: rolePriority, field: pf, rowBytes: 8, cz: -1})
 	}
 	b.notify = make(chan struct{})
-	stamps, err := newStampTable(spec.Capacity)
+	stamps, err := newStampTable(slots)
 	if err != nil {
 		return nil, fmt.Errorf("buffer %q: %w", name, err)
 	}
 	b.stamps = stamps
-	b.ix.init(spec.Capacity)
+	b.ix.init(slots)
 	b.sync.init()
 	if spec.Storage == KindCompressed {
 		cs, err := newChunkStore(b)
@@ -359,7 +364,7 @@ func (b *Buffer) mapMemory() (retErr error) {
 		if c.stride != 0 {
 			continue // in the row group
 		}
-		rows := b.capacity
+		rows := b.slots
 		if c.role == roleTail {
 			rows = b.tailIx.rows
 		}
@@ -422,7 +427,7 @@ func (b *Buffer) createFiles() (retErr error) {
 			return err
 		}
 	}
-	r, err := mmapfile.Create(metaFile(b.dir), headerSize+b.capacity*b.fileRecordSize())
+	r, err := mmapfile.Create(metaFile(b.dir), headerSize+b.slots*b.fileRecordSize())
 	if err != nil {
 		return err
 	}
@@ -473,11 +478,11 @@ func (b *Buffer) mapRecords(r *mmapfile.Region) error {
 	if strided {
 		size = memStridedRecordSize
 	}
-	g, err := mmapfile.Anonymous(b.capacity * size)
+	g, err := mmapfile.Anonymous(b.slots * size)
 	if err != nil {
 		return fmt.Errorf("buffer %q records: %w", b.name, err)
 	}
-	b.group, b.recs, b.recPitch, b.runs = g, g.Bytes(), size, newRunTable(b.capacity, strided)
+	b.group, b.recs, b.recPitch, b.runs = g, g.Bytes(), size, newRunTable(b.slots, strided)
 	return b.stamps.inRows(g.Bytes(), size, strided)
 }
 
@@ -541,7 +546,7 @@ func (b *Buffer) openFiles(writable bool) (retErr error) {
 	if err != nil {
 		return err
 	}
-	r, err := mmapfile.Open(path, headerSize+b.capacity*b.fileRecordSize(), writable)
+	r, err := mmapfile.Open(path, headerSize+b.slots*b.fileRecordSize(), writable)
 	if err != nil {
 		var se *mmapfile.SizeError
 		if errors.As(err, &se) {
@@ -576,7 +581,7 @@ func (b *Buffer) markHeldTails(c *column) {
 	rb, size := int64(c.rowBytes), int64(len(c.region.Bytes()))
 	for off := c.region.NextData(headerSize); off < size; {
 		end := max(c.region.NextHole(off), off+1) // never stuck, whatever lseek says
-		for slot := (off - headerSize) / rb; slot < b.capacity && headerSize+slot*rb < end; slot++ {
+		for slot := (off - headerSize) / rb; slot < b.slots && headerSize+slot*rb < end; slot++ {
 			c.held.set(slot)
 		}
 		off = c.region.NextData(end)
@@ -625,20 +630,20 @@ func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 	}
 	recBytes := memRecordBytes(b.spec)
 	pitch := rowGroupPitch(recBytes, fieldBytes)
-	r, err := mmapfile.Anonymous(b.capacity * pitch)
+	r, err := mmapfile.Anonymous(b.slots * pitch)
 	if err != nil {
 		return fmt.Errorf("buffer %q row group: %w", b.name, err)
 	}
 	_ = r.AdviseHugePages()
 	var errs []error
 	move := func(dst, src []byte, rb int64) {
-		for slot := range b.capacity {
+		for slot := range b.slots {
 			copy(dst[slot*pitch:slot*pitch+rb], src[slot*rb:(slot+1)*rb])
 		}
 	}
 	var runs *runTable
 	if recBytes != memRecordSize {
-		runs = newRunTable(b.capacity, recBytes == memStridedRecordSize)
+		runs = newRunTable(b.slots, recBytes == memStridedRecordSize)
 	}
 	fileRecs, meta := b.recs, b.meta
 	b.meta, b.recs, b.recPitch, b.runs = nil, r.Bytes(), pitch, runs
@@ -648,7 +653,7 @@ func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 		// their runs (runs layout) as when they were written.
 		wc := b.writeCount.Load()
 		for seq := max(0, wc-b.capacity); seq < wc; seq++ {
-			slot := seq % b.capacity
+			slot := seq % b.slots
 			if b.stamps.Load(slot) != seq {
 				continue // no live row: nothing reads this record
 			}

@@ -219,6 +219,10 @@ type rowCopier struct {
 	done     int64
 	total    int64
 	scratch  [recordSize]byte // decodeRecord's
+	// slots is the copy's files' slots: the buffer's, except for a
+	// memory buffer with a spare block (ringSlotCount), whose checkpoint
+	// files hold one slot a row, as every file of format version 1 or 2.
+	slots int64
 }
 
 // checkpointBlock is how many rows are copied, checked and written at a
@@ -229,6 +233,10 @@ const checkpointBlock = 4096
 func (cp *rowCopier) run(bdir string, res *CheckpointResult) (retErr error) {
 	b := cp.b
 	cp.cols = b.allColumns()
+	cp.slots = b.slots
+	if !b.persistent {
+		cp.slots = b.capacity
+	}
 	defer func() {
 		for _, f := range cp.files {
 			if err := f.Close(); err != nil && retErr == nil {
@@ -237,7 +245,7 @@ func (cp *rowCopier) run(bdir string, res *CheckpointResult) (retErr error) {
 		}
 	}()
 	for _, c := range cp.cols {
-		size := headerSize + b.capacity*int64(c.rowBytes)
+		size := headerSize + cp.slots*int64(c.rowBytes)
 		if c.dense {
 			size = b.colFileSize(c)
 		}
@@ -254,7 +262,7 @@ func (cp *rowCopier) run(bdir string, res *CheckpointResult) (retErr error) {
 	}
 	hdr := b.metaHeader().encode()
 	putWatermark(hdr, res.WriteCount)
-	meta, err := createAllocated(metaFile(bdir), headerSize+b.capacity*b.fileRecordSize(), hdr)
+	meta, err := createAllocated(metaFile(bdir), headerSize+cp.slots*b.fileRecordSize(), hdr)
 	if err != nil {
 		return err
 	}
@@ -271,8 +279,9 @@ func (cp *rowCopier) run(bdir string, res *CheckpointResult) (retErr error) {
 	// their newest rows, as they always do.
 	for hi := res.WriteCount; hi > res.FirstSeq; {
 		lo := max(res.FirstSeq, hi-checkpointBlock)
-		// A block must not wrap around the ring's end.
-		lo = max(lo, (hi-1)-(hi-1)%b.capacity)
+		// A block must not wrap around the ring's end, the buffer's or
+		// the copy's.
+		lo = max(lo, (hi-1)-(hi-1)%b.slots, (hi-1)-(hi-1)%cp.slots)
 		if err := cp.ctx.Err(); err != nil {
 			return err
 		}
@@ -303,13 +312,14 @@ func (cp *rowCopier) run(bdir string, res *CheckpointResult) (retErr error) {
 	return nil
 }
 
-// copyBlock copies rows [lo, hi) (contiguous slots): every column's bytes
+// copyBlock copies rows [lo, hi) (contiguous slots of the buffer and of
+// the copy, from src0 and s0): every column's bytes
 // and the records, then keeps the rows whose stamps still hold their seq
 // (a row overwritten meanwhile, or a hole, gets a zero record: missing).
 func (cp *rowCopier) copyBlock(lo, hi int64) (kept, overwritten int64, err error) {
 	b := cp.b
 	n := hi - lo
-	s0 := lo % b.capacity
+	src0, s0 := lo%b.slots, lo%cp.slots
 	bufs := make([][]byte, len(cp.cols)+1)
 	entries := make([][]tailEntry, len(cp.cols)) // dense tail columns: what bufs[i] holds
 	for i, c := range cp.cols {
@@ -350,12 +360,12 @@ func (cp *rowCopier) copyBlock(lo, hi int64) (kept, overwritten int64, err error
 			if pitch := c.pitch(); pitch != rb {
 				// A row-group field: checkpoint files hold columns.
 				bufs[i] = bufs[i][:0]
-				for slot := s0; slot < s0+n; slot++ {
+				for slot := src0; slot < src0+n; slot++ {
 					bufs[i] = append(bufs[i], c.data[slot*pitch:slot*pitch+rb]...)
 				}
 				return
 			}
-			bufs[i] = append(bufs[i][:0], c.data[s0*rb:(s0+n)*rb]...)
+			bufs[i] = append(bufs[i][:0], c.data[src0*rb:(src0+n)*rb]...)
 		}
 		if c.field.Mutable {
 			b.readMutable(copyCol)
@@ -369,7 +379,7 @@ func (cp *rowCopier) copyBlock(lo, hi int64) (kept, overwritten int64, err error
 	case b.rlog != nil:
 		// Version 2 records as they are: the run segments copied with
 		// them hold their pieces.
-		recs = append(recs, b.drecs[s0*recordSize:(s0+n)*recordSize]...)
+		recs = append(recs, b.drecs[src0*recordSize:(src0+n)*recordSize]...)
 	case b.compactRecords():
 		// A memory buffer's records are memory records: write them as
 		// file records (the stamp check below drops any caught
@@ -381,7 +391,7 @@ func (cp *rowCopier) copyBlock(lo, hi int64) (kept, overwritten int64, err error
 			encodeRecord(recs[i*recordSize:(i+1)*recordSize], &r)
 		}
 	default:
-		for slot := s0; slot < s0+n; slot++ {
+		for slot := src0; slot < src0+n; slot++ {
 			recs = append(recs, b.rec(slot)...)
 		}
 	}
@@ -395,7 +405,7 @@ func (cp *rowCopier) copyBlock(lo, hi int64) (kept, overwritten int64, err error
 		seq := lo + i
 		rec := recs[i*recordSize : (i+1)*recordSize]
 		hole := inHoles(cp.st.holes, seq)
-		if lost || b.stamps.Load(s0+i) != seq {
+		if lost || b.stamps.Load(src0+i) != seq {
 			missing[i] = true
 			// A hole of the source, or overwritten since the capture (a
 			// row below the capture's write count was complete then):
@@ -651,7 +661,7 @@ func (b *Buffer) moveTailsToMemory() error {
 	wc := b.writeCount.Load()
 	for seq := max(0, wc-b.capacity); seq < wc; seq++ {
 		ti.begin(seq)
-		if b.stamps.Load(seq%b.capacity) != seq {
+		if b.stamps.Load(seq%b.slots) != seq {
 			continue // a hole, or a row recovery dropped
 		}
 		var r record
@@ -662,7 +672,7 @@ func (b *Buffer) moveTailsToMemory() error {
 		at := ti.add(seq)
 		for i, c := range b.tails {
 			rb := int64(c.rowBytes)
-			copy(anons[i].Bytes()[at*rb:(at+1)*rb], c.row(seq%b.capacity))
+			copy(anons[i].Bytes()[at*rb:(at+1)*rb], c.row(seq%b.slots))
 		}
 	}
 	var errs []error

@@ -169,7 +169,7 @@ func newChunkStore(b *Buffer) (*chunkStore, error) {
 	cs := &chunkStore{
 		b: b, chunkLen: opts.ChunkLen, delta: opts.Delta, maxK: 1,
 		trajs: map[int64]*trajState{}, nextID: 1, nextSeg: 1, newSeg: true,
-		loc:   make([]rowLoc, b.capacity),
+		loc:   make([]rowLoc, b.slots),
 		cache: newChunkCache(int64(opts.CacheMiB) << 20),
 	}
 	cs.readBufs.New = func() any { return new([]byte) }
@@ -358,7 +358,7 @@ func (cs *chunkStore) appendRow(ts *trajState, oc *chunk, p *plan, rec *record, 
 	}
 	oc.seqs = append(oc.seqs, rec.Seq)
 	if rec.Seq >= written {
-		cs.setLoc(rec.Seq%cs.b.capacity, rowLoc{oc, len(oc.seqs) - 1})
+		cs.setLoc(rec.Seq%cs.b.slots, rowLoc{oc, len(oc.seqs) - 1})
 	}
 	cs.mu.Unlock()
 	cs.setDieAt(oc, rec.Seq+1)
@@ -433,7 +433,7 @@ func (cs *chunkStore) seal(ts *trajState, oc *chunk) error {
 	cs.saveChunk(oc)
 	cs.mu.Lock()
 	for i, s := range sc.seqs {
-		slot := s % cs.b.capacity
+		slot := s % cs.b.slots
 		// The slot may since hold a later row (of this chunk, too, in a
 		// ring shorter than a chunk): move only the entry for this row.
 		if l := cs.loc[slot]; l.c == oc && l.i == i {

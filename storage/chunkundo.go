@@ -166,7 +166,7 @@ func (cs *chunkStore) reissue(c *chunk) *chunk {
 	nc.prevp.Store(c.prev())
 	cs.mu.Lock()
 	for i, s := range c.seqs {
-		slot := s % cs.b.capacity
+		slot := s % cs.b.slots
 		if l := cs.loc[slot]; l.c == c && l.i == i {
 			cs.loc[slot] = rowLoc{nc, i}
 		}

@@ -62,7 +62,7 @@ func (b *Buffer) colFileSize(c *column) int64 {
 	if c.dense {
 		return headerSize + b.tailIx.rows*c.pitch()
 	}
-	return headerSize + b.capacity*int64(c.rowBytes)
+	return headerSize + b.slots*int64(c.rowBytes)
 }
 
 // tailFilesDense reports whether the tail files in dir are dense (their
@@ -145,7 +145,7 @@ func (b *Buffer) scanDenseTails() *denseTailScan {
 // found), else the last one's checksum is returned; why says why none
 // could be read at all.
 func (b *Buffer) rowCRC(seq int64, flags uint32, match func(uint32) bool) (uint32, string) {
-	slot := seq % b.capacity
+	slot := seq % b.slots
 	var crc uint32
 	for _, c := range b.cols {
 		if c.cz < 0 && !c.field.Mutable {

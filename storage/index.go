@@ -320,15 +320,15 @@ type index struct {
 	deltaBytes int
 	// recent caches the write path's trajectory lookups (writerLookup).
 	recent [recentTrajs]*Trajectory
-	// capacity maps seqs to slots.
-	capacity int64
+	// slots maps seqs to slots (the buffer's slots).
+	slots int64
 	// ring maps seqs to slots without a division (ringSlots), for the
 	// write count (setWriteCount): it changes with the write count, under
 	// imu, so a reader holding imu sees the two agree.
 	ring ringSlots
 }
 
-func (ix *index) init(capacity int64) {
+func (ix *index) init(slots int64) {
 	ix.byID = map[int64]*Trajectory{}
 	ix.list = nil
 	ix.rows, ix.tails, ix.open = 0, 0, 0
@@ -339,8 +339,8 @@ func (ix *index) init(capacity int64) {
 	ix.nextDelta, ix.deltas = nil, nil
 	ix.deltaRows, ix.deltaPitch, ix.deltaBytes = nil, 0, 0
 	ix.recent = [recentTrajs]*Trajectory{}
-	ix.capacity = capacity
-	ix.ring = newRingSlots(0, capacity)
+	ix.slots = slots
+	ix.ring = newRingSlots(0, slots)
 }
 
 // recentTrajs is the size of the write path's lookup cache (a power of 2).
@@ -442,7 +442,7 @@ func (ix *index) nextDist(slot int64) uint16 {
 // become 0) and their array given back. Called with the index to the
 // caller alone (a buffer being created or restored).
 func (ix *index) deltasInRows(rows []byte, pitch int64, width int) error {
-	if (width != 1 && width != 2) || int64(len(rows)) < (ix.capacity-1)*pitch+int64(width) {
+	if (width != 1 && width != 2) || int64(len(rows)) < (ix.slots-1)*pitch+int64(width) {
 		panic("rbd: next distance rows too short, or a width not 1 or 2")
 	}
 	ix.deltaRows, ix.deltaPitch, ix.deltaBytes = unsafe.Pointer(unsafe.SliceData(rows)), pitch, width
@@ -471,22 +471,22 @@ const mappedDeltaBytes = 64 << 10
 // capacity of 10^11 is 200 GB of address space), grow a heap slice as the
 // ring first fills.
 func (ix *index) growNextDeltas(slot int64) {
-	if ix.nextDelta == nil && ix.capacity*2 >= mappedDeltaBytes {
-		if r, err := mmapfile.Anonymous(ix.capacity * 2); err == nil {
+	if ix.nextDelta == nil && ix.slots*2 >= mappedDeltaBytes {
+		if r, err := mmapfile.Anonymous(ix.slots * 2); err == nil {
 			// Huge pages as for the row group: draws read distances
 			// at random slots.
 			_ = r.AdviseHugePages()
-			ix.nextDelta = unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(r.Bytes()))), ix.capacity)
+			ix.nextDelta = unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(r.Bytes()))), ix.slots)
 			ix.deltas = r
 			return
 		}
 	}
 	// Slots fill in order while the ring first goes round. Grown by
-	// doubling but never past the capacity (append would round the last
+	// doubling but never past the slots (append would round the last
 	// growth up by as much as a quarter).
 	n := int64(len(ix.nextDelta))
 	if int64(cap(ix.nextDelta)) <= slot {
-		grown := make([]uint16, n, min(ix.capacity, max(slot+1, 2*n)))
+		grown := make([]uint16, n, min(ix.slots, max(slot+1, 2*n)))
 		copy(grown, ix.nextDelta)
 		ix.nextDelta = grown
 	}
@@ -515,7 +515,7 @@ func (ix *index) release() error {
 // nextOf returns the seq of the row after the indexed row seq (trajectory
 // id, step, done flag as recorded), or -1.
 func (ix *index) nextOf(seq, id, step int64, done bool) int64 {
-	return ix.nextOfSlot(seq, seq%ix.capacity, id, step, done)
+	return ix.nextOfSlot(seq, seq%ix.slots, id, step, done)
 }
 
 // nextOfSlot is nextOf for a caller that knows seq's slot.
@@ -634,7 +634,7 @@ func (b *Buffer) indexOf() Index { return Index{&b.ix, b} }
 // setWriteCount moves the write count, and the index's slot map with it.
 // Callers hold imu, or have the buffer to themselves (opening it).
 func (b *Buffer) setWriteCount(wc int64) {
-	b.ix.ring = newRingSlots(wc, b.capacity)
+	b.ix.ring = newRingSlots(wc, b.slots)
 	b.writeCount.Store(wc)
 }
 
@@ -842,7 +842,7 @@ func (v Index) AppendNextKnown(dst []int64) []int64 {
 		}
 		return dst
 	}
-	c := v.ix.capacity
+	c := v.ix.slots
 	for seq := lo; seq < hi; {
 		// The window's seqs run from slot lo%c to the ring's end, then
 		// wrap to slot 0.
@@ -860,8 +860,13 @@ func (v Index) Window() (lo, hi int64) {
 	return max(0, hi-v.b.capacity), hi
 }
 
-// Capacity returns the ring size.
+// Capacity returns the ring size: the window holds the last Capacity seqs.
 func (v Index) Capacity() int64 { return v.b.capacity }
+
+// Slots returns how many slots the ring maps seqs onto (SlotSeq's slots
+// are below it): the capacity, or more in a ring with a spare block,
+// whose slots beyond the window hold no live row.
+func (v Index) Slots() int64 { return v.b.slots }
 
 // Position returns the trajectory of an indexed row and the row's position
 // in it (0 = oldest live row).
@@ -874,17 +879,18 @@ func (v Index) Position(m RowMeta) (*Trajectory, int) {
 }
 
 // SlotSeq returns the seq of the indexed row in slot, or -1 when the slot is
-// empty, a hole, or holds a row not yet published.
+// empty, a hole, holds a row not yet published, or one that has left the
+// window.
 func (v Index) SlotSeq(slot int64) int64 {
 	seq := v.b.stamps.Load(slot)
-	if seq < 0 || seq >= v.b.writeCount.Load() {
+	if wc := v.b.writeCount.Load(); seq < 0 || seq >= wc || seq < wc-v.b.capacity {
 		return -1
 	}
 	return seq
 }
 
 // slotBits is a bit per ring slot, grown as slots are first used (slots
-// fill in order while the ring first goes round), so it costs capacity/8
+// fill in order while the ring first goes round), so it costs slots/8
 // bytes at most and nothing for slots never written.
 type slotBits struct{ words []uint64 }
 

@@ -358,7 +358,7 @@ func TestNextDistancesMappedAndReleased(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
-		{"memory/small", KindMemory, mappedDeltaBytes/2 - 1, false, nil},
+		{"memory/small", KindMemory, largestHeapDeltas(), false, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := openStore(t, t.TempDir())
@@ -380,7 +380,7 @@ func TestNextDistancesMappedAndReleased(t *testing.T) {
 			// are written (slot 0 so far).
 			want := 1
 			if tc.mapped {
-				want = int(tc.capacity)
+				want = int(b.slots)
 			}
 			if got := len(b.ix.nextDelta); got != want {
 				t.Fatalf("%d next distances, want %d", got, want)
@@ -406,6 +406,16 @@ func TestNextDistancesMappedAndReleased(t *testing.T) {
 	}
 }
 
+// largestHeapDeltas is the capacity of the largest memory ring whose next
+// distances live on the heap: 2 bytes a slot below mappedDeltaBytes.
+func largestHeapDeltas() int64 {
+	c := int64(mappedDeltaBytes / 2)
+	for ringSlotCount(Spec{Storage: KindMemory, Capacity: c}, false)*2 >= mappedDeltaBytes {
+		c--
+	}
+	return c
+}
+
 // zeroNextDists sets every next distance of ix to 0 (unknown: the
 // trajectory answers) and returns what puts them back.
 func zeroNextDists(ix *index) (restore func()) {
@@ -414,8 +424,8 @@ func zeroNextDists(ix *index) (restore func()) {
 		ix.nextDelta = make([]uint16, len(saved))
 		return func() { ix.nextDelta = saved }
 	}
-	saved := make([]uint16, ix.capacity)
-	for slot := range ix.capacity {
+	saved := make([]uint16, ix.slots)
+	for slot := range ix.slots {
 		saved[slot] = ix.nextDist(slot)
 		ix.setNextDelta(slot, 0)
 	}

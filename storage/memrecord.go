@@ -156,7 +156,7 @@ func (b *Buffer) putMemRecord(slot int64, r *record) {
 // r.DataCRC are left alone: the stamp is the one, memory rows have no
 // other).
 func (b *Buffer) memRecord(seq int64, r *record) {
-	r.TrajID, r.Step, r.PrevSeq, r.Env, r.PolicyVersion, r.Flags = b.memFields(seq%b.capacity, seq)
+	r.TrajID, r.Step, r.PrevSeq, r.Env, r.PolicyVersion, r.Flags = b.memFields(seq%b.slots, seq)
 }
 
 // memFields decodes the memory record of slot, which holds seq.
@@ -228,7 +228,7 @@ func (b *Buffer) loadRecord(seq int64, r *record) {
 		b.memRecord(seq, r)
 		return
 	}
-	readRecord(b.rec(seq%b.capacity), r)
+	readRecord(b.rec(seq%b.slots), r)
 }
 
 // checkedRecord returns the record of seq's slot and whether it is a
@@ -239,10 +239,10 @@ func (b *Buffer) checkedRecord(seq int64, c *[recordSize]byte) (record, bool) {
 	if b.compactRecords() {
 		var r record
 		b.memRecord(seq, &r)
-		r.Seq = b.stamps.Load(seq % b.capacity)
+		r.Seq = b.stamps.Load(seq % b.slots)
 		return r, r.Seq == seq
 	}
-	r, ok := decodeRecord(b.rec(seq%b.capacity), c)
+	r, ok := decodeRecord(b.rec(seq%b.slots), c)
 	return r, ok && r.Seq == seq
 }
 

@@ -95,9 +95,17 @@ func testMemoryRecordsMatchFileRecords(t *testing.T, layout RowMetaLayout) {
 			continue
 		}
 		// Every wide live row has its entry; entries of overwritten
-		// wide rows are gone (a slot holds one row at a time).
-		if got, want := len(mem.wide.m), wideLive(mem); got != want {
-			t.Fatalf("after batch %d: %d wide entries, %d live rows are wide", round, got, want)
+		// wide rows are gone (a slot holds one row at a time). A ring
+		// with a spare block keeps those of rows that left the window
+		// until their slots are written again.
+		live := 0
+		for slot := range mem.wide.m {
+			if seq := mem.stamps.Load(slot); seq >= 0 && mem.Live(seq) {
+				live++
+			}
+		}
+		if got, want := live, wideLive(mem); got != want || len(mem.wide.m) > live+int(mem.slots-mem.capacity) {
+			t.Fatalf("after batch %d: %d wide entries (%d of live rows), %d live rows are wide", round, len(mem.wide.m), got, want)
 		}
 	}
 	if layout == RowMetaPerRow && wideLive(mem) == 0 {
@@ -192,7 +200,7 @@ func TestRunTableMapsAsItGrows(t *testing.T) {
 // and compares, and returns the slot. The caller holds b.wmu.
 func putReadBack(t *testing.T, b *Buffer, want record) int64 {
 	t.Helper()
-	slot := want.Seq % b.capacity
+	slot := want.Seq % b.slots
 	b.putMemRecord(slot, &want)
 	var got record
 	b.memRecord(want.Seq, &got)
@@ -238,8 +246,8 @@ func TestMemoryRecordFarPrev(t *testing.T) {
 			t.Errorf("seq %d: wide entry %v, want %v", want.Seq, wide, !narrowFits(&want))
 		}
 	}
-	narrow := record{Seq: 1<<33 + 4, TrajID: 14, PrevSeq: -1}
-	b.putMemRecord(narrow.Seq%b.capacity, &narrow) // over the far prev of slot 0
+	narrow := record{Seq: 1<<33 + b.slots, TrajID: 14, PrevSeq: -1}
+	b.putMemRecord(narrow.Seq%b.slots, &narrow) // over the far prev of slot 0
 	if len(b.wide.m) != 1 || b.wide.n != 1 {
 		t.Errorf("after narrowing slot 0: wide entries %v (n=%d), want only slot 3's", b.wide.m, b.wide.n)
 	}
@@ -254,7 +262,7 @@ func checkRuns(t *testing.T, b *Buffer) {
 	t.Helper()
 	rt := b.runs
 	named := make([]uint32, len(rt.refs))
-	for slot := range b.capacity {
+	for slot := range b.slots {
 		w := binary.LittleEndian.Uint32(b.recs[slot*b.recPitch+b.runs.wordOff:])
 		if h := w & memRunMask; h != 0 {
 			if int(h) >= len(named) {
@@ -281,8 +289,8 @@ func checkRuns(t *testing.T, b *Buffer) {
 			t.Fatalf("handle %d has no reference and is not free: leaked", h)
 		}
 	}
-	if live != rt.live || live > b.capacity {
-		t.Fatalf("%d runs live, the table counts %d (capacity %d)", live, rt.live, b.capacity)
+	if live != rt.live || live > b.slots {
+		t.Fatalf("%d runs live, the table counts %d (%d slots)", live, rt.live, b.slots)
 	}
 	var irregular int64
 	for h := 1; h < len(rt.refs); h++ {
@@ -315,7 +323,7 @@ func checkRuns(t *testing.T, b *Buffer) {
 // (evictFields) is what the row's whole record says (memFields).
 func checkEvictFields(t *testing.T, b *Buffer, seq int64) {
 	t.Helper()
-	slot := seq % b.capacity
+	slot := seq % b.slots
 	traj, version, flags := b.evictFields(slot, seq)
 	wantTraj, _, _, _, wantVersion, wantFlags := b.memFields(slot, seq)
 	if traj != wantTraj || version != wantVersion || flags != wantFlags {
@@ -333,6 +341,7 @@ func checkEvictFields(t *testing.T, b *Buffer, seq int64) {
 func TestMemoryRecordRuns(t *testing.T) {
 	b := fourSlotBuffer(t, RowMetaRuns)
 	const far = 1 << 33
+	ring := b.slots // 4, or more with a spare block
 	cases := []struct {
 		rec  record
 		wide bool
@@ -344,9 +353,9 @@ func TestMemoryRecordRuns(t *testing.T) {
 		{rec: record{Seq: far + 2, TrajID: 13, Step: 0, PrevSeq: -1, Env: 2, PolicyVersion: 4}, wide: true},
 		// Over slot 0 (trajectory 12's first row): the run lives on in
 		// slot 1, so trajectory 13 is still wide.
-		{rec: record{Seq: far + 4, TrajID: 13, Step: 1, PrevSeq: far + 2, Env: 2, Flags: flagDone | flagTruncated, PolicyVersion: 4}, wide: true},
+		{rec: record{Seq: far + ring, TrajID: 13, Step: 1, PrevSeq: far + 2, Env: 2, Flags: flagDone | flagTruncated, PolicyVersion: 4}, wide: true},
 		// Over slot 1: run 1 is released, and taken by the next row.
-		{rec: record{Seq: far + 5, TrajID: 14, Step: 7, PrevSeq: far + 5 - (1 << 17), Env: 1, Flags: flagDone, PolicyVersion: -3}},
+		{rec: record{Seq: far + ring + 1, TrajID: 14, Step: 7, PrevSeq: far + ring + 1 - (1 << 17), Env: 1, Flags: flagDone, PolicyVersion: -3}},
 	}
 	b.wmu.Lock()
 	defer b.wmu.Unlock()
@@ -365,7 +374,7 @@ func TestMemoryRecordRuns(t *testing.T) {
 	}
 	// Far prevs and changed versions and envs each start a run.
 	b.runs.limit = limit
-	base := int64(far + 8)
+	base := far + 2*ring
 	rows := []record{
 		{Seq: base, TrajID: 20, Step: 0, PrevSeq: -1, Env: 1, PolicyVersion: 1},
 		{Seq: base + 1, TrajID: 20, Step: 1, PrevSeq: base, Env: 1, PolicyVersion: 2},     // version changed
@@ -374,7 +383,7 @@ func TestMemoryRecordRuns(t *testing.T) {
 	}
 	var handles []uint32
 	for i := range rows {
-		slot := rows[i].Seq % b.capacity
+		slot := rows[i].Seq % b.slots
 		b.putMemRecord(slot, &rows[i])
 		handles = append(handles, binary.LittleEndian.Uint32(b.recs[slot*b.recPitch+b.runs.wordOff:])&memRunMask)
 	}
@@ -443,9 +452,10 @@ func testRunRecordsProperty(t *testing.T, layout RowMetaLayout) {
 	}
 	// Strided runs of rows at irregular distances continue as irregular
 	// runs: without them this test's strided buffer held 36 runs for 64
-	// rows.
-	if live := int64(len(mem.LiveSeqs(0, capacity))); mem.runs.live*2 > live {
-		t.Fatalf("%d runs for %d live rows: runs did not continue", mem.runs.live, live)
+	// rows. (Slots hold their rows' runs until written again: in a ring
+	// with a spare block, rows that left the window too.)
+	if held := min(mem.writeCount.Load(), mem.slots); mem.runs.live*2 > held {
+		t.Fatalf("%d runs for %d rows in the slots: runs did not continue", mem.runs.live, held)
 	}
 	if info, err := mem.Info(); err != nil || info.RunRecords != mem.runs.live || info.RunRecords == 0 {
 		t.Fatalf("info run_records %d (%v), the table holds %d", info.RunRecords, err, mem.runs.live)
@@ -565,7 +575,7 @@ func TestStridedRunsTwoCollectors(t *testing.T) {
 		if g[i] != w[i] {
 			t.Fatalf("seq %d: strided runs read %+v, file record %+v", seq, g[i], w[i])
 		}
-		h := binary.LittleEndian.Uint32(mem.recs[(seq%capacity)*mem.recPitch+mem.runs.wordOff:]) & memRunMask
+		h := binary.LittleEndian.Uint32(mem.recs[(seq%mem.slots)*mem.recPitch+mem.runs.wordOff:]) & memRunMask
 		if h != 0 && mem.runs.isIrregular(h) {
 			irregular++
 		}
@@ -693,7 +703,7 @@ func TestStridedRuns(t *testing.T) {
 	if err := b.runs.close(); err != nil {
 		t.Fatal(err)
 	}
-	b.runs = newRunTable(b.capacity, true)
+	b.runs = newRunTable(b.slots, true)
 	b.runs.limit = 2
 	clear(b.recs)
 	b.wide = wideRecords{}
@@ -704,11 +714,11 @@ func TestStridedRuns(t *testing.T) {
 		{rec: record{Seq: 8, TrajID: 5, Step: 0, PrevSeq: -1, Env: 1}},
 		{rec: record{Seq: 9, TrajID: 6, Step: 0, PrevSeq: -1, Env: 2}, wide: true},
 		{rec: record{Seq: 10, TrajID: 5, Step: 1, PrevSeq: 8, Env: 1}},
-		{rec: record{Seq: 12, TrajID: 7, Step: 0, PrevSeq: -1, Env: 2, Flags: flagDone}, wide: true},
-		{rec: record{Seq: 14, TrajID: 8, Step: 0, PrevSeq: -1, Env: 2}}, // over seq 10: run 1 is released
+		{rec: record{Seq: 8 + b.slots, TrajID: 7, Step: 0, PrevSeq: -1, Env: 2, Flags: flagDone}, wide: true}, // over seq 8
+		{rec: record{Seq: 10 + b.slots, TrajID: 8, Step: 0, PrevSeq: -1, Env: 2}},                             // over seq 10: run 1 is released
 	}
 	for _, c := range rows {
-		slot := c.rec.Seq % b.capacity
+		slot := c.rec.Seq % b.slots
 		b.stamps.Store(slot, -1)
 		putReadBack(t, b, c.rec)
 		if _, wide := b.wide.m[slot]; wide != c.wide {
@@ -958,7 +968,7 @@ func TestStridedSeqsPastPassBits(t *testing.T) {
 			}
 		}
 		for _, seq := range []int64{start, start + 4} { // overwritten
-			if b.stamps.Load(seq%capacity) == seq {
+			if b.stamps.Load(seq%b.slots) == seq {
 				t.Errorf("from seq %d: overwritten seq %d still stamped", start, seq)
 			}
 		}

@@ -141,7 +141,7 @@ type runTable struct {
 	// (discardIrr), so that a buffer whose actors have gone keeps no
 	// memory for them.
 	irrDirty bool
-	slots    int64 // the ring's capacity
+	slots    int64 // the ring's slots
 	// irregularLive counts the irregular runs rows name (writers change
 	// it; prefetchRuns reads it: while it is 0 no row reads the side
 	// table).
@@ -187,16 +187,16 @@ type openRun struct {
 	afterEarly bool
 }
 
-// newRunTable returns the run table of a ring of capacity rows: every slot
-// holds at most one reference, so no more than capacity runs are ever
+// newRunTable returns the run table of a ring of slots rows: every slot
+// holds at most one reference, so no more than slots runs are ever
 // live (handles past 2^27 - 1 do not exist; rows that would need one keep
 // their values in wideRecords).
-func newRunTable(capacity int64, strided bool) *runTable {
-	limit := min(capacity, memRunMask) + 1
+func newRunTable(slots int64, strided bool) *runTable {
+	limit := min(slots, memRunMask) + 1
 	t := &runTable{
 		blocks: make([]atomic.Pointer[runBlock], (limit+runBlockRuns-1)/runBlockRuns),
 		limit:  limit, refs: []uint32{0}, open: map[int64]*openRun{},
-		strided: strided, wordOff: mrecRun, slots: capacity,
+		strided: strided, wordOff: mrecRun, slots: slots,
 		mapIrr: mmapfile.Anonymous,
 	}
 	if strided {

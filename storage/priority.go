@@ -17,21 +17,21 @@ type priorities struct {
 	alpha, eps float64
 	max        float64 // largest raw priority ever set; new rows get it (1 before any)
 	col        *column
-	// The trees cover the slots written so far, not the capacity: they
-	// grow by doubling (up to capacity) as the ring first fills, so an
-	// empty buffer of a billion rows costs nothing here.
-	capacity int64
-	sum      *segtree.SumTree
-	min      *segtree.MinTree
+	// The trees cover the slots written so far, not the ring: they grow
+	// by doubling (up to slots) as the ring first fills, so an empty
+	// buffer of a billion rows costs nothing here.
+	slots int64
+	sum   *segtree.SumTree
+	min   *segtree.MinTree
 }
 
 // prioTreeMin is the smallest tree allocated: below it, doubling would
 // rebuild too often for nothing.
 const prioTreeMin = 1024
 
-func newPriorities(alpha, eps float64, capacity int64, col *column) *priorities {
-	n := int(min(capacity, prioTreeMin))
-	return &priorities{alpha: alpha, eps: eps, max: 1, col: col, capacity: capacity,
+func newPriorities(alpha, eps float64, slots int64, col *column) *priorities {
+	n := int(min(slots, prioTreeMin))
+	return &priorities{alpha: alpha, eps: eps, max: 1, col: col, slots: slots,
 		sum: segtree.NewSumTree(n), min: segtree.NewMinTree(n)}
 }
 
@@ -40,7 +40,7 @@ func (p *priorities) cover(slot int64) {
 	if int(slot) < p.sum.Len() {
 		return
 	}
-	n := int(min(p.capacity, max(2*int64(p.sum.Len()), slot+1)))
+	n := int(min(p.slots, max(2*int64(p.sum.Len()), slot+1)))
 	p.sum.Grow(n)
 	p.min.Grow(n)
 }
@@ -116,11 +116,11 @@ func (b *Buffer) UpdatePriorities(seqs []int64, prios []float64) (updated, stale
 	defer b.imu.Unlock()
 	wc := b.writeCount.Load()
 	for i, seq := range seqs {
-		if seq < 0 || seq >= wc || seq < wc-b.capacity || b.stamps.Load(seq%b.capacity) != seq {
+		if seq < 0 || seq >= wc || seq < wc-b.capacity || b.stamps.Load(seq%b.slots) != seq {
 			stale++
 			continue
 		}
-		b.prio.set(seq%b.capacity, prios[i])
+		b.prio.set(seq%b.slots, prios[i])
 		b.prio.max = max(b.prio.max, prios[i])
 		updated++
 	}
@@ -173,7 +173,7 @@ func (v Index) PriorityFindBatch(masses []float64, leaves []int, seqs []int64) {
 
 // PriorityQ returns q = (p + eps)^alpha of a live row.
 func (v Index) PriorityQ(seq int64) float64 {
-	return v.b.prio.sum.Get(int(seq % v.b.capacity))
+	return v.b.prio.sum.Get(int(seq % v.b.slots))
 }
 
 // PriorityMinQ returns the smallest positive q over live rows (+Inf when
@@ -192,7 +192,7 @@ func (b *Buffer) Priority(seq int64) (float64, bool) {
 	}
 	b.imu.RLock()
 	defer b.imu.RUnlock()
-	return b.prio.raw(seq % b.capacity), true
+	return b.prio.raw(seq % b.slots), true
 }
 
 // MaxPriority returns the largest raw priority ever set (1 before any).
@@ -236,7 +236,7 @@ func (v Index) Eligibility(nextKnown bool) Eligibility {
 		return e
 	}
 	lo, hi := v.Window()
-	c := v.ix.capacity
+	c := v.ix.slots
 	for seq := lo; seq < hi; {
 		slot := seq % c
 		n := min(hi-seq, c-slot)

@@ -69,7 +69,7 @@ func (b *Buffer) Live(seq int64) bool {
 	if seq < 0 || seq >= wc || seq < wc-b.capacity {
 		return false
 	}
-	return b.stamps.Load(seq%b.capacity) == seq
+	return b.stamps.Load(seq%b.slots) == seq
 }
 
 // Gather copies the rows named by seqs into dst: dst[i] receives column
@@ -107,7 +107,7 @@ func (b *Buffer) Gather(seqs []int64, cols []Column, dst [][]byte, meta []RowMet
 	// copied it and is reported missing.
 	wc := b.writeCount.Load()
 	lo := wc - b.capacity
-	ring := newRingSlots(wc, b.capacity)
+	ring := newRingSlots(wc, b.slots)
 	b.touchStamps(seqs, ring)
 	slots := make([]int64, len(seqs))
 	for j, seq := range seqs {
@@ -485,7 +485,7 @@ func (b *Buffer) LiveSeqs(fromSeq int64, count int) []int64 {
 	fromSeq = max(fromSeq, wc-b.capacity, 0)
 	var out []int64
 	for s := fromSeq; s < wc && len(out) < count; s++ {
-		if b.stamps.Load(s%b.capacity) == s {
+		if b.stamps.Load(s%b.slots) == s {
 			out = append(out, s)
 		}
 	}

@@ -34,18 +34,18 @@ func (b *Buffer) scanRecords(reserved int64, fn func(slot int64, rec []byte) err
 	buf := make([]byte, block)
 	recordSize := b.fileRecordSize()
 	perBlock := block / recordSize
-	for slot := int64(0); slot < b.capacity; {
+	for slot := int64(0); slot < b.slots; {
 		off := headerSize + slot*recordSize
 		if next := b.meta.NextData(off); next > off {
 			// [slot, skip) lie in a hole: never written.
-			skip := min(b.capacity, (next-headerSize)/recordSize)
+			skip := min(b.slots, (next-headerSize)/recordSize)
 			if max(slot, reserved) < skip {
 				return nil
 			}
 			slot = skip
 			continue
 		}
-		n := min(perBlock, b.capacity-slot)
+		n := min(perBlock, b.slots-slot)
 		chunk := buf[:n*recordSize]
 		if _, err := b.meta.ReadAt(chunk, headerSize+slot*recordSize); err != nil {
 			return fmt.Errorf("read %s: %w", metaFile(b.dir), err)
@@ -66,7 +66,7 @@ func (b *Buffer) scanRecords(reserved int64, fn func(slot int64, rec []byte) err
 
 func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos) (_ int64, err error) {
 	defer b.recoverFault(&err, debug.SetPanicOnFault(true))
-	capacity := b.capacity
+	capacity, slots := b.capacity, b.slots
 	durable, ok := readWatermark(b.hdr)
 	// Next to a running writer the block may be read between its two
 	// stores (seq, then checksum): read it again before calling it torn.
@@ -109,13 +109,13 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 			// and the rows it was overwriting are gone.
 			// The marker has no checksum of its own: trust it only for a
 			// seq the writer could have had (below the reservation).
-			if m := markedSeq(r.Seq); m >= 0 && m%capacity == slot && m < st.SeqReserved {
+			if m := markedSeq(r.Seq); m >= 0 && m%slots == slot && m < st.SeqReserved {
 				maxSeq = max(maxSeq, m)
 			}
 			return nil
 		}
-		if r.Seq%capacity != slot {
-			return corruptf(metaFile(b.dir), headerSize+slot*recordSize, "record in slot %d holds seq %d (slot %d)", slot, r.Seq, r.Seq%capacity)
+		if r.Seq%slots != slot {
+			return corruptf(metaFile(b.dir), headerSize+slot*recordSize, "record in slot %d holds seq %d (slot %d)", slot, r.Seq, r.Seq%slots)
 		}
 		maxSeq = max(maxSeq, r.Seq)
 		return nil
@@ -141,18 +141,18 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		// (unacknowledged) write with a reserved seq may have been
 		// overwriting when power was lost are let go, as that write would
 		// have.
-		for s := max(0, wc-capacity); s < wc && s+capacity < st.SeqReserved; s++ {
+		for s := max(0, wc-capacity); s < wc && s+slots < st.SeqReserved; s++ {
 			if runs != nil {
 				// The seq word alone, as a version 1 record's own
 				// checksum: a slot no writer reached still names s (a
 				// row damaged there is reported, not let go). A record
 				// of zeros is a lost page, not seq 0, whose complete
 				// record's word is zero too but whose checksum is not.
-				rec := b.drecs[(s%capacity)*fileRunRecordSize : (s%capacity+1)*fileRunRecordSize]
+				rec := b.drecs[(s%slots)*fileRunRecordSize : (s%slots+1)*fileRunRecordSize]
 				if w := binary.LittleEndian.Uint64(rec); w&frWriting == 0 && w&seqResidueMask == uint64(s)&seqResidueMask && !recordNeverWritten(rec) {
 					break
 				}
-			} else if r, ok := decodeRecord(b.rec(s%capacity), scratch); ok && r.Seq == s {
+			} else if r, ok := decodeRecord(b.rec(s%slots), scratch); ok && r.Seq == s {
 				break
 			}
 			wc = s + capacity + 1
@@ -212,7 +212,7 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 	ok2 := make(map[int64]accepted) // accepted rows whose successor may still come
 	liveWait := time.Second         // see the reads again below
 	for seq := lo; seq < wc; seq++ {
-		slot := seq % capacity
+		slot := seq % slots
 		var why string
 		read := func() (record, bool) {
 			if runs != nil {
@@ -429,7 +429,7 @@ func (b *Buffer) dropScanned(traj int64) {
 		if b.ix.evict(traj, seq, false) != nil {
 			return
 		}
-		b.stamps.CompareAndSwap(seq%b.capacity, seq, -1)
+		b.stamps.CompareAndSwap(seq%b.slots, seq, -1)
 		if t.Len() == 0 {
 			return
 		}
@@ -443,13 +443,13 @@ func (b *Buffer) overwrittenMeanwhile(seq int64) bool {
 	// and the new seq last, so reading it twice (once to decode, once for
 	// the marker) could see a marker and then a finished seq and miss both.
 	if b.rlog != nil {
-		w := binary.LittleEndian.Uint64(b.drecs[(seq%b.capacity)*fileRunRecordSize:])
+		w := binary.LittleEndian.Uint64(b.drecs[(seq%b.slots)*fileRunRecordSize:])
 		return resolveSeq(w&seqResidueMask, seq) > seq
 	}
 	if b.compactRecords() {
-		return b.stamps.Load(seq%b.capacity) > seq
+		return b.stamps.Load(seq%b.slots) > seq
 	}
-	raw := int64(binary.LittleEndian.Uint64(b.rec(seq % b.capacity)[recSeq:]))
+	raw := int64(binary.LittleEndian.Uint64(b.rec(seq % b.slots)[recSeq:]))
 	return raw > seq || markedSeq(raw) > seq
 }
 
@@ -474,7 +474,7 @@ func mergeRanges(rs [][2]int64) [][2]int64 {
 func (b *Buffer) scanFileRun(slot int64, rec []byte, reserved, maxSeq int64, runs *loadedRuns) int64 {
 	w := binary.LittleEndian.Uint64(rec[frWord:])
 	seq := resolveSeq(w&seqResidueMask, reserved)
-	if seq < 0 || seq%b.capacity != slot || seq <= maxSeq {
+	if seq < 0 || seq%b.slots != slot || seq <= maxSeq {
 		return maxSeq
 	}
 	if w&frWriting != 0 {

@@ -1,6 +1,24 @@
 package storage
 
-// ringSlots maps seqs to ring slots (seq mod capacity) without a division
+// spareBlockRows is format version 3's spare block (and its block of
+// rows): docs/proposals/format-v3.md.
+const spareBlockRows = 64
+
+// ringSlotCount returns how many slots a buffer of spec maps its seqs onto
+// (seq mod the count). It is the capacity, except for new memory buffers
+// in builds with the rbd_spareslots tag (spareslots_on.go): the capacity
+// rounded up to a multiple of spareBlockRows, plus spareBlockRows. The
+// window stays the last capacity seqs either way; the slots beyond it hold
+// rows that have left it (stamped void at eviction). fromFiles is a buffer
+// opened from files of one slot a row.
+func ringSlotCount(spec Spec, fromFiles bool) int64 {
+	if spareSlotsInMemory && spec.Storage == KindMemory && !fromFiles {
+		return (spec.Capacity+spareBlockRows-1)/spareBlockRows*spareBlockRows + spareBlockRows
+	}
+	return spec.Capacity
+}
+
+// ringSlots maps seqs to ring slots (seq mod slots) without a division
 // for the seqs near a write count: a 64-bit division costs about as much
 // as the rest of a sample's work on a cached row, and a 256-row sample
 // took several per row (drawn, prefetched, checked, decoded, copied).
@@ -9,12 +27,12 @@ package storage
 // samples 2-5% faster for each division per row taken out:
 // docs/performance.md).
 type ringSlots struct {
-	base     int64 // the largest multiple of capacity at most the write count
-	capacity int64
+	base  int64 // the largest multiple of slots at most the write count
+	slots int64
 }
 
-func newRingSlots(writeCount, capacity int64) ringSlots {
-	return ringSlots{base: writeCount - writeCount%capacity, capacity: capacity}
+func newRingSlots(writeCount, slots int64) ringSlots {
+	return ringSlots{base: writeCount - writeCount%slots, slots: slots}
 }
 
 // of returns seq's slot, seq >= 0: near the write count (near) without a
@@ -23,15 +41,15 @@ func (r ringSlots) of(seq int64) int64 {
 	if s, ok := r.near(seq); ok {
 		return s
 	}
-	return seq % r.capacity
+	return seq % r.slots
 }
 
-// near returns seq's slot for seqs in [base - capacity, base + capacity),
-// which holds the live window of the write count the ringSlots was made
-// with and of every later one up to the next multiple of capacity: a
-// subtraction and a wrap. For other seqs it reports false.
+// near returns seq's slot for seqs in [base - slots, base + slots), which
+// holds the live window (at most slots seqs) of the write count the
+// ringSlots was made with and of every later one up to the next multiple
+// of slots: a subtraction and a wrap. For other seqs it reports false.
 func (r ringSlots) near(seq int64) (int64, bool) {
 	s := seq - r.base
-	s += r.capacity & (s >> 63) // base is a multiple of capacity: s keeps seq's residue
-	return s, uint64(s) < uint64(r.capacity)
+	s += r.slots & (s >> 63) // base is a multiple of slots: s keeps seq's residue
+	return s, uint64(s) < uint64(r.slots)
 }

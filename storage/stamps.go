@@ -31,7 +31,7 @@ import (
 //
 // With pass stamps (RowMetaStrided) the stamp in the row is 32 bits at
 // byte 4 of the row: the low 31 bits of the row's pass round the ring
-// (seq / capacity), shifted up, with bit 0 set (0: no row). The 32 bits at
+// (seq / slots), shifted up, with bit 0 set (0: no row). The 32 bits at
 // byte 0 are the run word the row's record keeps there (memruns.go), so
 // the whole record is 8 bytes. A stamp names its pass only modulo 2^31:
 // readers take the other bits from ref, the last pass a writer stored,
@@ -49,7 +49,7 @@ type stampTable struct {
 	rows   unsafe.Pointer
 	pitch  int64
 	passes bool
-	n      int64 // slots (the capacity)
+	n      int64 // the ring's slots
 	// own is the table's own mapping, heap its own slots on the Go heap
 	// (at most one of them; neither in a row group).
 	own  *mmapfile.Region
@@ -78,24 +78,24 @@ const (
 // mapping of its own costs a system call and at least a page.
 const stampHeapSlots = 1 << 16
 
-// newStampTable returns a table of capacity slots, every one without a
+// newStampTable returns a table of slots slots, every one without a
 // row.
-func newStampTable(capacity int64) (stampTable, error) {
-	t := stampTable{n: capacity, pitch: 8}
-	if capacity <= stampHeapSlots {
-		t.heap = make([]atomic.Int64, capacity)
+func newStampTable(slots int64) (stampTable, error) {
+	t := stampTable{n: slots, pitch: 8}
+	if slots <= stampHeapSlots {
+		t.heap = make([]atomic.Int64, slots)
 		t.rows = unsafe.Pointer(unsafe.SliceData(t.heap))
 		return t, nil
 	}
-	r, err := mmapfile.AnonymousNoReserve(capacity * 8)
+	r, err := mmapfile.AnonymousNoReserve(slots * 8)
 	if err != nil {
-		return stampTable{}, fmt.Errorf("stamp table of %d slots: %w", capacity, err)
+		return stampTable{}, fmt.Errorf("stamp table of %d slots: %w", slots, err)
 	}
 	t.own, t.rows = r, unsafe.Pointer(unsafe.SliceData(r.Bytes()))
 	return t, nil
 }
 
-// inRows moves the table into a row group: rows holds capacity rows pitch
+// inRows moves the table into a row group: rows holds n rows pitch
 // bytes apart, each starting with 8 bytes reserved for the stamp. The
 // stamps held so far are copied there, and the table's own memory given
 // back. Nothing may use the table meanwhile (buffers call it while they

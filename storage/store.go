@@ -209,7 +209,9 @@ func (s *Store) openBuffer(e catalogEntry) (*Buffer, int64, error) {
 	if err := e.spec.Validate(); err != nil {
 		return nil, 0, corruptf(s.cat.path, -1, "stored spec is invalid: %v", err)
 	}
-	b, err := newBuffer(s, e.name, e.spec, e.state.UID)
+	// A memory buffer with checkpoint files is restored from them.
+	restore := e.spec.Storage == KindMemory && fileExists(metaFile(bufferDir(s.dir, e.name)))
+	b, err := newBuffer(s, e.name, e.spec, e.state.UID, ringSlotCount(e.spec, restore))
 	if err != nil {
 		return nil, 0, err
 	}
@@ -217,7 +219,7 @@ func (s *Store) openBuffer(e catalogEntry) (*Buffer, int64, error) {
 	if b.prio != nil && e.state.MaxPriority > 0 {
 		b.prio.max = e.state.MaxPriority
 	}
-	if !b.persistent && fileExists(metaFile(bufferDir(s.dir, e.name))) {
+	if restore {
 		return s.restoreMemory(b, e)
 	}
 	if !b.persistent {
@@ -373,7 +375,7 @@ func (s *Store) createLocked(name string, spec Spec) (b *Buffer, created bool, e
 	if _, err := rand.Read(u[:]); err != nil {
 		return nil, false, err
 	}
-	b, err = newBuffer(s, name, spec, binary.LittleEndian.Uint64(u[:]))
+	b, err = newBuffer(s, name, spec, binary.LittleEndian.Uint64(u[:]), ringSlotCount(spec, false))
 	if err != nil {
 		return nil, false, fmt.Errorf("create buffer %q: %w", name, err)
 	}

@@ -85,11 +85,11 @@ func (b *Buffer) applyUpdate(seqs []int64, cols []*column, srcs [][]byte) (updat
 	defer b.mutGen.Add(1)
 	wc := b.writeCount.Load()
 	for j, seq := range seqs {
-		if seq < 0 || seq >= wc || seq < wc-b.capacity || b.stamps.Load(seq%b.capacity) != seq {
+		if seq < 0 || seq >= wc || seq < wc-b.capacity || b.stamps.Load(seq%b.slots) != seq {
 			stale++
 			continue
 		}
-		slot := seq % b.capacity
+		slot := seq % b.slots
 		for i, c := range cols {
 			copy(c.row(slot), srcs[i][j*c.rowBytes:(j+1)*c.rowBytes])
 		}

@@ -262,10 +262,10 @@ func (b *Buffer) writeRunFiles(ub *UpgradedBuffer, say func(string, ...any)) err
 		hi := min(wc, lo+upgradeBlock, lo+b.capacity-s0)
 		recs = recs[:0]
 		for seq := lo; seq < hi; seq++ {
-			if b.stamps.Load(seq%b.capacity) != seq {
+			if b.stamps.Load(seq%b.slots) != seq {
 				continue // a hole
 			}
-			r, ok := decodeRecord(b.rec(seq%b.capacity), recScratch)
+			r, ok := decodeRecord(b.rec(seq%b.slots), recScratch)
 			if !ok || r.Seq != seq {
 				return fail(errors.Join(fmt.Errorf("seq %d: its record no longer checks", seq), mf.Close()))
 			}
@@ -470,7 +470,7 @@ func (b *Buffer) writeDenseTailFiles(ub *UpgradedBuffer, say func(string, ...any
 	wc := b.writeCount.Load()
 	for seq := max(0, wc-b.capacity); seq < wc; seq++ {
 		var r record
-		if b.stamps.Load(seq%b.capacity) != seq {
+		if b.stamps.Load(seq%b.slots) != seq {
 			continue // a hole
 		}
 		if b.loadRecord(seq, &r); r.Flags&flagHasTail != 0 {
@@ -487,7 +487,7 @@ func (b *Buffer) writeDenseTailFiles(ub *UpgradedBuffer, say func(string, ...any
 		var block []byte
 		at := int64(0) // the first entry in block
 		for k, seq := range withTail {
-			block = append(block, c.row(seq%b.capacity)...)
+			block = append(block, c.row(seq%b.slots)...)
 			block = binary.LittleEndian.AppendUint64(block, uint64(seq+1))
 			if len(block) >= 1<<20 || k == len(withTail)-1 {
 				if _, err = f.WriteAt(block, headerSize+at*pitch); err != nil {

@@ -124,7 +124,7 @@ func (b *Buffer) checkIndex() (probs []string) {
 		for i := 0; i < t.Len(); i++ {
 			seq := t.Seq(i)
 			rows++
-			slot := seq % b.capacity
+			slot := seq % b.slots
 			if b.stamps.Load(slot) != seq {
 				probs = append(probs, fmt.Sprintf("trajectory %d: row %d is indexed but not stored", t.id, seq))
 				continue

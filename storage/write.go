@@ -369,8 +369,8 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 		}
 	}
 
-	capacity := b.capacity
-	written := max(first, end-capacity) // rows below this are overwritten by the same batch
+	capacity, slots := b.capacity, b.slots
+	written := max(first, end-capacity) // rows below this leave the window in the same batch
 
 	// Compressed fields go into chunks first, so that a row whose record
 	// is whole always has them on disk. Nothing in the index has changed
@@ -416,24 +416,24 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	// (docs/performance.md). So do a version 2 memmap buffer's, once
 	// every slot they go to is marked as being written (markRunsWriting).
 	if b.rlog != nil {
-		b.markRunsWriting(recs[written-first:], written%capacity)
+		b.markRunsWriting(recs[written-first:], written%slots)
 	}
 	if b.copiesByColumn() {
-		b.copyColumns(p, int(written-first), written%capacity, int(end-written))
+		b.copyColumns(p, int(written-first), written%slots, int(end-written))
 	}
 	if pitch := b.runStagePitch(); pitch > 0 {
 		for s := written; s < end; {
 			n := min(end-s, runStageRows)
 			rows := b.stageRunRows(p, int(s-first), int(n), pitch)
 			for j := range n {
-				b.writeRowRuns((s+j)%capacity, &recs[s+j-first], p, int(s+j-first), rows[j*pitch:(j+1)*pitch])
+				b.writeRowRuns((s+j)%slots, &recs[s+j-first], p, int(s+j-first), rows[j*pitch:(j+1)*pitch])
 			}
 			s += n
 		}
 	} else {
 		for s := written; s < end; s++ {
 			r := int(s - first)
-			b.writeRow(s%capacity, &recs[r], p, r)
+			b.writeRow(s%slots, &recs[r], p, r)
 		}
 	}
 
@@ -480,7 +480,7 @@ func (b *Buffer) evictForWrite(first, end int64) {
 	var run versionRun
 	defer run.done(b.ix.versions.remove)
 	for s := max(0, first-capacity); s < end-capacity; s++ {
-		slot := s % capacity
+		slot := s % b.slots
 		if st := b.stamps.Load(slot); st != s {
 			// A hole: its stamp is void already (writers rely on it:
 			// see write), and voiding it again costs nothing on the
@@ -523,7 +523,7 @@ func (b *Buffer) publish(recs []record, first, written, end int64, stream string
 		if b.prio != nil {
 			// New rows get the largest priority seen, so each is sampled
 			// soon after it arrives (TorchRL, PER paper).
-			b.prio.set(s%b.capacity, b.prio.max)
+			b.prio.set(s%b.slots, b.prio.max)
 		}
 	}
 	if stream == "" {
@@ -873,10 +873,10 @@ func (b *Buffer) allocateTails(p *plan, first, written, end int64) error {
 			if p.tailRowOf(int(s-first)) < 0 {
 				continue
 			}
-			if err := c.region.Allocate(headerSize+s%b.capacity*rb, rb); err != nil {
+			if err := c.region.Allocate(headerSize+s%b.slots*rb, rb); err != nil {
 				return fmt.Errorf("final observation of seq %d: %w", s, err)
 			}
-			c.held.set(s % b.capacity)
+			c.held.set(s % b.slots)
 		}
 	}
 	return nil
@@ -935,7 +935,7 @@ func (b *Buffer) punchTails(end int64) {
 			from = -1
 		}
 		for s := lo; s < hi; s++ {
-			slot := s % b.capacity
+			slot := s % b.slots
 			var r record
 			b.loadRecord(s, &r)
 			dead := c.held.get(slot) && !(b.stamps.Load(slot) == s && r.Flags&flagHasTail != 0)
@@ -988,7 +988,7 @@ func copyField(dst, src []byte) {
 func (b *Buffer) copiesByColumn() bool { return !b.persistent || b.rlog != nil }
 
 // markRunsWriting puts the writing marker of each of recs in the version 2
-// file record of its slot (the first at slot0, wrapping at the capacity),
+// file record of its slot (the first at slot0, wrapping at the ring's end),
 // before any of the rows' bytes change: after a crash, recovery knows that
 // the ring had reached these seqs, so the rows these slots held are gone
 // (overwritten or about to be), not lost from the middle of the window, and
@@ -1001,14 +1001,14 @@ func (b *Buffer) markRunsWriting(recs []record, slot0 int64) {
 		seq := recs[i].Seq
 		pr := b.rlog.rows[seq-b.rlog.first]
 		le.PutUint64(b.drecs[slot*fileRunRecordSize+frWord:], fileRunWord(seq, pr.delta)|frWriting)
-		if slot++; slot == b.capacity {
+		if slot++; slot == b.slots {
 			slot = 0
 		}
 	}
 }
 
 // copyColumns copies n rows of the plan from its row r0 on into the slots
-// from slot0 on (wrapping at the capacity), a column at a time.
+// from slot0 on (wrapping at the ring's end), a column at a time.
 func (b *Buffer) copyColumns(p *plan, r0 int, slot0 int64, n int) {
 	for i, c := range b.cols {
 		if c.cz >= 0 {
@@ -1018,8 +1018,8 @@ func (b *Buffer) copyColumns(p *plan, r0 int, slot0 int64, n int) {
 		src := p.src[i][r0*rb : (r0+n)*rb]
 		pitch := c.pitch()
 		for done := 0; done < n; {
-			slot := (slot0 + int64(done)) % b.capacity
-			k := min(n-done, int(b.capacity-slot)) // rows before the ring wraps
+			slot := (slot0 + int64(done)) % b.slots
+			k := min(n-done, int(b.slots-slot)) // rows before the ring wraps
 			scatterFixed(c.data[slot*pitch:], src[done*rb:(done+k)*rb], pitch, rb, k)
 			done += k
 		}
