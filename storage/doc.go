@@ -6,7 +6,8 @@
 // # Model
 //
 // Every written row gets seq 0, 1, 2, ... never reused; it lives in slot
-// seq % capacity and is live while write_count - capacity <= seq <
+// seq % slots (the ring's slots: its capacity, or more with a spare block,
+// ringSlotCount) and is live while write_count - capacity <= seq <
 // write_count and its slot still holds it. Writers name a stream and each
 // row an env; the rows of one (stream, env) form trajectories in time order,
 // a done row ends one. Trajectories of many envs interleave freely in the

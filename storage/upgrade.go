@@ -247,7 +247,9 @@ func (b *Buffer) writeRunFiles(ub *UpgradedBuffer, say func(string, ...any)) err
 		return fail(fmt.Errorf("create %s: %w", upgradeMetaFile(b.dir), err))
 	}
 	// Oldest row first, a block of slots at a time (never across the
-	// ring's end), pieces continued from block to block.
+	// ring's end), pieces continued from block to block. Files of format
+	// versions 1 and 2 have one slot a row (slots = capacity), so file
+	// slots and the buffer's are the same.
 	var l runLog
 	l.reset()
 	var recs []record
