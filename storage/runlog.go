@@ -117,9 +117,11 @@ func (p *runPiece) encode(b []byte) {
 	le.PutUint32(b[rlCRC:], crc32.Checksum(b[:rlCRC], castagnoli))
 }
 
-// decodeRunPiece decodes a run log record and says why it is not one a
-// writer could have written ("" if it is).
-func decodeRunPiece(b []byte) (runPiece, string) {
+// readRunRecord reads the fields of a run log record whose checksum holds
+// and whose reserved bytes are zero, and says why it is not such a record
+// ("" if it is). Versions 2 and 3 share the layout; the u16 at rlSpan is
+// a span in version 2, a stride in version 3.
+func readRunRecord(b []byte) (runPiece, string) {
 	le := binary.LittleEndian
 	if got, want := le.Uint32(b[rlCRC:]), crc32.Checksum(b[:rlCRC], castagnoli); got != want {
 		return runPiece{}, fmt.Sprintf("checksum %08x, computed %08x", got, want)
@@ -130,6 +132,19 @@ func decodeRunPiece(b []byte) (runPiece, string) {
 		Env: int64(le.Uint64(b[rlEnv:])), PolicyVersion: int64(le.Uint64(b[rlVersion:])),
 		Span: le.Uint16(b[rlSpan:]), Rows: le.Uint16(b[rlRows:]), Flags: b[rlFlags],
 	}
+	if !isZero(b[rlFlags+1 : rlCRC]) {
+		return p, "reserved bytes are not zero"
+	}
+	return p, ""
+}
+
+// decodeRunPiece decodes a run log record and says why it is not one a
+// writer could have written ("" if it is).
+func decodeRunPiece(b []byte) (runPiece, string) {
+	p, why := readRunRecord(b)
+	if why != "" {
+		return p, why
+	}
 	switch {
 	case p.FirstSeq < 0 || p.TrajID < 0 || p.FirstStep < 0:
 		return p, fmt.Sprintf("negative seq %d, trajectory %d or step %d", p.FirstSeq, p.TrajID, p.FirstStep)
@@ -139,8 +154,6 @@ func decodeRunPiece(b []byte) (runPiece, string) {
 		return p, fmt.Sprintf("%d rows in a span of %d seqs", p.Rows, int(p.Span)+1)
 	case uint32(p.Flags)&^knownFlags != 0:
 		return p, fmt.Sprintf("unknown flags %#x", p.Flags)
-	case !isZero(b[rlFlags+1 : rlCRC]):
-		return p, "reserved bytes are not zero"
 	}
 	return p, ""
 }

@@ -473,14 +473,14 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 // and drops it. (Unlocks by defer: a memory fault here must not leave the
 // index locked.)
 func (b *Buffer) evictForWrite(first, end int64) {
-	capacity := b.capacity
+	capacity, slots := b.capacity, b.slots
 	b.imu.Lock()
 	defer b.imu.Unlock()
 	defer b.ix.settle()
 	var run versionRun
 	defer run.done(b.ix.versions.remove)
 	for s := max(0, first-capacity); s < end-capacity; s++ {
-		slot := s % b.slots
+		slot := s % slots
 		if st := b.stamps.Load(slot); st != s {
 			// A hole: its stamp is void already (writers rely on it:
 			// see write), and voiding it again costs nothing on the

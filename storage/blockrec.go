@@ -1,0 +1,219 @@
+package storage
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+)
+
+// Block records and the watermark record of rows.meta format version 3
+// (docs/proposals/format-v3.md): no record per row; the ring's slots are
+// grouped in blocks of blockRows, and each block has two 32-byte copies of
+// a record that checksums the rows of its current pass. This file is the
+// codec and the rules that pick between copies; nothing writes version 3
+// files yet.
+
+const (
+	// blockRows is B, the rows of a block: the spare block's size, so
+	// that a ring's slots are a whole number of blocks.
+	blockRows = spareBlockRows
+
+	// blockCopySize is the size of one copy of a block's record.
+	blockCopySize = 32
+
+	// Offsets in a copy.
+	bcBase  = 0  // u64: seq of the block's slot 0 in its current pass
+	bcGen   = 8  // u32: the valid copy whose gen is ahead is the newer
+	bcRows  = 12 // u8: h, rows of the pass written, slots [0, h)
+	bcFinal = 13 // u8: 1 once the writer has left the block
+	bcCRCh  = 16 // u32: CRC-32C of rows [0, h), row-major
+	bcCRC   = 28 // u32: CRC-32C of bytes [0, 28)
+
+	// In the meta header of version 3, under the header checksum.
+	mhBlockRows = 104 // u32
+	mhSlots     = 112 // u64
+
+	// The watermark record of version 3 replaces version 1 and 2's
+	// 12-byte watermark block at watermarkOff.
+	wrSeq      = watermarkOff      // i64: the durable watermark W
+	wrTipBase  = watermarkOff + 8  // i64: base of the tip block, -1 when none
+	wrTipRows  = watermarkOff + 16 // u8: W - tip_base (1 to B-1), 0 when none
+	wrTipCRC   = watermarkOff + 20 // u32: CRC-32C of the tip block's rows [0, tip_rows)
+	wrCRC      = watermarkOff + 28 // u32: CRC-32C of [watermarkOff, wrCRC)
+	wrSize     = 32
+	pageBytes  = 4096
+	metaV3Head = headerSize
+)
+
+// blockCopy is one copy of a block's record.
+type blockCopy struct {
+	Base  int64  // seq of the block's slot 0 in its current pass
+	Gen   uint32 // write generation
+	Rows  int    // h: rows [0, Rows) of the pass are written
+	Final bool   // the writer has left the block: Rows are all the pass has
+	CRC   uint32 // crc_h: CRC-32C of the rows [0, Rows), row-major
+}
+
+// encode writes the copy into dst (blockCopySize bytes), reserved bytes
+// zero and its checksum last.
+func (c blockCopy) encode(dst []byte) {
+	dst = dst[:blockCopySize]
+	clear(dst)
+	le := binary.LittleEndian
+	le.PutUint64(dst[bcBase:], uint64(c.Base))
+	le.PutUint32(dst[bcGen:], c.Gen)
+	dst[bcRows] = uint8(c.Rows)
+	if c.Final {
+		dst[bcFinal] = 1
+	}
+	le.PutUint32(dst[bcCRCh:], c.CRC)
+	le.PutUint32(dst[bcCRC:], crc32.Checksum(dst[:bcCRC], castagnoli))
+}
+
+// decodeBlockCopy decodes a copy of block k of a ring of slots slots. It
+// says why the copy is not valid ("" when it is): its checksum, reserved
+// bytes, h (at most blockRows), final (0 or 1), a base that is not a seq
+// of block k's slot 0, or (reserved >= 0, writable opens) a base at or
+// past the seq reservation. A snapshot open passes reserved -1: its
+// catalog copy lags the writer's reservation.
+func decodeBlockCopy(src []byte, k, slots, reserved int64) (blockCopy, string) {
+	src = src[:blockCopySize]
+	le := binary.LittleEndian
+	if got, want := le.Uint32(src[bcCRC:]), crc32.Checksum(src[:bcCRC], castagnoli); got != want {
+		return blockCopy{}, fmt.Sprintf("checksum %08x, computed %08x", got, want)
+	}
+	if le.Uint16(src[14:]) != 0 || le.Uint64(src[20:]) != 0 {
+		return blockCopy{}, "reserved bytes set"
+	}
+	c := blockCopy{
+		Base: int64(le.Uint64(src[bcBase:])), Gen: le.Uint32(src[bcGen:]),
+		Rows: int(src[bcRows]), Final: src[bcFinal] == 1, CRC: le.Uint32(src[bcCRCh:]),
+	}
+	switch {
+	case c.Rows > blockRows:
+		return blockCopy{}, fmt.Sprintf("%d rows in a block of %d", c.Rows, blockRows)
+	case src[bcFinal] > 1:
+		return blockCopy{}, fmt.Sprintf("final byte %d", src[bcFinal])
+	case c.Base < 0 || c.Base%slots != k*blockRows:
+		return blockCopy{}, fmt.Sprintf("base %d is not a seq of block %d's first slot (%d slots)", c.Base, k, slots)
+	case reserved >= 0 && c.Base >= reserved:
+		return blockCopy{}, fmt.Sprintf("base %d at or past the seq reservation %d", c.Base, reserved)
+	}
+	return c, ""
+}
+
+// newer reports whether copy a was written after copy b: gens count
+// record writes and wrap at 2^32 (a one-row extend a millisecond into one
+// block wraps them in 49 days), so a is newer when its gen is less than
+// 2^31 ahead.
+func (a blockCopy) newer(b blockCopy) bool { return int32(a.Gen-b.Gen) > 0 }
+
+// copyToReplace returns which of a block's two copies (0 = A, 1 = B) a
+// record write replaces: one that does not verify, if there is one (never
+// the only copy that does), else the older. verifies says which copies
+// are valid and check their rows; copies holds them (read only where
+// verifies is true).
+func copyToReplace(copies [2]blockCopy, verifies [2]bool) int {
+	switch {
+	case !verifies[0]:
+		return 0
+	case !verifies[1]:
+		return 1
+	case copies[0].newer(copies[1]):
+		return 1
+	}
+	return 0
+}
+
+// nextGen is the gen of a copy that replaces copy i: one past the other
+// copy's if that one verifies, else 1.
+func nextGen(copies [2]blockCopy, verifies [2]bool, i int) uint32 {
+	if o := 1 - i; verifies[o] {
+		return copies[o].Gen + 1
+	}
+	return 1
+}
+
+// blockHalfBytes is H, the bytes of each half of a version 3 rows.meta's
+// block records: a copy for each of the ring's blocks, rounded up to a
+// page, so that the two copies of a block are never in one page.
+func blockHalfBytes(slots int64) int64 {
+	n := slots / blockRows * blockCopySize
+	return (n + pageBytes - 1) / pageBytes * pageBytes
+}
+
+// blockCopyOffset is the file offset of copy i (0 = A, 1 = B) of block k.
+func blockCopyOffset(slots, k int64, i int) int64 {
+	return metaV3Head + int64(i)*blockHalfBytes(slots) + k*blockCopySize
+}
+
+// metaV3Size is the size of a version 3 rows.meta for a ring of slots.
+func metaV3Size(slots int64) int64 { return metaV3Head + 2*blockHalfBytes(slots) }
+
+// spareSlots is S for a ring of capacity rows: the capacity rounded up to
+// a block, plus a block.
+func spareSlots(capacity int64) int64 {
+	return (capacity+blockRows-1)/blockRows*blockRows + blockRows
+}
+
+// watermarkRecord is version 3's watermark: W, and the tip block's
+// durable prefix when W is not a block boundary.
+type watermarkRecord struct {
+	Seq     int64  // W
+	TipBase int64  // base of the block holding W - 1; -1 without a tip
+	TipRows int    // W - TipBase, 1 to blockRows-1; 0 without a tip
+	TipCRC  uint32 // CRC-32C of the tip block's rows [0, TipRows)
+}
+
+// encode writes the record into a meta header's bytes at watermarkOff.
+func (w watermarkRecord) encode(hdr []byte) {
+	b := hdr[watermarkOff : watermarkOff+wrSize]
+	clear(b)
+	le := binary.LittleEndian
+	le.PutUint64(hdr[wrSeq:], uint64(w.Seq))
+	le.PutUint64(hdr[wrTipBase:], uint64(w.TipBase))
+	hdr[wrTipRows] = uint8(w.TipRows)
+	le.PutUint32(hdr[wrTipCRC:], w.TipCRC)
+	le.PutUint32(hdr[wrCRC:], crc32.Checksum(hdr[watermarkOff:wrCRC], castagnoli))
+}
+
+// decodeWatermarkRecord reads the record from a meta header and says why
+// it is not valid ("" when it is): its checksum (a torn write: recovery
+// then uses the catalog's write count, as for versions 1 and 2), reserved
+// bytes, or a tip that does not describe W: a base that is not W rounded
+// down to a block in its pass (or -1 at a block boundary), or rows other
+// than W - base.
+func decodeWatermarkRecord(hdr []byte) (watermarkRecord, string) {
+	le := binary.LittleEndian
+	if got, want := le.Uint32(hdr[wrCRC:]), crc32.Checksum(hdr[watermarkOff:wrCRC], castagnoli); got != want {
+		return watermarkRecord{}, fmt.Sprintf("checksum %08x, computed %08x", got, want)
+	}
+	if hdr[wrTipRows+1] != 0 || hdr[wrTipRows+2] != 0 || hdr[wrTipRows+3] != 0 || le.Uint32(hdr[wrTipCRC+4:]) != 0 {
+		return watermarkRecord{}, "reserved bytes set"
+	}
+	w := watermarkRecord{
+		Seq: int64(le.Uint64(hdr[wrSeq:])), TipBase: int64(le.Uint64(hdr[wrTipBase:])),
+		TipRows: int(hdr[wrTipRows]), TipCRC: le.Uint32(hdr[wrTipCRC:]),
+	}
+	switch {
+	case w.Seq < 0:
+		return watermarkRecord{}, fmt.Sprintf("watermark %d", w.Seq)
+	case w.Seq%blockRows == 0:
+		if w.TipBase != -1 || w.TipRows != 0 || w.TipCRC != 0 {
+			return watermarkRecord{}, fmt.Sprintf("a tip (base %d, %d rows) at watermark %d, a block boundary", w.TipBase, w.TipRows, w.Seq)
+		}
+	case w.TipBase != w.Seq-w.Seq%blockRows || int64(w.TipRows) != w.Seq-w.TipBase:
+		return watermarkRecord{}, fmt.Sprintf("tip base %d with %d rows for watermark %d", w.TipBase, w.TipRows, w.Seq)
+	}
+	return w, ""
+}
+
+// tipOf is the watermark record for W given the running CRC of the block
+// holding W - 1 at its row W mod blockRows (ignored at a block boundary).
+func tipOf(w int64, crcAt uint32) watermarkRecord {
+	if w%blockRows == 0 {
+		return watermarkRecord{Seq: w, TipBase: -1}
+	}
+	base := w - w%blockRows
+	return watermarkRecord{Seq: w, TipBase: base, TipRows: int(w - base), TipCRC: crcAt}
+}
