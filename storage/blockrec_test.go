@@ -244,7 +244,7 @@ func FuzzDecodeWatermarkRecord(f *testing.F) {
 // (not written by any build yet: docs/proposals/format-v3.md) in
 // testdata/v3/encoding.golden (-update-format refreshes it; review the
 // diff): a block record's copy, the watermark record with and without a
-// tip, a piece with a stride and a hole record.
+// tip, a piece with a stride, a hole record and a dense tail entry.
 func TestGoldenV3FormatEncoding(t *testing.T) {
 	const slots = 1024 + blockRows // a ring of 1,000 rows
 	copyA := make([]byte, blockCopySize)
@@ -272,5 +272,11 @@ func TestGoldenV3FormatEncoding(t *testing.T) {
 	section("watermark record at a block boundary: no tip", boundary[watermarkOff:watermarkOff+wrSize])
 	section(fmt.Sprintf("piece %+v", piece), pieceBytes)
 	section(fmt.Sprintf("hole record [%d, %d)", hole.FirstSeq, hole.TrajID), holeBytes)
+	// seq 11's final observation [1011, -1011], of trajectory 3 at step 2
+	entry := make([]byte, 8+tailTrailerSizeV3)
+	binary.LittleEndian.PutUint32(entry[0:], math.Float32bits(1011))
+	binary.LittleEndian.PutUint32(entry[4:], math.Float32bits(-1011))
+	putTailTrailerV3(entry, 8, 11, 3, 2)
+	section("dense tail entry: seq 11's final observation [1011 -1011] (trajectory 3, step 2), seq + 1, crc, 4 zero bytes", entry)
 	checkEncodingGolden(t, "testdata/v3/encoding.golden", sb.String())
 }

@@ -1,14 +1,17 @@
 package storage
 
 import (
+	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"math"
 )
 
 // Run log records of format version 3 (docs/proposals/format-v3.md, "Run
 // log version 3"): version 2's 64-byte piece with a stride where version 2
 // has a span, since rows no longer carry their offsets, and hole records,
-// the seqs a writer skipped at run time. Nothing writes them yet.
+// the seqs a writer skipped at run time; and the trailer of its dense tail
+// entries. Nothing writes them yet.
 
 // rlHole marks a hole record in the flags byte (bit 7: no row flag uses
 // it).
@@ -117,4 +120,44 @@ func decodePieceV3(b []byte, reserved int64) (pieceV3, string) {
 		return p, fmt.Sprintf("last seq %d at or past the seq reservation %d", p.lastSeq(), reserved)
 	}
 	return p, ""
+}
+
+// tailTrailerSizeV3 is what follows a final observation in a version 3
+// dense tail entry: seq + 1 (u64, 0 for an entry never written), a
+// CRC-32C (u32) of the observation's bytes, the seq, and the row's
+// traj_id and step (u64 each), then 4 zero bytes. The checksum covers the
+// trajectory and step so that an entry an older row left under the same
+// seq (written before a crash, its seq then used again by an fsync
+// writer's resumed extend) cannot pass for the new row's: trajectory ids
+// are never handed out twice.
+const tailTrailerSizeV3 = 16
+
+// putTailTrailerV3 ends entry (a final observation of rowBytes bytes,
+// then its trailer) as the entry of the row seq of trajectory traj at
+// step.
+func putTailTrailerV3(entry []byte, rowBytes int, seq, traj, step int64) {
+	t := entry[rowBytes : rowBytes+tailTrailerSizeV3]
+	binary.LittleEndian.PutUint64(t, uint64(seq+1))
+	binary.LittleEndian.PutUint32(t[8:], tailEntryCRC(entry[:rowBytes], seq, traj, step))
+	clear(t[12:])
+}
+
+// tailEntryV3 reads entry's trailer: the seq it names (-1 for an entry
+// never written), and whether its checksum holds for that seq's row of
+// trajectory traj at step.
+func tailEntryV3(entry []byte, rowBytes int, traj, step int64) (seq int64, ok bool) {
+	t := entry[rowBytes : rowBytes+tailTrailerSizeV3]
+	seq = int64(binary.LittleEndian.Uint64(t)) - 1
+	if seq < 0 {
+		return -1, false
+	}
+	return seq, isZero(t[12:]) && binary.LittleEndian.Uint32(t[8:]) == tailEntryCRC(entry[:rowBytes], seq, traj, step)
+}
+
+func tailEntryCRC(obs []byte, seq, traj, step int64) uint32 {
+	var ids [24]byte
+	binary.LittleEndian.PutUint64(ids[0:], uint64(seq))
+	binary.LittleEndian.PutUint64(ids[8:], uint64(traj))
+	binary.LittleEndian.PutUint64(ids[16:], uint64(step))
+	return crc32.Update(crc32.Checksum(obs, castagnoli), castagnoli, ids[:])
 }
