@@ -102,10 +102,10 @@ func decodeBlockCopy(src []byte, k, slots, reserved int64) (blockCopy, string) {
 	return c, ""
 }
 
-// newer reports whether copy a was written after copy b: gens count
-// record writes and wrap at 2^32 (a one-row extend a millisecond into one
-// block wraps them in 49 days), so a is newer when its gen is less than
-// 2^31 ahead.
+// newer reports whether copy a was written after copy b: gens count a
+// block's record writes and wrap at 2^32 (up to 64 a pass of the ring:
+// 10^6 one-row extends a second into a 1,000-row ring wrap them in about
+// 19 hours), so a is newer when its gen is less than 2^31 ahead.
 func (a blockCopy) newer(b blockCopy) bool { return int32(a.Gen-b.Gen) > 0 }
 
 // copyToReplace returns which of a block's two copies (0 = A, 1 = B) a
@@ -126,9 +126,11 @@ func copyToReplace(copies [2]blockCopy, verifies [2]bool) int {
 }
 
 // nextGen is the gen of a copy that replaces copy i: one past the other
-// copy's if that one verifies, else 1.
-func nextGen(copies [2]blockCopy, verifies [2]bool, i int) uint32 {
-	if o := 1 - i; verifies[o] {
+// copy's if that one is valid (whether or not its rows verify: a copy of
+// gen 1 beside a valid one of a larger gen would compare as the older),
+// else 1.
+func nextGen(copies [2]blockCopy, valid [2]bool, i int) uint32 {
+	if o := 1 - i; valid[o] {
 		return copies[o].Gen + 1
 	}
 	return 1
@@ -216,4 +218,70 @@ func tipOf(w int64, crcAt uint32) watermarkRecord {
 	}
 	base := w - w%blockRows
 	return watermarkRecord{Seq: w, TipBase: base, TipRows: int(w - base), TipCRC: crcAt}
+}
+
+// rowMajorCRC continues crc over the row-major bytes of the row in slot:
+// its bytes in every field column that is not mutable, in spec order (an
+// update rewrites mutable fields in place, outside any checksum). It is
+// the unit of version 3's block checksums and the start of version 1 and
+// 2's per-row data checksum.
+func (b *Buffer) rowMajorCRC(crc uint32, slot int64) uint32 {
+	for _, c := range b.cols {
+		if c.cz < 0 && !c.field.Mutable {
+			crc = crc32.Update(crc, castagnoli, c.row(slot))
+		}
+	}
+	return crc
+}
+
+// blockSums is the running checksum of the block a writer is filling:
+// the CRC-32C of its rows [0, j), row-major, at every j up to the rows
+// written, so that a sync can take the checksum at the row its watermark
+// ends on (the tip) without reading rows back.
+type blockSums struct {
+	base int64 // the block's first seq in this pass
+	rows int   // rows added
+	at   [blockRows + 1]uint32
+}
+
+// start begins the pass of the block whose first seq is base.
+func (s *blockSums) start(base int64) { s.base, s.rows, s.at[0] = base, 0, 0 }
+
+// add continues the checksum over the next row's row-major bytes.
+func (s *blockSums) add(row []byte) {
+	s.at[s.rows+1] = crc32.Update(s.at[s.rows], castagnoli, row)
+	s.rows++
+}
+
+// verifiedPrefix reads the rows of block k from b's columns and returns
+// the most rows any of claims verifies: a claim of n rows with checksum
+// crc holds when the row-major CRC of the block's rows [0, n) is crc. One
+// pass over at most the longest claim's rows. The rows are read where
+// the slots are: recovery and verify call it on mapped files.
+func (b *Buffer) verifiedPrefix(k int64, claims []blockClaim) int {
+	longest := 0
+	for _, c := range claims {
+		longest = max(longest, c.Rows)
+	}
+	best := 0
+	var crc uint32
+	for j := 0; ; j++ {
+		for _, c := range claims {
+			if c.Rows == j && c.CRC == crc {
+				best = j
+			}
+		}
+		if j == longest {
+			return best
+		}
+		crc = b.rowMajorCRC(crc, k*blockRows+int64(j))
+	}
+}
+
+// blockClaim is what a checksum says of a block: its rows [0, Rows) have
+// row-major CRC-32C CRC (a copy's h and crc_h, or the watermark record's
+// tip).
+type blockClaim struct {
+	Rows int
+	CRC  uint32
 }

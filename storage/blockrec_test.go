@@ -87,23 +87,35 @@ func TestBlockCopyChoice(t *testing.T) {
 	}
 	old, young := blockCopy{Gen: math.MaxUint32}, blockCopy{Gen: 0}
 	for _, tc := range []struct {
-		copies   [2]blockCopy
-		verifies [2]bool
-		replace  int
-		gen      uint32
+		copies          [2]blockCopy
+		valid, verifies [2]bool
+		replace         int
+		gen             uint32
 	}{
-		{[2]blockCopy{old, young}, [2]bool{true, true}, 0, 1},   // the older (A) goes
-		{[2]blockCopy{young, old}, [2]bool{true, true}, 1, 1},   // the older (B) goes
-		{[2]blockCopy{young, old}, [2]bool{false, true}, 0, 0},  // A does not verify: it goes, B stays
-		{[2]blockCopy{old, young}, [2]bool{true, false}, 1, 0},  // B does not verify: it goes, however new
-		{[2]blockCopy{old, young}, [2]bool{false, false}, 0, 1}, // neither: gen starts again
+		{[2]blockCopy{old, young}, [2]bool{true, true}, [2]bool{true, true}, 0, 1}, // the older (A) goes
+		{[2]blockCopy{young, old}, [2]bool{true, true}, [2]bool{true, true}, 1, 1}, // the older (B) goes
+		// A does not verify: it goes, and its gen follows B's.
+		{[2]blockCopy{young, old}, [2]bool{true, true}, [2]bool{false, true}, 0, 0},
+		// B does not verify (rows a crash tore): it goes, however new,
+		// and its gen still follows A's: A, valid, would otherwise
+		// compare as the newer.
+		{[2]blockCopy{old, young}, [2]bool{true, true}, [2]bool{true, false}, 1, 0},
+		{[2]blockCopy{old, young}, [2]bool{true, false}, [2]bool{true, false}, 1, 0},
+		// A is not even valid: it goes, and its gen follows B's.
+		{[2]blockCopy{old, young}, [2]bool{false, true}, [2]bool{false, true}, 0, 1},
+		{[2]blockCopy{old, young}, [2]bool{false, false}, [2]bool{false, false}, 0, 1}, // neither: gen starts again
 	} {
 		i := copyToReplace(tc.copies, tc.verifies)
 		if i != tc.replace {
 			t.Errorf("copies %+v verifying %v: replace %d, want %d", tc.copies, tc.verifies, i, tc.replace)
+			continue
 		}
-		if g := nextGen(tc.copies, tc.verifies, i); g != tc.gen {
-			t.Errorf("copies %+v verifying %v: gen %d, want %d", tc.copies, tc.verifies, g, tc.gen)
+		g := nextGen(tc.copies, tc.valid, i)
+		if g != tc.gen {
+			t.Errorf("copies %+v valid %v: gen %d, want %d", tc.copies, tc.valid, g, tc.gen)
+		}
+		if o := 1 - i; tc.valid[o] && !(blockCopy{Gen: g}).newer(tc.copies[o]) {
+			t.Errorf("copies %+v: the new copy (gen %d) is not newer than the valid one it joins", tc.copies, g)
 		}
 	}
 }
@@ -279,4 +291,59 @@ func TestGoldenV3FormatEncoding(t *testing.T) {
 	putTailTrailerV3(entry, 8, 11, 3, 2)
 	section("dense tail entry: seq 11's final observation [1011 -1011] (trajectory 3, step 2), seq + 1, crc, 4 zero bytes", entry)
 	checkEncodingGolden(t, "testdata/v3/encoding.golden", sb.String())
+}
+
+// TestBlockChecksums fills a memmap buffer and checks the block checksum
+// kernel against its columns: blockSums over the rows' bytes as a writer
+// stages them gives, at every row, what verifiedPrefix recomputes from the
+// mapped rows; the longest claim that holds wins; a changed byte in a row
+// makes every claim past it fail.
+func TestBlockChecksums(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	defer s.Close()
+	spec := testSpec(KindMemmap, 4*blockRows, true)
+	b := mustCreate(t, s, "b", spec)
+	var rows []row
+	for i := range 3 * blockRows {
+		rows = append(rows, row{env: int64(i % 4), val: float32(i), terminated: i%9 == 8})
+	}
+	mustExtend(t, b, "w", makeBatch(spec, rows, true))
+	const k = 1 // block 1: seqs 64-127, slots 64-127
+	var sums blockSums
+	sums.start(k * blockRows)
+	for j := range blockRows {
+		var row []byte
+		for _, c := range b.cols {
+			if c.cz < 0 && !c.field.Mutable {
+				row = append(row, c.row(k*blockRows+int64(j))...)
+			}
+		}
+		sums.add(row)
+	}
+	if sums.rows != blockRows {
+		t.Fatalf("%d rows added", sums.rows)
+	}
+	for j := 0; j <= blockRows; j++ {
+		if got := b.verifiedPrefix(k, []blockClaim{{j, sums.at[j]}}); got != j {
+			t.Fatalf("a claim of %d rows with the writer's checksum verifies %d rows", j, got)
+		}
+	}
+	claims := []blockClaim{{40, sums.at[40]}, {64, sums.at[64] ^ 1}, {20, sums.at[20]}}
+	if got := b.verifiedPrefix(k, claims); got != 40 {
+		t.Fatalf("claims %v: %d rows verified, want 40 (the 64-row claim is wrong)", claims, got)
+	}
+	// A byte of row 30 changes: claims past it fail, claims up to it hold.
+	obs := b.cols[b.colOf["observation"]]
+	obs.row(k*blockRows + 30)[3] ^= 0x40
+	claims = []blockClaim{{64, sums.at[64]}, {31, sums.at[31]}, {30, sums.at[30]}}
+	if got := b.verifiedPrefix(k, claims); got != 30 {
+		t.Fatalf("row 30 changed: %d rows verified, want 30", got)
+	}
+	obs.row(k*blockRows + 30)[3] ^= 0x40
+	if got := b.verifiedPrefix(k, claims); got != 64 {
+		t.Fatalf("row 30 restored: %d rows verified, want 64", got)
+	}
+	if got := b.verifiedPrefix(k, nil); got != 0 {
+		t.Fatalf("no claim verifies %d rows", got)
+	}
 }

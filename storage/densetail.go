@@ -146,12 +146,7 @@ func (b *Buffer) scanDenseTails() *denseTailScan {
 // could be read at all.
 func (b *Buffer) rowCRC(seq int64, flags uint32, match func(uint32) bool) (uint32, string) {
 	slot := seq % b.slots
-	var crc uint32
-	for _, c := range b.cols {
-		if c.cz < 0 && !c.field.Mutable {
-			crc = crc32.Update(crc, castagnoli, c.row(slot))
-		}
-	}
+	crc := b.rowMajorCRC(0, slot)
 	if flags&flagHasTail == 0 {
 		return crc, ""
 	}
