@@ -378,12 +378,25 @@ func (s *State) epochFor(consumer string) *epoch {
 	return e
 }
 
+// epochSlots is how many slots a without-replacement epoch permutes: the
+// rows written so far while the ring first fills (a write then changes
+// the live count, which starts a new epoch), and every slot of a full
+// ring, so that an epoch that goes on while rows are overwritten reaches
+// the slots they go to. In a ring with a spare block those are slots the
+// window did not hold when the epoch began; the slots that hold no live
+// row are skipped (SlotSeq).
+func epochSlots(ix storage.Index) int64 {
+	if _, hi := ix.Window(); hi < ix.Capacity() {
+		return hi
+	}
+	return ix.Slots()
+}
+
 func (s *State) drawWithoutReplacement(ix storage.Index, p Params, rng *rand.Rand) (*Selection, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.epochFor(p.Consumer)
-	_, hi := ix.Window()
-	n := min(hi, ix.Slots()) // slots in use
+	n := epochSlots(ix)
 	if e.finished || e.size != ix.LiveRows() {
 		// A new epoch: when the last ended, or when the number of live
 		// rows changed (TorchRL's rule: a full ring keeps its epoch while

@@ -46,7 +46,7 @@ func runMetaBytesPerRow(spec Spec) int64 {
 // are the page cache's business (the kernel drops clean pages under
 // pressure), so they are not counted. Sums saturate at MaxInt64.
 func fullMemoryBytes(spec Spec) int64 {
-	c := spec.Capacity
+	c := ringSlotCount(spec, false) // the per-slot structures' slots
 	perRow := int64(indexBytesPerRow)
 	switch {
 	case spec.runLogFiles():

@@ -635,7 +635,7 @@ func (b *Buffer) Info() (Info, error) {
 	if b.snapRateLimit != nil {
 		info.RateLimit = b.snapRateLimit
 	}
-	touched := min(info.WriteCount, b.capacity)
+	touched := min(info.WriteCount, b.slots)
 	var chunked []int64
 	if b.cs != nil {
 		var files int64
