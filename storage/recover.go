@@ -421,7 +421,9 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 // dropScanned removes from the index, while reading next to a running
 // writer, the rows of a trajectory accepted earlier in the scan: the ring
 // has since overwritten a later row of it, so they are overwritten too.
-// They have successors, so none carries a final observation.
+// They have successors, so none carries a final observation. Their
+// priorities leave the trees (not the file: snapshot opens write nothing),
+// so that the priority mass is the live rows' alone.
 func (b *Buffer) dropScanned(traj int64) {
 	t := b.ix.byID[traj]
 	for t != nil && t.Len() > 0 {
@@ -430,6 +432,9 @@ func (b *Buffer) dropScanned(traj int64) {
 			return
 		}
 		b.stamps.CompareAndSwap(seq%b.slots, seq, -1)
+		if b.prio != nil {
+			b.prio.clear(seq % b.slots)
+		}
 		if t.Len() == 0 {
 			return
 		}

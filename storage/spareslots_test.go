@@ -141,3 +141,33 @@ func checkWindow(t *testing.T, b *Buffer) {
 		}
 	}
 }
+
+// TestDropScannedClearsPriorities: a snapshot open that finds a
+// trajectory's rows overwritten behind its scan drops them from the index
+// (dropScanned), and their priorities from the trees with them, so the
+// priority mass it reports is the live rows'. Called here on a buffer
+// whose rows recovery would have accepted.
+func TestDropScannedClearsPriorities(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	defer s.Close()
+	spec := testSpec(KindMemmap, 64, true)
+	spec.Priority = &PriorityOptions{Alpha: 1, Eps: 0}
+	b := mustCreate(t, s, "b", spec)
+	var rows []row
+	for i := range 30 {
+		rows = append(rows, row{env: int64(i % 2), val: float32(i)})
+	}
+	mustExtend(t, b, "w", makeBatch(spec, rows, true))
+	traj := metas(t, b, 0)[0].TrajID
+	b.imu.Lock()
+	b.dropScanned(traj)
+	b.imu.Unlock()
+	var mass float64
+	if err := b.ReadIndex(func(ix Index) { mass = ix.PriorityTotal() }); err != nil {
+		t.Fatal(err)
+	}
+	// Env 0's 15 rows are gone; env 1's 15 keep priority 1 each.
+	if live := len(b.LiveSeqs(0, 64)); live != 15 || math.Abs(mass-15) > 1e-9 {
+		t.Fatalf("after dropping a trajectory: %d live rows, priority mass %v (want 15 and 15)", live, mass)
+	}
+}
