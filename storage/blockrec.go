@@ -14,10 +14,6 @@ import (
 // files yet.
 
 const (
-	// blockRows is B, the rows of a block: the spare block's size, so
-	// that a ring's slots are a whole number of blocks.
-	blockRows = spareBlockRows
-
 	// blockCopySize is the size of one copy of a block's record.
 	blockCopySize = 32
 
@@ -35,14 +31,13 @@ const (
 
 	// The watermark record of version 3 replaces version 1 and 2's
 	// 12-byte watermark block at watermarkOff.
-	wrSeq      = watermarkOff      // i64: the durable watermark W
-	wrTipBase  = watermarkOff + 8  // i64: base of the tip block, -1 when none
-	wrTipRows  = watermarkOff + 16 // u8: W - tip_base (1 to B-1), 0 when none
-	wrTipCRC   = watermarkOff + 20 // u32: CRC-32C of the tip block's rows [0, tip_rows)
-	wrCRC      = watermarkOff + 28 // u32: CRC-32C of [watermarkOff, wrCRC)
-	wrSize     = 32
-	pageBytes  = 4096
-	metaV3Head = headerSize
+	wrSeq     = watermarkOff      // i64: the durable watermark W
+	wrTipBase = watermarkOff + 8  // i64: base of the tip block, -1 when none
+	wrTipRows = watermarkOff + 16 // u8: W - tip_base (1 to B-1), 0 when none
+	wrTipCRC  = watermarkOff + 20 // u32: CRC-32C of the tip block's rows [0, tip_rows)
+	wrCRC     = watermarkOff + 28 // u32: CRC-32C of [watermarkOff, wrCRC)
+	wrSize    = 32
+	pageBytes = 4096
 )
 
 // blockCopy is one copy of a block's record.
@@ -146,17 +141,11 @@ func blockHalfBytes(slots int64) int64 {
 
 // blockCopyOffset is the file offset of copy i (0 = A, 1 = B) of block k.
 func blockCopyOffset(slots, k int64, i int) int64 {
-	return metaV3Head + int64(i)*blockHalfBytes(slots) + k*blockCopySize
+	return headerSize + int64(i)*blockHalfBytes(slots) + k*blockCopySize
 }
 
 // metaV3Size is the size of a version 3 rows.meta for a ring of slots.
-func metaV3Size(slots int64) int64 { return metaV3Head + 2*blockHalfBytes(slots) }
-
-// spareSlots is S for a ring of capacity rows: the capacity rounded up to
-// a block, plus a block.
-func spareSlots(capacity int64) int64 {
-	return (capacity+blockRows-1)/blockRows*blockRows + blockRows
-}
+func metaV3Size(slots int64) int64 { return headerSize + 2*blockHalfBytes(slots) }
 
 // watermarkRecord is version 3's watermark: W, and the tip block's
 // durable prefix when W is not a block boundary.

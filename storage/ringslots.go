@@ -1,19 +1,25 @@
 package storage
 
-// spareBlockRows is format version 3's spare block (and its block of
-// rows): docs/proposals/format-v3.md.
-const spareBlockRows = 64
+// blockRows is B, the rows of a block of format version 3
+// (docs/proposals/format-v3.md) and of its spare block, so that a ring's
+// slots are a whole number of blocks.
+const blockRows = 64
+
+// spareSlots is S for a ring of capacity rows: the capacity rounded up to
+// a block, plus a spare block.
+func spareSlots(capacity int64) int64 {
+	return (capacity+blockRows-1)/blockRows*blockRows + blockRows
+}
 
 // ringSlotCount returns how many slots a buffer of spec maps its seqs onto
 // (seq mod the count). It is the capacity, except for new memory buffers
-// in builds with the rbd_spareslots tag (spareslots_on.go): the capacity
-// rounded up to a multiple of spareBlockRows, plus spareBlockRows. The
-// window stays the last capacity seqs either way; the slots beyond it hold
-// rows that have left it (stamped void at eviction). fromFiles is a buffer
-// opened from files of one slot a row.
+// in builds with the rbd_spareslots tag (spareslots_on.go): spareSlots.
+// The window stays the last capacity seqs either way; the slots beyond it
+// hold rows that have left it (stamped void at eviction). fromFiles is a
+// buffer opened from files of one slot a row.
 func ringSlotCount(spec Spec, fromFiles bool) int64 {
 	if spareSlotsInMemory && spec.Storage == KindMemory && !fromFiles {
-		return (spec.Capacity+spareBlockRows-1)/spareBlockRows*spareBlockRows + spareBlockRows
+		return spareSlots(spec.Capacity)
 	}
 	return spec.Capacity
 }
