@@ -242,6 +242,13 @@ func (s *blockSums) add(row []byte) {
 	s.rows++
 }
 
+// push continues the checksum with the next row's CRC computed elsewhere
+// (from at[rows], over its fields one by one).
+func (s *blockSums) push(crc uint32) {
+	s.at[s.rows+1] = crc
+	s.rows++
+}
+
 // verifiedPrefix reads the rows of block k from b's columns and returns
 // the most rows any of claims verifies: a claim of n rows with checksum
 // crc holds when the row-major CRC of the block's rows [0, n) is crc. One

@@ -114,6 +114,10 @@ type Buffer struct {
 	// (16 bytes a slot), written for crash recovery, read only by it.
 	rlog  *runLog
 	drecs []byte
+	// blk is a memmap buffer's with row_meta "blocks" (rows.meta version
+	// 3, blocks.go): it has rlog too (a version 3 run log), no drecs.
+	// Elsewhere "rlog != nil && blk == nil" means version 2 records.
+	blk *blockWriter
 
 	// stamps holds the seq of the complete row in each slot (see
 	// stampTable): readers use it as a seqlock, so they never return a torn
@@ -285,6 +289,9 @@ func newBuffer(s *Store, name string, spec Spec, uid uint64, slots int64) (*Buff
 	if spec.runLogFiles() {
 		b.rlog = newRunLog(b)
 	}
+	if spec.blockFiles() {
+		b.blk = &blockWriter{}
+	}
 	for i, f := range spec.Fields {
 		b.colOf[f.Name] = i
 		b.cols = append(b.cols, &column{name: f.Name, file: colFileName(f.Name), role: roleField, field: f, rowBytes: f.RowBytes(), cz: -1})
@@ -379,7 +386,10 @@ func (b *Buffer) mapMemory() (retErr error) {
 
 func (b *Buffer) colHeaderFor(c *column) colHeader {
 	v := FormatVersion // and for tails at the slot
-	if c.dense {
+	switch {
+	case c.dense && b.blk != nil:
+		v = tailVersionDenseV3
+	case c.dense:
 		v = tailVersionDense
 	}
 	return colHeader{
@@ -404,7 +414,7 @@ func (b *Buffer) createFiles() (retErr error) {
 			retErr = errors.Join(retErr, b.unmap(), os.RemoveAll(b.dir))
 		}
 	}()
-	if b.spec.Storage == KindMemmap && len(b.tails) > 0 && !b.store.slotTails {
+	if b.spec.Storage == KindMemmap && len(b.tails) > 0 && (!b.store.slotTails || b.blk != nil) {
 		b.setDenseTails()
 	}
 	for _, c := range b.allColumns() {
@@ -427,7 +437,7 @@ func (b *Buffer) createFiles() (retErr error) {
 			return err
 		}
 	}
-	r, err := mmapfile.Create(metaFile(b.dir), headerSize+b.slots*b.fileRecordSize())
+	r, err := mmapfile.Create(metaFile(b.dir), b.metaFileSize())
 	if err != nil {
 		return err
 	}
@@ -442,7 +452,16 @@ func (b *Buffer) createFiles() (retErr error) {
 	return syncDir(b.dir)
 }
 
-// fileRecordSize is the size of a rows.meta record of this buffer.
+// metaFileSize is the size of the buffer's rows.meta.
+func (b *Buffer) metaFileSize() int64 {
+	if b.blk != nil {
+		return metaV3Size(b.slots)
+	}
+	return headerSize + b.slots*b.fileRecordSize()
+}
+
+// fileRecordSize is the size of a rows.meta record of this buffer
+// (versions 1 and 2; version 3 keeps none).
 func (b *Buffer) fileRecordSize() int64 {
 	if b.rlog != nil {
 		return fileRunRecordSize
@@ -453,7 +472,10 @@ func (b *Buffer) fileRecordSize() int64 {
 // metaHeader is the rows.meta header of this buffer (watermark 0).
 func (b *Buffer) metaHeader() metaHeader {
 	h := metaHeader{Version: FormatVersion, RecordSize: recordSize, UID: b.uid, Capacity: uint64(b.capacity), Name: b.name}
-	if b.rlog != nil {
+	switch {
+	case b.blk != nil:
+		h.Version, h.RecordSize, h.BlockRows, h.Slots = metaVersionBlocks, 0, blockRows, uint64(b.slots)
+	case b.rlog != nil:
 		h.Version, h.RecordSize = metaVersionRuns, fileRunRecordSize
 	}
 	return h
@@ -473,8 +495,10 @@ func (b *Buffer) mapRecords(r *mmapfile.Region) error {
 		b.recs = r.Bytes()[headerSize:]
 		return nil
 	}
-	b.drecs = r.Bytes()[headerSize:]
-	size, strided := int64(memRunRecordSize), b.spec.RowMetaLayout == RowMetaStrided
+	if b.blk == nil {
+		b.drecs = r.Bytes()[headerSize:]
+	}
+	size, strided := int64(memRunRecordSize), b.spec.stridedRecords()
 	if strided {
 		size = memStridedRecordSize
 	}
@@ -546,7 +570,7 @@ func (b *Buffer) openFiles(writable bool) (retErr error) {
 	if err != nil {
 		return err
 	}
-	r, err := mmapfile.Open(path, headerSize+b.slots*b.fileRecordSize(), writable)
+	r, err := mmapfile.Open(path, b.metaFileSize(), writable)
 	if err != nil {
 		var se *mmapfile.SizeError
 		if errors.As(err, &se) {
@@ -569,6 +593,10 @@ func (b *Buffer) openFiles(writable bool) (retErr error) {
 	if h.RecordSize != want.RecordSize || h.Capacity != uint64(b.capacity) || h.Name != b.name {
 		return corruptf(path, 0, "header describes buffer %q capacity %d record size %d, catalog says %q capacity %d record size %d",
 			h.Name, h.Capacity, h.RecordSize, b.name, b.capacity, want.RecordSize)
+	}
+	if h.BlockRows != want.BlockRows || h.Slots != want.Slots {
+		return corruptf(path, mhBlockRows, "header describes blocks of %d rows in %d slots, this build keeps blocks of %d rows in %d slots for capacity %d",
+			h.BlockRows, h.Slots, want.BlockRows, want.Slots, b.capacity)
 	}
 	return b.mapRecords(r)
 }

@@ -93,6 +93,9 @@ type segCopy struct {
 //
 // Cancelling ctx stops the copy and removes what was written.
 func (b *Buffer) Checkpoint(ctx context.Context, dest string, opts *CheckpointOptions) (res CheckpointResult, retErr error) {
+	if b.blk != nil {
+		return res, fmt.Errorf("checkpoint %q: hot checkpoints of a buffer with rows.meta format version 3 are not built yet: %w", b.name, ErrNotSupported)
+	}
 	var o CheckpointOptions
 	if opts != nil {
 		o = *opts

@@ -450,7 +450,7 @@ func corruptCases(layout RowMetaLayout) []corruptCase {
 			wantErr: ErrCorrupt, wantFile: meta, wantOff: -1},
 		{name: "rows.meta magic", corrupt: func(d *cvDir) { d.xor(d.meta(), 0, 0xff) },
 			wantErr: ErrCorrupt, wantFile: meta, wantOff: 0},
-		{name: "rows.meta version bumped", corrupt: func(d *cvDir) { d.putU32(d.meta(), 8, metaVersionRuns+1, metaHeaderCRCOff) },
+		{name: "rows.meta version bumped", corrupt: func(d *cvDir) { d.putU32(d.meta(), 8, metaVersionBlocks+1, metaHeaderCRCOff) },
 			wantErr: ErrVersionMismatch, wantFile: meta},
 		{name: "rows.meta header checksum byte flipped", corrupt: func(d *cvDir) { d.xor(d.meta(), metaHeaderCRCOff, 0x10) },
 			wantErr: ErrCorrupt, wantFile: meta, wantOff: metaHeaderCRCOff},

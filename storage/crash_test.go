@@ -78,6 +78,10 @@ const (
 	// (row_meta "strided": the same files, 8-byte pass-stamped records
 	// rebuilt from them on open).
 	crashFsyncStrided = "ss"
+	// crashFsyncBlocks has rows.meta format version 3 (row_meta
+	// "blocks"), rows of 131 checksummed bytes (staged a block at a time)
+	// and a capacity that is not a whole number of blocks.
+	crashFsyncBlocks = "sb"
 )
 
 func crashSpecFor(name string) Spec {
@@ -93,6 +97,10 @@ func crashSpecFor(name string) Spec {
 	case crashFsyncStrided:
 		s := crashSpec(KindMemmap, 384, crashBlobBytes, true, DurabilityFsync)
 		s.RowMetaLayout = RowMetaStrided
+		return s
+	case crashFsyncBlocks:
+		s := crashSpec(KindMemmap, 416, 100, true, DurabilityFsync)
+		s.RowMetaLayout = RowMetaBlocks
 		return s
 	}
 	panic("unknown crash buffer " + name)
@@ -361,6 +369,7 @@ func runCrashChild(specFor func(string) Spec, fsyncName string, newWriter func(s
 	if err != nil {
 		return err
 	}
+	s.formatV3 = true // crashFsyncBlocks
 	out := func(format string, args ...any) {
 		// One write per line: a pipe write of less than PIPE_BUF is atomic,
 		// so lines of concurrent writers never interleave.
@@ -1078,7 +1087,7 @@ func TestCrashKillRandom(t *testing.T) {
 	}
 	dir := t.TempDir()
 	rng := rand.New(rand.NewPCG(7, 11))
-	m := newCrashModel(crashFsync, crashFlush, crashFsyncRuns, crashFsyncStrided)
+	m := newCrashModel(crashFsync, crashFlush, crashFsyncRuns, crashFsyncStrided, crashFsyncBlocks)
 	inflight := 0
 	var failed []int
 	for r := 0; r < rounds; r++ {
@@ -1086,7 +1095,7 @@ func TestCrashKillRandom(t *testing.T) {
 		ok := t.Run(fmt.Sprintf("round%02d", r), func(t *testing.T) {
 			run := crashRunChild(t, crashChildCfg{
 				dir: dir, seed: uint64(r), tokenBase: int64(r+1) << 32,
-				bufs: []string{crashFsync, crashFlush, crashFsyncRuns, crashFsyncStrided}, intervalMS: 20, killAfter: delay,
+				bufs: []string{crashFsync, crashFlush, crashFsyncRuns, crashFsyncStrided, crashFsyncBlocks}, intervalMS: 20, killAfter: delay,
 			})
 			inflight += len(run.begins) - len(run.acks)
 			m.absorb(t, r, run)
@@ -1100,8 +1109,8 @@ func TestCrashKillRandom(t *testing.T) {
 		}
 	}
 	m.writeAfter(t, dir, rounds)
-	t.Logf("%d rounds, %d rows acknowledged, %d extends in flight at the kills; write counts: fs %d, fl %d, rs %d, ss %d",
-		rounds, m.ackedRows, inflight, m.lastWC[crashFsync], m.lastWC[crashFlush], m.lastWC[crashFsyncRuns], m.lastWC[crashFsyncStrided])
+	t.Logf("%d rounds, %d rows acknowledged, %d extends in flight at the kills; write counts: fs %d, fl %d, rs %d, ss %d, sb %d",
+		rounds, m.ackedRows, inflight, m.lastWC[crashFsync], m.lastWC[crashFlush], m.lastWC[crashFsyncRuns], m.lastWC[crashFsyncStrided], m.lastWC[crashFsyncBlocks])
 	if len(m.pushedOut) > 0 {
 		t.Logf("acknowledged rows that nothing overwrote but that left the window when the store skipped seqs on reopen: %v", m.pushedOut)
 	}
@@ -1109,7 +1118,8 @@ func TestCrashKillRandom(t *testing.T) {
 		t.Errorf("%d of %d rounds failed %v; %d acknowledged rows lost in all", len(failed), rounds, failed, m.lostRows)
 	}
 	if m.lastWC[crashFsync] <= crashSpecFor(crashFsync).Capacity || m.lastWC[crashFlush] <= crashSpecFor(crashFlush).Capacity ||
-		m.lastWC[crashFsyncRuns] <= crashSpecFor(crashFsyncRuns).Capacity || m.lastWC[crashFsyncStrided] <= crashSpecFor(crashFsyncStrided).Capacity {
+		m.lastWC[crashFsyncRuns] <= crashSpecFor(crashFsyncRuns).Capacity || m.lastWC[crashFsyncStrided] <= crashSpecFor(crashFsyncStrided).Capacity ||
+		m.lastWC[crashFsyncBlocks] <= crashSpecFor(crashFsyncBlocks).Capacity {
 		t.Errorf("the rings never wrapped (write counts %v): the test exercised too little", m.lastWC)
 	}
 }
@@ -1146,6 +1156,20 @@ func TestCrashPoints(t *testing.T) {
 		{"after-meta", crashFsyncStrided, 1},
 		{"after-meta", crashFsyncStrided, 700},
 		{"after-runs", crashFsyncStrided, 30},
+		// rows.meta version 3: after-data and after-meta pass once an
+		// extend (its rows' bytes written; its block records written),
+		// mid-block-final between the two copies of the final record of
+		// a block the extend leaves.
+		{"after-data", crashFsyncBlocks, 1},
+		{"after-data", crashFsyncBlocks, 40},
+		{"after-meta", crashFsyncBlocks, 1},
+		{"after-meta", crashFsyncBlocks, 40},
+		{"mid-runs", crashFsyncBlocks, 30},
+		{"after-runs", crashFsyncBlocks, 30},
+		{"before-sync", crashFsyncBlocks, 40},
+		{"after-sync", crashFsyncBlocks, 40},
+		{"mid-block-final", crashFsyncBlocks, 1},
+		{"mid-block-final", crashFsyncBlocks, 20},
 	}
 	for i, tc := range cases {
 		t.Run(fmt.Sprintf("%s/%s/%d", tc.point, tc.buf, tc.after), func(t *testing.T) {
@@ -1193,14 +1217,60 @@ func TestCrashPoints(t *testing.T) {
 					}
 				}
 			}
+			perExtend := crashSpecFor(tc.buf).RowMetaLayout == RowMetaBlocks
 			switch tc.point {
-			case "after-data", "after-meta", "before-sync", "after-sync", "mid-runs", "after-runs":
+			case "after-data", "after-meta", "before-sync", "after-sync", "mid-runs", "after-runs", "mid-block-final":
 				if len(inflight) != 1 {
 					t.Fatalf("%d extends in flight at %s, want 1", len(inflight), tc.point)
 				}
 			}
+			switch {
+			case perExtend && (tc.point == "after-data" || tc.point == "after-meta"):
+				// Pass N is the N-th extend: its rows and final
+				// observations are written; after-meta, its block
+				// records too, which make every one of them count.
+				if len(acks) != tc.after-1 {
+					t.Errorf("%s: %d extends acknowledged, want %d", tc.point, len(acks), tc.after-1)
+				}
+				e := inflight[0]
+				end := lastAck + int64(e.rows)
+				if tc.point == "after-meta" {
+					rowsPresent(e, lastAck, end)
+					windowFrom(end)
+				} else {
+					for seq := lastAck; seq < end; seq++ {
+						if _, ok := st.live[seq]; ok {
+							t.Errorf("after-data: row %d of the extend whose block records were not written is live", seq)
+						}
+					}
+					windowFrom(lastAck)
+				}
+				if fsync && durable != lastAck {
+					t.Errorf("%s: durable watermark %d, want %d", tc.point, durable, lastAck)
+				}
+			case tc.point == "mid-block-final":
+				// The extend left a block: one copy of its final record
+				// is written, which verifies the block's rows; its rows
+				// past that block have no record yet.
+				e := inflight[0]
+				end := lastAck + int64(e.rows)
+				left := (lastAck/blockRows + 1) * blockRows
+				if left > end {
+					t.Fatalf("the extend [%d, %d) leaves no block", lastAck, end)
+				}
+				rowsPresent(e, lastAck, left)
+				for seq := left; seq < end; seq++ {
+					if _, ok := st.live[seq]; ok {
+						t.Errorf("mid-block-final: row %d, past the block whose final record was being written, is live", seq)
+					}
+				}
+				windowFrom(left)
+			}
 			switch tc.point {
 			case "after-data", "after-meta":
+				if perExtend {
+					break
+				}
 				// Pass N is the N-th row ever written: seq N-1.
 				c := int64(tc.after - 1)
 				e := inflight[0]

@@ -33,12 +33,18 @@ import (
 func (b *Buffer) setDenseTails() {
 	for _, c := range b.tails {
 		c.makeDense()
+		if b.blk != nil {
+			c.stride = int64(c.rowBytes) + tailTrailerSizeV3
+		}
 	}
-	b.tailIx = newTailIndex(b.capacity, b.tails)
+	// A version 3 buffer keeps the entries of rows that left the window
+	// until their slots are written again (format-v3.md, "Dense tail
+	// entries version 3"): the index and the files cover the ring's slots.
+	b.tailIx = newTailIndex(b.slots, b.tails)
 }
 
 // makeDense gives tail column c the dense layout: entries of its row bytes
-// and a trailer.
+// and a trailer (version 2's; setDenseTails widens it for version 3).
 func (c *column) makeDense() {
 	c.dense, c.sparse = true, false
 	c.stride = int64(c.rowBytes) + tailTrailerSize
@@ -84,7 +90,7 @@ func (b *Buffer) tailFilesDense() (bool, error) {
 		if err != nil {
 			return false, nil
 		}
-		if binary.LittleEndian.Uint32(h[8:]) == tailVersionDense {
+		if v := binary.LittleEndian.Uint32(h[8:]); v == tailVersionDense || v == tailVersionDenseV3 {
 			dense++
 		}
 	}

@@ -21,6 +21,11 @@ const FormatVersion uint32 = 1
 // files stay at FormatVersion.
 const tailVersionDense uint32 = 2
 
+// tailVersionDenseV3 is the column format version of a dense tail file of
+// a buffer with rows.meta version 3: entries end in a 16-byte trailer
+// whose checksum covers the observation and its row (tailTrailerSizeV3).
+const tailVersionDenseV3 uint32 = 3
+
 // tailTrailerSize is the u64 after each entry of a dense tail file: the
 // seq of the row the entry belongs to, plus 1 (0: never written).
 const tailTrailerSize = 8
@@ -102,8 +107,8 @@ func decodeColHeader(path string, b []byte) (colHeader, error) {
 	}
 	h.Version = le.Uint32(b[8:])
 	h.Role = le.Uint32(b[12:])
-	if h.Version != FormatVersion && h.Version != tailVersionDense {
-		return h, fmt.Errorf("%s: column format version %d, this build reads %d and %d (dense tail files): %w", path, h.Version, FormatVersion, tailVersionDense, ErrVersionMismatch)
+	if h.Version != FormatVersion && h.Version != tailVersionDense && h.Version != tailVersionDenseV3 {
+		return h, fmt.Errorf("%s: column format version %d, this build reads %d, %d and %d (dense tail files): %w", path, h.Version, FormatVersion, tailVersionDense, tailVersionDenseV3, ErrVersionMismatch)
 	}
 	h.UID = le.Uint64(b[16:])
 	h.Capacity = le.Uint64(b[24:])
@@ -129,6 +134,10 @@ type metaHeader struct {
 	UID        uint64
 	Capacity   uint64
 	Name       string
+	// Version 3 only (0 in versions 1 and 2, whose bytes there are
+	// zero): the rows of a block and the ring's slots.
+	BlockRows uint32
+	Slots     uint64
 }
 
 func (h metaHeader) encode() []byte {
@@ -141,8 +150,16 @@ func (h metaHeader) encode() []byte {
 	le.PutUint64(b[24:], h.Capacity)
 	le.PutUint16(b[32:], uint16(len(h.Name)))
 	copy(b[34:34+64], h.Name)
+	if h.Version == metaVersionBlocks {
+		le.PutUint32(b[mhBlockRows:], h.BlockRows)
+		le.PutUint64(b[mhSlots:], h.Slots)
+	}
 	le.PutUint32(b[metaHeaderCRCOff:], crc32.Checksum(b[:metaHeaderCRCOff], castagnoli))
-	putWatermark(b, 0)
+	if h.Version == metaVersionBlocks {
+		watermarkRecord{TipBase: -1}.encode(b)
+	} else {
+		putWatermark(b, 0)
+	}
 	return b
 }
 
@@ -159,8 +176,8 @@ func decodeMetaHeader(path string, b []byte) (metaHeader, error) {
 		return h, corruptf(path, metaHeaderCRCOff, "header checksum %08x, computed %08x", got, want)
 	}
 	h.Version = le.Uint32(b[8:])
-	if h.Version != FormatVersion && h.Version != metaVersionRuns {
-		return h, fmt.Errorf("%s: row-metadata format version %d, this build reads %d and %d: %w", path, h.Version, FormatVersion, metaVersionRuns, ErrVersionMismatch)
+	if h.Version != FormatVersion && h.Version != metaVersionRuns && h.Version != metaVersionBlocks {
+		return h, fmt.Errorf("%s: row-metadata format version %d, this build reads %d, %d and %d: %w", path, h.Version, FormatVersion, metaVersionRuns, metaVersionBlocks, ErrVersionMismatch)
 	}
 	h.RecordSize = le.Uint32(b[12:])
 	h.UID = le.Uint64(b[16:])
@@ -170,6 +187,9 @@ func decodeMetaHeader(path string, b []byte) (metaHeader, error) {
 		return h, corruptf(path, 32, "buffer name of %d bytes", n)
 	}
 	h.Name = string(b[34 : 34+n])
+	if h.Version == metaVersionBlocks {
+		h.BlockRows, h.Slots = le.Uint32(b[mhBlockRows:]), le.Uint64(b[mhSlots:])
+	}
 	return h, nil
 }
 

@@ -68,7 +68,7 @@ func TestSegmentsFoundAfterCrashSyncedFirst(t *testing.T) {
 			// when rows lie above the watermark (called here whether or
 			// not the kill left any: when it left none, the marks wait
 			// for the first sync that moves the watermark).
-			if err := b.syncFiles(b.writeCount.Load()); err != nil {
+			if _, err := b.syncFiles(b.writeCount.Load()); err != nil {
 				t.Fatal(err)
 			}
 			if dirty, _, dirPending = pending(b); dirty != 0 || dirPending {

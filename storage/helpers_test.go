@@ -44,8 +44,10 @@ func testSpec(kind Kind, capacity int64, compact bool) Spec {
 // out, they get the default of new memmap buffers (rows.meta format version
 // 2 and a run log); RBD_TEST_MEMMAP_ROW_META=row runs every test of a
 // memmap buffer made by testSpec on rows.meta format version 1, the layout
-// of buffers made by older builds, and RBD_TEST_MEMMAP_ROW_META=strided
-// with 8-byte strided memory records (.ci/run runs both, after the default
+// of buffers made by older builds, RBD_TEST_MEMMAP_ROW_META=strided
+// with 8-byte strided memory records, and RBD_TEST_MEMMAP_ROW_META=blocks
+// on rows.meta format version 3 in builds with the rbd_blocks tag, which
+// lets CreateBuffer make them (.ci/run runs all three, after the default
 // run).
 var testMemmapRowMeta = RowMetaLayout(os.Getenv("RBD_TEST_MEMMAP_ROW_META"))
 

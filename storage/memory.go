@@ -30,10 +30,10 @@ const (
 // whose records name runs), with the side table of irregular runs for
 // strided ones (if rows at irregular distances fill it).
 func runMetaBytesPerRow(spec Spec) int64 {
-	switch spec.RowMetaLayout {
-	case RowMetaRuns:
+	switch {
+	case spec.RowMetaLayout == RowMetaRuns:
 		return runBytesPerRow
-	case RowMetaStrided:
+	case spec.stridedRecords():
 		return runBytesPerRow + irrEntry
 	}
 	return 0

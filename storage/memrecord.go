@@ -206,10 +206,10 @@ func (b *Buffer) evictFields(slot, seq int64) (traj, version int64, flags uint32
 
 // memRecordBytes is the size of a memory record in a buffer of spec.
 func memRecordBytes(spec Spec) int64 {
-	switch spec.RowMetaLayout {
-	case RowMetaRuns:
+	switch {
+	case spec.RowMetaLayout == RowMetaRuns:
 		return memRunRecordSize
-	case RowMetaStrided:
+	case spec.stridedRecords():
 		return memStridedRecordSize
 	}
 	return memRecordSize

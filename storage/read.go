@@ -666,7 +666,10 @@ func (b *Buffer) Info() (Info, error) {
 		info.Bytes[c.name] = fb
 	}
 	info.RowMetaBytes = recordSize
-	if b.rlog != nil {
+	if b.blk != nil {
+		// Version 3: two 32-byte record copies a block of 64 rows.
+		info.RowMetaBytes = blockRecordsBytes
+	} else if b.rlog != nil {
 		// A memmap buffer's file record (its memory records, 16 or 8
 		// bytes, are not what the field reports).
 		info.RowMetaBytes = fileRunRecordSize

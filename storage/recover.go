@@ -65,6 +65,9 @@ func (b *Buffer) scanRecords(reserved int64, fn func(slot int64, rec []byte) err
 }
 
 func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos) (_ int64, err error) {
+	if b.blk != nil {
+		return b.recoverBlocks(st, streams)
+	}
 	defer b.recoverFault(&err, debug.SetPanicOnFault(true))
 	capacity, slots := b.capacity, b.slots
 	durable, ok := readWatermark(b.hdr)
@@ -82,7 +85,7 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 	}
 	var runs *loadedRuns
 	if b.rlog != nil {
-		if runs, err = b.rlog.load(!b.store.readOnly); err != nil {
+		if runs, err = b.rlog.load(!b.store.readOnly, -1); err != nil {
 			return -1, err
 		}
 	}
@@ -329,6 +332,23 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 	}
 	if b.tailScan != nil {
 		b.finishDenseTails(!b.store.readOnly)
+	}
+	return b.endRecovery(st, streams, wc, durable, holes, runs, maxTraj)
+}
+
+// endRecovery is what every rows.meta version's recovery ends with, once
+// its scan settled the write count wc, the durable watermark and the
+// rows of the window: the streams to continue, the trajectories to close,
+// the run log's garbage, the holes and the log lines.
+func (b *Buffer) endRecovery(st bufferState, streams map[string]map[int64]streamPos, wc, durable int64, holes [][2]int64, runs *loadedRuns, maxTraj int64) (int64, error) {
+	lo := max(0, wc-b.capacity)
+	inOldHole := func(seq int64) bool {
+		for _, h := range st.Holes {
+			if seq >= h[0] && seq < h[1] {
+				return true
+			}
+		}
+		return false
 	}
 	b.setWriteCount(wc)
 	b.sync.durable = durable

@@ -18,7 +18,7 @@ func spareSlots(capacity int64) int64 {
 // hold rows that have left it (stamped void at eviction). fromFiles is a
 // buffer opened from files of one slot a row.
 func ringSlotCount(spec Spec, fromFiles bool) int64 {
-	if spareSlotsInMemory && spec.Storage == KindMemory && !fromFiles {
+	if spec.blockFiles() || (spareSlotsInMemory && spec.Storage == KindMemory && !fromFiles) {
 		return spareSlots(spec.Capacity)
 	}
 	return spec.Capacity

@@ -40,6 +40,10 @@ const (
 	// metaVersionRuns is the rows.meta format version of a memmap buffer
 	// with row_meta "runs". Column files stay at FormatVersion.
 	metaVersionRuns uint32 = 2
+	// metaVersionBlocks is the rows.meta format version of a memmap
+	// buffer with row_meta "blocks" (blocks.go); its run segments have
+	// this version too.
+	metaVersionBlocks uint32 = 3
 	// fileRunRecordSize is a version 2 row record.
 	fileRunRecordSize = 16
 
@@ -197,11 +201,16 @@ type runLog struct {
 	preparing chan struct{}
 	bg        sync.WaitGroup
 
+	// v3: the run log of a buffer with rows.meta version 3 (pieces with
+	// a stride, planned by planStrided into pv3; segment version 3).
+	v3 bool
+
 	// Scratch of the batch being written (wmu): its pieces and, for the
-	// row of seq first+i, rows[i].
+	// row of seq first+i, rows[i] (version 2), or its pieces (version 3).
 	first  int64
 	pieces []runPiece
 	rows   []pieceRow
+	pv3    []pieceV3
 	open   [256]int32 // 1 + index in pieces of a trajectory's open piece, by its low bits
 	buf    []byte
 }
@@ -224,7 +233,55 @@ type runSegment struct {
 }
 
 func newRunLog(b *Buffer) *runLog {
-	return &runLog{b: b, target: runSegmentTarget(b.capacity), nextSeg: 1, newSeg: true}
+	return &runLog{b: b, target: runSegmentTarget(b.capacity), nextSeg: 1, newSeg: true, v3: b.spec.blockFiles()}
+}
+
+// version is the format version of the log's segments.
+func (l *runLog) version() uint32 {
+	if l.v3 {
+		return metaVersionBlocks
+	}
+	return metaVersionRuns
+}
+
+// planStrided cuts recs (one extend's rows in seq order, the first at seq
+// first) into version 3 pieces: a trajectory's piece continues while its
+// rows follow each other (prev_seq, step) equally many seqs apart, keep
+// env and version, and none is flagged, up to maxPieceRows rows within
+// maxPieceSpan seqs. Envs stepping in lockstep (a collector's rows) make
+// a piece per trajectory and extend, as version 2 does; rows of one
+// trajectory at irregular distances start a piece at each change of
+// distance.
+func (l *runLog) planStrided(recs []record, first int64) {
+	l.first = first
+	l.pv3 = l.pv3[:0]
+	clear(l.open[:])
+	for i := range recs {
+		r := &recs[i]
+		k := r.TrajID & int64(len(l.open)-1)
+		if j := l.open[k] - 1; j >= 0 {
+			p := &l.pv3[j]
+			last := p.lastSeq()
+			d := r.Seq - last
+			if p.TrajID == r.TrajID && last == r.PrevSeq && r.Step == p.FirstStep+int64(p.Rows) && p.Flags == 0 &&
+				r.Env == p.Env && r.PolicyVersion == p.PolicyVersion && p.Rows < maxPieceRows &&
+				r.Seq-p.FirstSeq <= maxPieceSpan && (p.Rows == 1 || d == int64(p.Stride)) {
+				p.Stride = uint16(d)
+				p.Rows++
+				p.Flags = uint8(r.Flags)
+				if r.Flags != 0 {
+					l.open[k] = 0
+				}
+				continue
+			}
+		}
+		l.pv3 = append(l.pv3, pieceV3{FirstSeq: r.Seq, TrajID: r.TrajID, FirstStep: r.Step, PrevSeq: r.PrevSeq,
+			Env: r.Env, PolicyVersion: r.PolicyVersion, Rows: 1, Flags: uint8(r.Flags)})
+		l.open[k] = int32(len(l.pv3))
+		if r.Flags != 0 {
+			l.open[k] = 0
+		}
+	}
 }
 
 // runSegmentTarget is the size of the run segments of a ring of capacity
@@ -301,18 +358,29 @@ func (l *runLog) planMore(recs []record) []pieceRow {
 // the rows). The only error is a segment that cannot be created (a full
 // disk): nothing of the batch is written then.
 func (l *runLog) appendPlanned(keepFrom func() int64) error {
-	if len(l.pieces) == 0 {
+	count := len(l.pieces)
+	if l.v3 {
+		count = len(l.pv3)
+	}
+	if count == 0 {
 		return nil
 	}
-	n := len(l.pieces) * runLogRecordSize
+	n := count * runLogRecordSize
 	if cap(l.buf) < n {
 		l.buf = make([]byte, n)
 	}
 	buf := l.buf[:n]
 	maxLast := int64(-1)
-	for i := range l.pieces {
-		l.pieces[i].encode(buf[i*runLogRecordSize:])
-		maxLast = max(maxLast, l.pieces[i].lastSeq())
+	if l.v3 {
+		for i := range l.pv3 {
+			l.pv3[i].encode(buf[i*runLogRecordSize:])
+			maxLast = max(maxLast, l.pv3[i].lastSeq())
+		}
+	} else {
+		for i := range l.pieces {
+			l.pieces[i].encode(buf[i*runLogRecordSize:])
+			maxLast = max(maxLast, l.pieces[i].lastSeq())
+		}
 	}
 	l.segMu.Lock()
 	defer l.segMu.Unlock()
@@ -423,7 +491,7 @@ func (l *runLog) createSegment(no uint64, size int64) (*runSegment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create run segment: %w", err)
 	}
-	copy(r.Bytes(), segHeader{Magic: runSegMagic, Version: metaVersionRuns, UID: l.b.uid, Number: no}.encode())
+	copy(r.Bytes(), segHeader{Magic: runSegMagic, Version: l.version(), UID: l.b.uid, Number: no}.encode())
 	// The header and the directory entry are made durable by the next
 	// sync, before any watermark counts a row whose piece is here (a
 	// kill -9 keeps both; a power loss before that sync takes only rows
@@ -656,7 +724,9 @@ func runSegmentNumbers(dir string) ([]uint64, error) {
 // seq and notes on records it could not use.
 type loadedRuns struct {
 	pieces map[int64]runPiece
-	notes  []string
+	// Version 3: every valid piece and hole record, where it was found.
+	v3    []loadedPiece
+	notes []string
 	// scratch is fileRunAt's copy of a record: one pass over the records
 	// at a time uses a loadedRuns.
 	scratch [fileRunRecordSize]byte
@@ -670,7 +740,7 @@ type loadedRuns struct {
 // that vanishes while it is read (a running writer deleted it) is
 // skipped. With writable, an empty file a crash left at a segment's
 // creation is removed. The next append starts a new segment.
-func (l *runLog) load(writable bool) (*loadedRuns, error) {
+func (l *runLog) load(writable bool, reserved int64) (*loadedRuns, error) {
 	dir := l.b.dir
 	nos, err := runSegmentNumbers(dir)
 	if err != nil {
@@ -706,7 +776,7 @@ func (l *runLog) load(writable bool) (*loadedRuns, error) {
 			}
 			continue
 		}
-		h, err := decodeSegHeader(path, data, runSegMagic, metaVersionRuns, "run segment")
+		h, err := decodeSegHeader(path, data, runSegMagic, l.version(), "run segment")
 		if err != nil {
 			return nil, err
 		}
@@ -725,6 +795,16 @@ func (l *runLog) load(writable bool) (*loadedRuns, error) {
 			rec := data[off : off+runLogRecordSize]
 			if isZero(rec) {
 				continue // room never written (segments are allocated whole)
+			}
+			if l.v3 {
+				p, why := decodePieceV3(rec, reserved)
+				if why != "" {
+					out.notes = append(out.notes, fmt.Sprintf("%s: run record at offset %d: %s", path, off, why))
+					continue
+				}
+				out.v3 = append(out.v3, loadedPiece{pieceV3: p, seg: no, off: int64(off)})
+				seg.maxLast = max(seg.maxLast, p.lastSeq())
+				continue
 			}
 			p, why := decodeRunPiece(rec)
 			if why != "" {

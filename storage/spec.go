@@ -83,13 +83,34 @@ const (
 	// runs, which keep each row's offset and distance back in 4 bytes of
 	// a side table.
 	RowMetaStrided RowMetaLayout = "strided"
+	// RowMetaBlocks (memmap buffers) keeps rows.meta in format version 3
+	// (docs/proposals/format-v3.md): no file record per row, a checksum
+	// per block of 64 slots kept in two copies, pieces of trajectories
+	// with a stride in the run log, and the strided layout's 8-byte
+	// records in memory. Under construction: CreateBuffer refuses it
+	// (ErrInvalidSpec) until every part of version 3 is built; only
+	// tests of this package create such buffers (Store.formatV3).
+	RowMetaBlocks RowMetaLayout = "blocks"
 )
 
 // runLogFiles reports whether a buffer of s keeps rows.meta in format
 // version 2 with a run log: memmap buffers with row_meta "runs" or
 // "strided" (the two differ in their memory records only).
 func (s Spec) runLogFiles() bool {
-	return s.Storage == KindMemmap && (s.RowMetaLayout == RowMetaRuns || s.RowMetaLayout == RowMetaStrided)
+	return s.Storage == KindMemmap && (s.RowMetaLayout == RowMetaRuns || s.RowMetaLayout == RowMetaStrided || s.RowMetaLayout == RowMetaBlocks)
+}
+
+// blockFiles reports whether a buffer of s keeps rows.meta in format
+// version 3 (block records) with a version 3 run log.
+func (s Spec) blockFiles() bool {
+	return s.Storage == KindMemmap && s.RowMetaLayout == RowMetaBlocks
+}
+
+// stridedRecords reports whether a buffer of s keeps the strided layout's
+// 8-byte memory records: row_meta "strided", and "blocks", whose pieces
+// are strided.
+func (s Spec) stridedRecords() bool {
+	return s.RowMetaLayout == RowMetaStrided || s.RowMetaLayout == RowMetaBlocks
 }
 
 // Limits enforced by Validate. They exist to turn absurd requests (usually
@@ -270,8 +291,9 @@ var ErrInvalidSpec = errors.New("storage: invalid spec")
 
 // ErrNotSupported marks requests for features that are planned but not built
 // yet, so that callers can tell "never valid" from "not valid yet". No spec
-// option returns it today (compressed storage, compress and frame_stack,
-// once behind it, exist now); callers may keep checking for it.
+// option returned it for a while (compressed storage, compress and frame_stack,
+// once behind it, exist now); row_meta "blocks" (format version 3) is
+// behind it while it is built; callers may keep checking for it.
 var ErrNotSupported = errors.New("storage: not supported yet")
 
 // SpecError is one problem with a spec. Path locates it the way a client
@@ -584,6 +606,12 @@ func (v *specValidator) validate(s Spec) {
 	case RowMetaRuns, RowMetaStrided:
 		if s.Storage == KindCompressed {
 			v.add("row_meta", "row_meta %q applies to memory and memmap buffers; %s buffers keep 64-byte row records", s.RowMetaLayout, s.Storage)
+		}
+	case RowMetaBlocks:
+		// Valid in a stored spec (a buffer tests made); CreateBuffer
+		// refuses it for new buffers until version 3 is complete.
+		if s.Storage != KindMemmap {
+			v.add("row_meta", "row_meta %q applies to memmap buffers only (block checksums of files); %s buffers do not keep it", s.RowMetaLayout, s.Storage)
 		}
 	default:
 		v.add("row_meta", "unknown row_meta %q; want %s, %s or %s", s.RowMetaLayout, RowMetaPerRow, RowMetaRuns, RowMetaStrided)

@@ -115,6 +115,10 @@ type Store struct {
 	// rows of a page or more), as builds before dense tail files made
 	// them: stores keep opening those.
 	slotTails bool
+	// formatV3, set by tests, lets CreateBuffer make memmap buffers with
+	// row_meta "blocks" (rows.meta format version 3), which it refuses
+	// with ErrNotSupported until every part of the version is built.
+	formatV3 bool
 	// snapMu orders snapshot writes; snapSeq numbers them.
 	snapMu  sync.Mutex
 	snapSeq uint64
@@ -338,6 +342,11 @@ func (s *Store) createLocked(name string, spec Spec) (b *Buffer, created bool, e
 			return old, false, nil
 		}
 		return nil, false, fmt.Errorf("create buffer %q: %w", name, ErrSpecConflict)
+	}
+	if spec.RowMetaLayout == RowMetaBlocks && !s.formatV3 && !formatV3Built {
+		return nil, false, fmt.Errorf("create buffer %q: %w", name, &SpecError{Path: "row_meta",
+			Msg: fmt.Sprintf("row_meta %q (rows.meta format version 3, docs/proposals/format-v3.md) is being built: this build keeps its files but cannot create them yet; use %q", RowMetaBlocks, RowMetaRuns),
+			Err: ErrNotSupported})
 	}
 	if spec.RowMetaLayout == "" && spec.Storage == KindMemmap {
 		// New memmap buffers keep rows.meta in format version 2: 16

@@ -46,7 +46,7 @@ func (b *Buffer) syncTo(target int64) error {
 		goal := b.writeCount.Load()
 		s.mu.Unlock()
 		b.store.crash.at("before-sync")
-		err := b.syncFiles(goal)
+		goal, err := b.syncFiles(goal)
 		b.store.crash.at("after-sync")
 		s.mu.Lock()
 		s.rounds++
@@ -61,12 +61,17 @@ func (b *Buffer) syncTo(target int64) error {
 }
 
 // syncFiles makes every row below goal durable, then records goal as the
-// watermark. Rows go first: a watermark must never claim rows the disk
-// does not hold.
-func (b *Buffer) syncFiles(goal int64) (err error) {
+// watermark, and returns it. Rows go first: a watermark must never claim
+// rows the disk does not hold. A version 3 buffer syncs the write count
+// it captures with its tip under the writer's lock instead, which is at
+// least goal.
+func (b *Buffer) syncFiles(goal int64) (_ int64, err error) {
 	// Recovered here, not by the caller: syncTo drops its lock around
 	// this call, and a panic through it would unlock twice.
 	defer b.recoverFault(&err, debug.SetPanicOnFault(true))
+	if b.blk != nil {
+		return b.syncBlocks()
+	}
 	var errs []error
 	var sealed int64
 	if b.cs != nil {
@@ -83,7 +88,7 @@ func (b *Buffer) syncFiles(goal int64) (err error) {
 	}
 	errs = append(errs, b.meta.Sync())
 	if err := errors.Join(errs...); err != nil {
-		return err
+		return 0, err
 	}
 	if cur, ok := readWatermark(b.hdr); !ok || cur != goal {
 		// One write, not two stores into the mapping: a writer killed
@@ -91,24 +96,52 @@ func (b *Buffer) syncFiles(goal int64) (err error) {
 		// (recovery fell back to the catalog's count, and verify called
 		// it damage).
 		if _, err := b.meta.WriteAt(watermarkBlock(goal), watermarkOff); err != nil {
-			return fmt.Errorf("write the durable watermark: %w", err)
+			return 0, fmt.Errorf("write the durable watermark: %w", err)
 		}
 		if err := b.meta.SyncRange(0, headerSize); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	if b.rlog != nil {
 		// Rows below goal-capacity are now durably overwritten.
 		if err := b.rlog.collect(goal - b.capacity); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	if b.cs != nil {
 		// Everything below goal-capacity is now durably overwritten and
 		// every seal counted before the sync is on disk.
-		return b.cs.collect(goal-b.capacity, sealed)
+		return goal, b.cs.collect(goal-b.capacity, sealed)
 	}
-	return nil
+	return goal, nil
+}
+
+// syncBlocks is syncFiles for a version 3 buffer (format-v3.md, "Syncs"):
+// the write count and the tip captured under the writer's lock; the run
+// segments, columns and tail files made durable, then rows.meta (the
+// block records extends wrote), and only then the watermark record. It
+// writes no block record.
+func (b *Buffer) syncBlocks() (int64, error) {
+	b.wmu.Lock()
+	wr, err := b.tipLocked()
+	b.wmu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	errs := []error{b.rlog.sync()}
+	for _, c := range b.allColumns() {
+		errs = append(errs, c.region.Sync())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return 0, err
+	}
+	if err := b.meta.Sync(); err != nil {
+		return 0, err
+	}
+	if err := b.writeWatermarkRecord(wr); err != nil {
+		return 0, err
+	}
+	return wr.Seq, b.rlog.collect(wr.Seq - b.capacity)
 }
 
 // state is the catalog-side state of the buffer as of now.
@@ -155,7 +188,7 @@ func (b *Buffer) reserveSeqs(end int64) error {
 		return nil
 	}
 	old := b.seqRes.Load()
-	b.seqRes.Store(end + b.seqBlock())
+	b.seqRes.Store(b.roundReservation(end + b.seqBlock()))
 	if _, err := b.commitStateLocked(false, nil, false, false); err != nil {
 		b.seqRes.Store(old)
 		return fmt.Errorf("reserve seqs: %w", err)
@@ -175,7 +208,7 @@ func (b *Buffer) maybeReserveAhead(end int64) {
 	if b.seqRes.Load()-end >= block/2 || !b.reservingAhead.CompareAndSwap(false, true) {
 		return
 	}
-	go b.reserveAhead(end + block)
+	go b.reserveAhead(b.roundReservation(end + block))
 }
 
 // reserveAhead commits a reservation up to target (see maybeReserveAhead).
@@ -284,13 +317,23 @@ func (b *Buffer) close() error {
 		return b.unmap()
 	}
 	var errs []error
-	if b.persistent {
-		if err := b.syncFiles(b.writeCount.Load()); err != nil {
+	failed := false
+	if b.blk != nil {
+		// A version 3 buffer after a fault writes no watermark record
+		// and stays unclean: the faulting extend may have left a block's
+		// running checksum half updated, which the next open recovers
+		// from the files.
+		b.wmu.Lock()
+		failed = b.blk.faulted || b.failed.Load() != nil
+		b.wmu.Unlock()
+	}
+	if b.persistent && !failed {
+		if _, err := b.syncFiles(b.writeCount.Load()); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	b.pruneHoles()
-	clean := b.persistent && len(errs) == 0
+	clean := b.persistent && len(errs) == 0 && !failed
 	streams := map[string]map[int64]streamPos{}
 	if clean {
 		b.wmu.Lock()

@@ -420,6 +420,9 @@ func (b *Buffer) openUpgradeState(writable bool) (string, error) {
 	if b.spec.Storage != KindMemmap {
 		return path, nil
 	}
+	if b.blk != nil {
+		return path, nil // no upgrade makes version 3 files yet
+	}
 	pending := upgradeMetaFile(b.dir)
 	if b.rlog == nil {
 		if writable {

@@ -303,6 +303,16 @@ func (b *Buffer) ExtendContext(ctx context.Context, stream string, batch *Batch,
 func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	b.wmu.Lock()
 	defer b.wmu.Unlock()
+	if b.blk != nil {
+		// A fault (recoverFault, after wmu is released) may have cut
+		// the block records short: no sync may capture a tip from them.
+		defer func() {
+			if r := recover(); r != nil {
+				b.blk.faulted = true
+				panic(r)
+			}
+		}()
+	}
 	n := int64(p.n)
 	first := b.writeCount.Load()
 	end := first + n
@@ -371,6 +381,12 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 
 	capacity, slots := b.capacity, b.slots
 	written := max(first, end-capacity) // rows below this leave the window in the same batch
+	if b.blk != nil {
+		// Every pass of a block starts at its first slot: the rows
+		// written are at most capacity + blockRows - 1, fewer than the
+		// slots, so no two share one.
+		written = max(first, (end-capacity)/blockRows*blockRows)
+	}
 
 	// Compressed fields go into chunks first, so that a row whose record
 	// is whole always has them on disk. Nothing in the index has changed
@@ -384,7 +400,11 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	// A run log's pieces go to disk before any row names them, as
 	// chunks do; nothing has changed yet if this fails either.
 	if b.rlog != nil {
-		b.rlog.plan(recs[written-first:], written)
+		if b.blk != nil {
+			b.rlog.planStrided(recs[written-first:], written)
+		} else {
+			b.rlog.plan(recs[written-first:], written)
+		}
 		if err := b.rlog.appendPlanned(b.runKeepFrom); err != nil {
 			return ExtendResult{}, err
 		}
@@ -415,13 +435,15 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	// before. Row by row, a CartPole extend took 18.9 µs, by column 16.0
 	// (docs/performance.md). So do a version 2 memmap buffer's, once
 	// every slot they go to is marked as being written (markRunsWriting).
-	if b.rlog != nil {
+	if b.rlog != nil && b.blk == nil {
 		b.markRunsWriting(recs[written-first:], written%slots)
 	}
 	if b.copiesByColumn() {
 		b.copyColumns(p, int(written-first), written%slots, int(end-written))
 	}
-	if pitch := b.runStagePitch(); pitch > 0 {
+	if b.blk != nil {
+		b.writeRowsV3(recs, p, first, written, end)
+	} else if pitch := b.runStagePitch(); pitch > 0 {
 		for s := written; s < end; {
 			n := min(end-s, runStageRows)
 			rows := b.stageRunRows(p, int(s-first), int(n), pitch)
@@ -440,9 +462,15 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	if b.persistent {
 		b.punchTails(end)
 	}
-	envs := b.publish(recs, first, written, end, stream, edits.apply())
+	// A version 3 extend larger than the ring writes rows below the
+	// window (from a block's first slot); they are not published.
+	envs := b.publish(recs, first, max(written, end-capacity), end, stream, edits.apply())
 	if b.tailIx != nil {
-		if err := b.tailIx.release(max(0, end-capacity)); err != nil {
+		keep := max(0, end-capacity)
+		if b.blk != nil {
+			keep = b.blockTailFloor(end)
+		}
+		if err := b.tailIx.release(keep); err != nil {
 			b.log.Warn("cannot give back the blocks of final observations no row uses; the file keeps them", "err", err)
 		}
 	}
@@ -670,7 +698,7 @@ func (b *Buffer) writeRow(slot int64, rec *record, p *plan, r int) {
 // 2 memmap buffer, or when a row's checksummed bytes are more than
 // crcScratchSize (images: checksummed where they are, row by row).
 func (b *Buffer) runStagePitch() int64 {
-	if b.rlog == nil {
+	if b.rlog == nil || b.blk != nil {
 		return 0
 	}
 	var fieldBytes int

@@ -1,0 +1,474 @@
+package storage
+
+import (
+	"cmp"
+	"container/heap"
+	"fmt"
+	"runtime/debug"
+	"slices"
+)
+
+// Recovery of a buffer with rows.meta version 3 (format-v3.md, "What Open
+// accepts"). A row of the window is live when the block records (or the
+// watermark record's tip) verify it, a valid run piece holds it, its
+// predecessor was accepted, and its final observation's entry checks.
+// Rows that fail are holes above the durable watermark and damage below
+// it, reported by block: a block's checksum cannot say which of its rows
+// changed.
+
+// loadedPiece is a version 3 run record found at open, and where.
+type loadedPiece struct {
+	pieceV3
+	seg uint64 // segment number
+	off int64  // offset in the segment
+}
+
+func (p *loadedPiece) where() string { return fmt.Sprintf("%s offset %d", runSegName(p.seg), p.off) }
+
+// pieceCursor walks the rows of a piece in seq order.
+type pieceCursor struct {
+	p   *loadedPiece
+	k   int   // row of the piece
+	seq int64 // its seq
+}
+
+type cursorHeap []pieceCursor
+
+func (h cursorHeap) Len() int           { return len(h) }
+func (h cursorHeap) Less(i, j int) bool { return h[i].seq < h[j].seq }
+func (h cursorHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *cursorHeap) Push(x any)        { *h = append(*h, x.(pieceCursor)) }
+func (h *cursorHeap) Pop() any {
+	old := *h
+	c := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return c
+}
+
+// pieceSweep finds, seq by seq in increasing order, the pieces holding
+// each seq: pieces sorted by first seq enter as the sweep reaches them,
+// and a heap orders the next rows of those it is inside.
+type pieceSweep struct {
+	sorted []*loadedPiece
+	next   int
+	h      cursorHeap
+}
+
+func newPieceSweep(runs *loadedRuns) *pieceSweep {
+	w := &pieceSweep{}
+	for i := range runs.v3 {
+		if !runs.v3[i].Hole() {
+			w.sorted = append(w.sorted, &runs.v3[i])
+		}
+	}
+	slices.SortFunc(w.sorted, func(a, b *loadedPiece) int { return cmp.Compare(a.FirstSeq, b.FirstSeq) })
+	return w
+}
+
+// at returns the pieces holding seq (one, or more when damage made two
+// claim it; the cursor says which row), called with increasing seqs.
+func (w *pieceSweep) at(seq int64, out []pieceCursor) []pieceCursor {
+	out = out[:0]
+	for ; w.next < len(w.sorted) && w.sorted[w.next].FirstSeq <= seq; w.next++ {
+		p := w.sorted[w.next]
+		k := 0
+		if d := seq - p.FirstSeq; d > 0 && p.Stride == 0 {
+			k = 1 // a piece of one row, before seq
+		} else if d > 0 {
+			k = int((d + int64(p.Stride) - 1) / int64(p.Stride))
+		}
+		if k < int(p.Rows) {
+			heap.Push(&w.h, pieceCursor{p: p, k: k, seq: p.FirstSeq + int64(k)*int64(p.Stride)})
+		}
+	}
+	for len(w.h) > 0 && w.h[0].seq <= seq {
+		c := heap.Pop(&w.h).(pieceCursor)
+		if c.seq == seq {
+			out = append(out, c)
+		}
+		if c.k+1 < int(c.p.Rows) {
+			c.k++
+			c.seq += int64(c.p.Stride)
+			heap.Push(&w.h, c)
+		}
+	}
+	return out
+}
+
+// blockVerifier finds the verified prefix of the blocks of the window,
+// each once.
+type blockVerifier struct {
+	b        *Buffer
+	reserved int64 // decode's bound on a copy's base
+	tip      watermarkRecord
+	base     int64 // the block last asked for
+	v        int   // its verified prefix
+	claims   []blockClaim
+}
+
+// copies decodes both record copies of block k.
+func (bv *blockVerifier) copies(k int64) (c [2]blockCopy, ok [2]bool) {
+	b := bv.b
+	meta := b.meta.Bytes()
+	for i := range 2 {
+		off := blockCopyOffset(b.slots, k, i)
+		var why string
+		c[i], why = decodeBlockCopy(meta[off:off+blockCopySize], k, b.slots, bv.reserved)
+		ok[i] = why == ""
+	}
+	return c, ok
+}
+
+// prefix returns how many rows of the pass of the block starting at base
+// a checksum verifies: a copy of that pass, or the watermark record's tip
+// when it names that pass of the block.
+func (bv *blockVerifier) prefix(base int64) int {
+	if base == bv.base {
+		return bv.v
+	}
+	k := bv.b.blockOf(base)
+	c, ok := bv.copies(k)
+	bv.claims = bv.claims[:0]
+	for i := range 2 {
+		if ok[i] && c[i].Base == base {
+			bv.claims = append(bv.claims, blockClaim{Rows: c[i].Rows, CRC: c[i].CRC})
+		}
+	}
+	if bv.tip.TipRows > 0 && bv.tip.TipBase == base {
+		bv.claims = append(bv.claims, blockClaim{Rows: bv.tip.TipRows, CRC: bv.tip.TipCRC})
+	}
+	bv.base, bv.v = base, bv.b.verifiedPrefix(k, bv.claims)
+	return bv.v
+}
+
+func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]streamPos) (_ int64, err error) {
+	defer b.recoverFault(&err, debug.SetPanicOnFault(true))
+	if !b.store.snapAt.IsZero() {
+		return -1, fmt.Errorf("buffer %q keeps rows.meta in format version 3, which cannot be read next to a running writer yet: read it through the server's API, or stop the server", b.name)
+	}
+	capacity, slots := b.capacity, b.slots
+	writable := !b.store.readOnly
+	wr, why := decodeWatermarkRecord(b.hdr)
+	durable := wr.Seq
+	if why != "" {
+		// The last checkpoint's write count is a safe lower bound: a
+		// checkpoint syncs the rows before it commits the count. No tip.
+		durable, wr = st.WriteCount, watermarkRecord{TipBase: -1}
+		b.damage = append(b.damage, fmt.Sprintf("watermark record of %s is torn (%s); using the last checkpoint's write count %d", metaFile(b.dir), why, durable))
+	}
+	runs, err := b.rlog.load(writable, st.SeqReserved)
+	if err != nil {
+		return -1, err
+	}
+	if b.tailIx != nil {
+		b.tailScan = b.scanDenseTails()
+	}
+	bv := &blockVerifier{b: b, reserved: st.SeqReserved, tip: wr, base: -1}
+
+	// The write count: the ring reached every seq a block record, a piece
+	// or a hole record names (a cut-off extend's pieces say how far it
+	// may have written).
+	wc := st.WriteCount
+	for k := range slots / blockRows {
+		c, ok := bv.copies(k)
+		for i := range 2 {
+			if ok[i] {
+				wc = max(wc, c[i].Base+int64(c[i].Rows))
+			}
+		}
+	}
+	known := slices.Clone(st.Holes)
+	for i := range runs.v3 {
+		p := &runs.v3[i]
+		wc = max(wc, p.lastSeq()+1)
+		if p.Hole() {
+			known = append(known, [2]int64{p.FirstSeq, p.TrajID})
+		}
+	}
+	slices.SortFunc(known, func(x, y [2]int64) int { return cmp.Compare(x[0], y[0]) })
+	known = mergeRanges(known)
+	isHole := func(seq int64) bool {
+		i, _ := slices.BinarySearchFunc(known, seq, func(h [2]int64, s int64) int { return cmp.Compare(h[1], s+1) })
+		return i < len(known) && known[i][0] <= seq
+	}
+	switch {
+	case st.Clean:
+	case b.spec.Durability != DurabilityFsync:
+		// Seqs up to the reservation may have been handed out and
+		// acknowledged, then lost with unsynced pages: resume past them.
+		wc = max(wc, st.SeqReserved)
+	default:
+		// fsync: the window stays where the rows are, except that a
+		// block at its bottom that does not verify may have been
+		// overwritten by an unacknowledged write of its next pass whose
+		// records a power loss took: the window moves past it as that
+		// write would have moved it. The walk stops at the first sound
+		// block.
+		for {
+			lo := max(0, wc-capacity)
+			base := lo - lo%blockRows
+			if base+slots >= st.SeqReserved || lo >= wc {
+				break
+			}
+			v := bv.prefix(base)
+			sound := true
+			for s := max(lo, base+int64(v)); s < min(base+blockRows, wc, durable); s++ {
+				if !isHole(s) {
+					sound = false
+					break
+				}
+			}
+			if sound {
+				break
+			}
+			b.log.Warn("letting go of the rows at the bottom of the window that an unacknowledged write may have been overwriting",
+				"from", lo, "to", base+blockRows)
+			b.damage = append(b.damage, fmt.Sprintf("let go: seqs [%d, %d) at the window's bottom do not verify; an unacknowledged write of block %d's next pass may have been overwriting them", lo, base+blockRows, b.blockOf(base)))
+			wc = base + blockRows + capacity
+		}
+	}
+	b.seqRes.Store(max(st.SeqReserved, wc))
+	lo := max(0, wc-capacity)
+	durable = min(durable, wc)
+
+	var holes [][2]int64
+	addHole := func(seq int64) {
+		if n := len(holes); n > 0 && holes[n-1][1] == seq {
+			holes[n-1][1]++
+			return
+		}
+		holes = append(holes, [2]int64{seq, seq + 1})
+	}
+	lost := func(seq int64, why string) {
+		if seq >= durable || isHole(seq) {
+			addHole(seq)
+			return
+		}
+		b.damage = append(b.damage, fmt.Sprintf("seq %d (below durable watermark %d): %s", seq, durable, why))
+	}
+	if writable && !st.Clean {
+		// The accepted rows' pieces may be in the page cache only (a
+		// killed writer's): the first sync makes them durable.
+		b.rlog.syncFoundOnNextSync()
+	}
+
+	maxTraj := int64(-1)
+	type accepted struct{ traj, step int64 }
+	ok2 := make(map[int64]accepted) // accepted rows whose successor may still come
+	sweep := newPieceSweep(runs)
+	var hits []pieceCursor
+	for seq := lo; seq < wc; seq++ {
+		hits = sweep.at(seq, hits)
+		if isHole(seq) {
+			continue // a recorded hole: pieces that name it are a failed extend's
+		}
+		slot := seq % slots
+		base := seq - seq%blockRows
+		if v := bv.prefix(base); seq-base >= int64(v) {
+			lost(seq, fmt.Sprintf("block %d (slots %d to %d) is not verified past its row %d by its records or the watermark record", b.blockOf(base), slot-(seq-base), slot-(seq-base)+blockRows-1, v))
+			continue
+		}
+		switch len(hits) {
+		case 0:
+			lost(seq, "no run record holds it")
+			continue
+		case 1:
+		default:
+			where := make([]string, len(hits))
+			for i, h := range hits {
+				where[i] = h.p.where()
+			}
+			lost(seq, fmt.Sprintf("%d run records hold it: %v", len(hits), where))
+			continue
+		}
+		p := hits[0].p
+		_, step, prev, flags := p.row(hits[0].k)
+		r := record{Seq: seq, TrajID: p.TrajID, Step: step, PrevSeq: prev, Env: p.Env, Flags: flags, PolicyVersion: p.PolicyVersion}
+		tailAt := int64(-1)
+		if flags&flagHasTail != 0 {
+			var why string
+			if tailAt, why = b.findTailV3(seq, r.TrajID, r.Step); tailAt < 0 {
+				lost(seq, why)
+				continue
+			}
+		}
+		if r.PrevSeq >= lo && !isHole(r.PrevSeq) {
+			pr, ok := ok2[r.PrevSeq]
+			if !ok {
+				lost(seq, fmt.Sprintf("previous row %d of trajectory %d is missing", r.PrevSeq, r.TrajID))
+				continue
+			}
+			if pr.traj != r.TrajID || pr.step != r.Step-1 {
+				lost(seq, fmt.Sprintf("links to row %d of trajectory %d step %d, but it is trajectory %d step %d", r.PrevSeq, r.TrajID, r.Step-1, pr.traj, pr.step))
+				continue
+			}
+			delete(ok2, r.PrevSeq)
+		}
+		if err := b.ix.add(r.TrajID, r.Step, seq, r.Flags&flagDone != 0, r.Flags&flagHasTail != 0); err != nil {
+			lost(seq, err.Error())
+			continue
+		}
+		if r.Flags&flagDone == 0 {
+			ok2[seq] = accepted{r.TrajID, r.Step}
+		}
+		b.putMemRecord(slot, &r)
+		if tailAt >= 0 {
+			b.acceptDenseTail(seq, tailAt)
+		}
+		b.stamps.Store(slot, seq)
+		maxTraj = max(maxTraj, r.TrajID)
+		if b.prio != nil {
+			raw := b.prio.raw(slot)
+			if !validPriority(raw) || (raw == 0 && seq >= durable) {
+				// Priorities are outside every checksum; a torn or
+				// never-synced value gets the default a new row would.
+				raw = b.prio.max
+			}
+			if writable {
+				b.prio.set(slot, raw)
+			} else {
+				b.prio.setTrees(slot, raw)
+			}
+		}
+	}
+	if b.tailScan != nil {
+		b.finishDenseTails(writable)
+	}
+	// Hole records name holes the catalog may not have: they become the
+	// catalog's at the open's commit.
+	for _, h := range known {
+		if h[1] > lo {
+			holes = append(holes, h)
+		}
+	}
+	maxTraj, err = b.endRecovery(st, streams, wc, durable, holes, runs, maxTraj)
+	if err != nil || !writable {
+		return maxTraj, err
+	}
+	return maxTraj, b.resumeBlocks(st, wr, bv)
+}
+
+// findTailV3 returns the dense tail entry holding the final observation of
+// the row seq of trajectory traj at step (its checksum covering all
+// three, in every tail file), or -1 and why there is none. Entries follow
+// the seqs of their rows, as rowCRC checks for version 2.
+func (b *Buffer) findTailV3(seq, traj, step int64) (int64, string) {
+	sc := b.tailScan
+	i, _ := slices.BinarySearchFunc(sc.entries, seq, func(e tailEntry, seq int64) int { return cmp.Compare(e.seq, seq) })
+	why := fmt.Sprintf("no entry of %s holds its final observation", b.tails[0].file)
+	rows := b.tailIx.rows
+	for ; i < len(sc.entries) && sc.entries[i].seq == seq; i++ {
+		at := sc.entries[i].at
+		if sc.prevSeq >= 0 {
+			if gap := (at - sc.prevAt - 1 + rows) % rows; gap > seq-sc.prevSeq-1 {
+				why = fmt.Sprintf("its final observation is entry %d of %s, out of order: %d entries (ring-wise) after seq %d's entry %d, only %d rows later", at, b.tails[0].file, gap+1, sc.prevSeq, sc.prevAt, seq-sc.prevSeq)
+				continue
+			}
+		}
+		good := true
+		for _, c := range b.tails {
+			entry := c.data[at*c.pitch():]
+			if got, ok := tailEntryV3(entry, c.rowBytes, traj, step); got != seq || !ok {
+				why = fmt.Sprintf("entry %d of %s does not check for it (trailer names seq %d)", at, c.file, got)
+				good = false
+				break
+			}
+		}
+		if good {
+			return at, ""
+		}
+	}
+	return -1, why
+}
+
+// prefixSums returns the running checksums of the first n rows of the
+// pass of the block starting at base, read from the columns.
+func (b *Buffer) prefixSums(base int64, n int) *blockSums {
+	s := new(blockSums)
+	s.start(base)
+	slot := base % b.slots
+	for j := range n {
+		s.push(b.rowMajorCRC(s.at[j], slot+int64(j)))
+	}
+	return s
+}
+
+// resumeBlocks sets up the writer of a version 3 buffer opened for
+// writing (format-v3.md, "The writer after Open"). After a clean close
+// whose watermark is the write count, it continues the block being
+// filled if that block verifies up to the write count. Otherwise it
+// writes a final record for every block from the tip block up whose
+// records do not already say what recovery verified, and leaves the
+// block being filled early: the seqs to the next block boundary become
+// holes (reserved and committed with the open's recovery), so that a
+// block's running checksum never passes bytes no published row wrote.
+func (b *Buffer) resumeBlocks(st bufferState, wr watermarkRecord, bv *blockVerifier) error {
+	w := b.blk
+	wc := b.writeCount.Load()
+	lo := max(0, wc-b.capacity)
+	base := wc - wc%blockRows
+	if wc%blockRows == 0 {
+		w.filling = false
+		if st.Clean && wr.Seq == wc {
+			return nil
+		}
+	} else if v := bv.prefix(base); st.Clean && wr.Seq == wc && int64(v) == wc-base {
+		// The block's rows below the window are still in its slots: a
+		// slot is written again only a ring of slots later.
+		w.readCopies(b, base)
+		w.sums = *b.prefixSums(base, v)
+		for i := range 2 {
+			c := w.copies[i]
+			w.mine[i] = w.valid[i] && c.Base == base && c.Rows <= v && w.sums.at[c.Rows] == c.CRC
+		}
+		w.filling = true
+		return nil
+	}
+	// The blocks whose records a crash may have left claiming more than
+	// their rows verify: from the tip block (the catalog's write count's
+	// when the watermark record is torn) up, within the window.
+	from := st.WriteCount
+	if wr.TipBase >= 0 {
+		from = wr.TipBase
+	} else if wr.Seq > 0 {
+		from = wr.Seq
+	}
+	from = max(from, lo)
+	from -= from % blockRows
+	for kb := from; kb < wc; kb += blockRows {
+		v := bv.prefix(kb)
+		c, ok := bv.copies(b.blockOf(kb))
+		newer := 0
+		if ok[1] && (!ok[0] || c[1].newer(c[0])) {
+			newer = 1
+		}
+		if ok[newer] && c[newer].Base == kb && c[newer].Final && c[newer].Rows == v {
+			continue
+		}
+		w.readCopies(b, kb)
+		w.sums = *b.prefixSums(kb, v)
+		for i := range 2 {
+			w.mine[i] = w.valid[i] && w.copies[i].Base == kb && w.copies[i].Rows <= v && w.sums.at[w.copies[i].Rows] == w.copies[i].CRC
+		}
+		w.record(b, true)
+	}
+	w.filling = false
+	if wc%blockRows == 0 {
+		return nil
+	}
+	// Leave the block early: [wc, end) become holes, the write count
+	// moves to end, evicting what an extend of that length would.
+	end := base + blockRows
+	b.log.Info("leaving the block being filled early after an unclean close", "from", wc, "to", end)
+	b.evictForWrite(wc, end)
+	b.setWriteCount(end)
+	b.seqRes.Store(max(b.seqRes.Load(), end))
+	b.stateMu.Lock()
+	b.holes = mergeRanges(append(b.holes, [2]int64{wc, end}))
+	b.stateMu.Unlock()
+	return nil
+}
+
+// blockRecordsBytes is what a version 3 rows.meta keeps a row: two
+// 32-byte copies a block of blockRows.
+const blockRecordsBytes = 2 * blockCopySize / blockRows
