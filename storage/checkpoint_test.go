@@ -94,9 +94,12 @@ func TestCheckpointWhileWriting(t *testing.T) {
 func testCheckpointWhileWriting(t *testing.T, kind Kind, layout RowMetaLayout) {
 	{
 		const writers, capacity = 4, 20000
+		spec := testSpec(kind, capacity, true)
+		if layout == "" {
+			skipOnBlocks(t, spec, "hot checkpoints")
+		}
 		s := openStore(t, t.TempDir())
 		defer s.Close()
-		spec := testSpec(kind, capacity, true)
 		spec.Priority = &PriorityOptions{Alpha: 0.6, Eps: 1e-6}
 		if layout != "" { // "": testSpec's, which RBD_TEST_MEMMAP_ROW_META sets for memmap
 			spec.RowMetaLayout = layout
@@ -210,6 +213,7 @@ func testCheckpointWhileWriting(t *testing.T, kind Kind, layout RowMetaLayout) {
 
 // TestCheckpointDestinationExists: a checkpoint never writes over a dir.
 func TestCheckpointDestinationExists(t *testing.T) {
+	skipOnBlocks(t, testSpec(KindMemmap, 100, true), "hot checkpoints")
 	s := openStore(t, t.TempDir())
 	defer s.Close()
 	b := mustCreate(t, s, "b", testSpec(KindMemmap, 100, true))
@@ -223,6 +227,7 @@ func TestCheckpointDestinationExists(t *testing.T) {
 // checkpoint's copy: the destination is refused as incomplete by Open and
 // reported by Verify, never taken for a checkpoint.
 func TestCheckpointKilledMidCopy(t *testing.T) {
+	skipOnBlocks(t, testSpec(KindMemmap, 100, true), "hot checkpoints")
 	if os.Getenv("RBD_CP_CHILD") == "1" {
 		checkpointChild(t)
 		return
@@ -280,9 +285,10 @@ func checkpointChild(t *testing.T) {
 
 // TestCheckpointCancelled: a cancelled checkpoint leaves nothing behind.
 func TestCheckpointCancelled(t *testing.T) {
+	spec := testSpec(KindMemmap, 10000, true)
+	skipOnBlocks(t, spec, "hot checkpoints")
 	s := openStore(t, t.TempDir())
 	defer s.Close()
-	spec := testSpec(KindMemmap, 10000, true)
 	b := mustCreate(t, s, "b", spec)
 	mustExtend(t, b, "w0", cpBatch(spec, 0, 0, 9000))
 	ctx, cancel := context.WithCancel(context.Background())

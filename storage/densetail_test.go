@@ -26,7 +26,7 @@ func testDenseTails(t *testing.T, ob, ep, rows int) {
 	s := openStore(t, dir)
 	spec := sparseSpec(capacity, ob)
 	b := mustCreate(t, s, "img", spec)
-	ref := mustCreate(t, openStore(t, t.TempDir()), "img", func() Spec { r := spec; r.Storage, r.Durability = KindMemory, ""; return r }())
+	ref := mustCreate(t, openStore(t, t.TempDir()), "img", memoryTwin(spec))
 	if c := b.tails[0]; !c.dense || c.sparse {
 		t.Fatalf("the final observation column of a new memmap buffer is not dense: %+v", c)
 	}
@@ -66,15 +66,22 @@ func testDenseTails(t *testing.T, ob, ep, rows int) {
 	// Allowed: the live entries, the pages at both ends of them, the
 	// blocks allocated ahead and those not punched yet (a step each), and
 	// a few blocks the filesystem counts for itself.
-	pitch := int64(ob) + tailTrailerSize
+	pitch := b.tails[0].pitch()
 	step := b.tailIx.step
 	allowed := headerSize + int64(live)*pitch + 2*4096 + 2*step + 4*4096
+	if b.blk != nil {
+		// Version 3 keeps the entries of rows that left the window until
+		// the ring's next pass reaches their slots.
+		allowed += (b.slots - capacity + blockRows) * pitch
+	}
 	whole := headerSize + capacity*int64(ob)
 	if got := fileBytes(path); got > allowed {
 		t.Errorf("the tail file takes %d bytes for %d live final observations of %d bytes (allowed %d; a column at the slot takes %d)", got, live, ob, allowed, whole)
 	}
 	compareBuffers(t, ref, b)
-	s, b = checkTailCopies(t, s, dir, b, ref, allowed)
+	if b.blk == nil { // no hot checkpoints of version 3 yet
+		s, b = checkTailCopies(t, s, dir, b, ref, allowed)
+	}
 	extend(rows, rows+3*capacity)
 	compareBuffers(t, ref, b)
 	_, b = reopenVerified(t, s, dir, "img")
@@ -255,5 +262,5 @@ func readFixtureTail(t *testing.T, dir string) (path string, data []byte, pitch 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return path, data, int64(16 + tailTrailerSize)
+	return path, data, 16 + denseTrailerOf(data)
 }

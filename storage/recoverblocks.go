@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"slices"
+	"time"
 )
 
 // Recovery of a buffer with rows.meta version 3 (format-v3.md, "What Open
@@ -143,12 +144,22 @@ func (bv *blockVerifier) prefix(base int64) int {
 
 func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]streamPos) (_ int64, err error) {
 	defer b.recoverFault(&err, debug.SetPanicOnFault(true))
-	if !b.store.snapAt.IsZero() {
-		return -1, fmt.Errorf("buffer %q keeps rows.meta in format version 3, which cannot be read next to a running writer yet: read it through the server's API, or stop the server", b.name)
-	}
 	capacity, slots := b.capacity, b.slots
 	writable := !b.store.readOnly
+	// Next to a running writer (a snapshot open: rbd verify or dump of a
+	// dir a server holds) the catalog copy lags the writer: no bound on
+	// seqs from its reservation, and what is read is read in the order
+	// the writer writes it backwards (format-v3.md, "Snapshot opens").
+	live := !b.store.snapAt.IsZero()
+	reserved := st.SeqReserved
+	if live {
+		reserved = -1
+	}
 	wr, why := decodeWatermarkRecord(b.hdr)
+	for try := 0; why != "" && live && try < 100; try++ {
+		time.Sleep(time.Millisecond) // caught between a sync's writes
+		wr, why = decodeWatermarkRecord(b.hdr)
+	}
 	durable := wr.Seq
 	if why != "" {
 		// The last checkpoint's write count is a safe lower bound: a
@@ -156,33 +167,42 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 		durable, wr = st.WriteCount, watermarkRecord{TipBase: -1}
 		b.damage = append(b.damage, fmt.Sprintf("watermark record of %s is torn (%s); using the last checkpoint's write count %d", metaFile(b.dir), why, durable))
 	}
-	runs, err := b.rlog.load(writable, st.SeqReserved)
+	runs, err := b.rlog.load(writable, reserved)
 	if err != nil {
 		return -1, err
 	}
 	if b.tailIx != nil {
 		b.tailScan = b.scanDenseTails()
 	}
-	bv := &blockVerifier{b: b, reserved: st.SeqReserved, tip: wr, base: -1}
+	bv := &blockVerifier{b: b, reserved: reserved, tip: wr, base: -1}
 
 	// The write count: the ring reached every seq a block record, a piece
 	// or a hole record names (a cut-off extend's pieces say how far it
-	// may have written).
+	// may have written). Next to a running writer, block records are read
+	// after the pieces, so they may name rows whose pieces this open did
+	// not read: the pieces and the catalog say how far it reads.
 	wc := st.WriteCount
-	for k := range slots / blockRows {
-		c, ok := bv.copies(k)
-		for i := range 2 {
-			if ok[i] {
-				wc = max(wc, c[i].Base+int64(c[i].Rows))
-			}
-		}
-	}
 	known := slices.Clone(st.Holes)
 	for i := range runs.v3 {
 		p := &runs.v3[i]
 		wc = max(wc, p.lastSeq()+1)
 		if p.Hole() {
 			known = append(known, [2]int64{p.FirstSeq, p.TrajID})
+		}
+	}
+	if !live {
+		// An extend writes its pieces before its block records, so only
+		// the blocks between the pieces' end and the reservation can
+		// name rows past it (pieces a power loss took): reading only
+		// those keeps an open of a large ring that holds little from
+		// reading every block's records.
+		for base := wc - wc%blockRows; base < st.SeqReserved && base < wc+slots; base += blockRows {
+			c, ok := bv.copies(b.blockOf(base))
+			for i := range 2 {
+				if ok[i] && c[i].Base == base {
+					wc = max(wc, base+int64(c[i].Rows))
+				}
+			}
 		}
 	}
 	slices.SortFunc(known, func(x, y [2]int64) int { return cmp.Compare(x[0], y[0]) })
@@ -192,7 +212,9 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 		return i < len(known) && known[i][0] <= seq
 	}
 	switch {
-	case st.Clean:
+	case st.Clean, live:
+		// live: the writer has not crashed; its reservation is ahead of
+		// what it wrote.
 	case b.spec.Durability != DurabilityFsync:
 		// Seqs up to the reservation may have been handed out and
 		// acknowledged, then lost with unsynced pages: resume past them.
@@ -257,44 +279,80 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 	ok2 := make(map[int64]accepted) // accepted rows whose successor may still come
 	sweep := newPieceSweep(runs)
 	var hits []pieceCursor
-	for seq := lo; seq < wc; seq++ {
-		hits = sweep.at(seq, hits)
-		if isHole(seq) {
-			continue // a recorded hole: pieces that name it are a failed extend's
-		}
+	// judge reads the row of seq: its metadata from its piece, its
+	// final observation's entry (-1 if none), or why it is not a row.
+	judge := func(seq int64) (record, int64, string) {
 		slot := seq % slots
 		base := seq - seq%blockRows
 		if v := bv.prefix(base); seq-base >= int64(v) {
-			lost(seq, fmt.Sprintf("block %d (slots %d to %d) is not verified past its row %d by its records or the watermark record", b.blockOf(base), slot-(seq-base), slot-(seq-base)+blockRows-1, v))
-			continue
+			return record{}, -1, fmt.Sprintf("block %d (slots %d to %d) is not verified past its row %d by its records or the watermark record", b.blockOf(base), slot-(seq-base), slot-(seq-base)+blockRows-1, v)
 		}
 		switch len(hits) {
 		case 0:
-			lost(seq, "no run record holds it")
-			continue
+			return record{}, -1, "no run record holds it"
 		case 1:
 		default:
 			where := make([]string, len(hits))
 			for i, h := range hits {
 				where[i] = h.p.where()
 			}
-			lost(seq, fmt.Sprintf("%d run records hold it: %v", len(hits), where))
-			continue
+			return record{}, -1, fmt.Sprintf("%d run records hold it: %v", len(hits), where)
 		}
 		p := hits[0].p
 		_, step, prev, flags := p.row(hits[0].k)
 		r := record{Seq: seq, TrajID: p.TrajID, Step: step, PrevSeq: prev, Env: p.Env, Flags: flags, PolicyVersion: p.PolicyVersion}
-		tailAt := int64(-1)
-		if flags&flagHasTail != 0 {
-			var why string
-			if tailAt, why = b.findTailV3(seq, r.TrajID, r.Step); tailAt < 0 {
-				lost(seq, why)
-				continue
+		if flags&flagHasTail == 0 {
+			return r, -1, ""
+		}
+		at, why := b.findTailV3(seq, r.TrajID, r.Step)
+		return r, at, why
+	}
+	liveWait := time.Second // for the whole open, as version 2's reads again
+	for seq := lo; seq < wc; seq++ {
+		hits = sweep.at(seq, hits)
+		if isHole(seq) {
+			continue // a recorded hole: pieces that name it are a failed extend's
+		}
+		slot := seq % slots
+		r, tailAt, why := judge(seq)
+		// Next to a running writer a block may be read while its next
+		// pass overwrites it (rows before records), or a sync or an
+		// extend may be between its writes: read again before judging,
+		// from a budget of a second for the open. A row whose slot the
+		// writer has reached again, or that has left the window since,
+		// is gone, not damaged.
+		for try := 0; live && why != "" && !b.blocksOverwritten(seq, bv); try++ {
+			pause := time.Millisecond
+			if try >= 5 {
+				pause = 10 * time.Millisecond
+				if try >= 25 || liveWait < pause {
+					break
+				}
+				liveWait -= pause
 			}
+			time.Sleep(pause)
+			bv.base = -1 // read the records again
+			if b.tailScan != nil {
+				b.tailScan.entries = b.scanDenseTails().entries
+			}
+			r, tailAt, why = judge(seq)
+		}
+		if why != "" {
+			if !live || !b.blocksOverwritten(seq, bv) {
+				lost(seq, why)
+			}
+			continue
 		}
 		if r.PrevSeq >= lo && !isHole(r.PrevSeq) {
 			pr, ok := ok2[r.PrevSeq]
-			if !ok {
+			switch {
+			case !ok && live && b.blocksOverwritten(r.PrevSeq, bv):
+				// The ring moved past the predecessor while we read:
+				// this row is now the oldest live row of its trajectory,
+				// and rows of it accepted earlier are gone too.
+				pr, ok = accepted{r.TrajID, r.Step - 1}, true
+				b.dropScanned(r.TrajID)
+			case !ok:
 				lost(seq, fmt.Sprintf("previous row %d of trajectory %d is missing", r.PrevSeq, r.TrajID))
 				continue
 			}
@@ -346,6 +404,29 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 		return maxTraj, err
 	}
 	return maxTraj, b.resumeBlocks(st, wr, bv)
+}
+
+// blocksOverwritten reports, next to a running writer, whether the row
+// of seq is gone since the open read the window: its block's record now
+// names a later pass of the block (its slot is written again), or the
+// block of seq + capacity has rows written (seq left the window).
+func (b *Buffer) blocksOverwritten(seq int64, bv *blockVerifier) bool {
+	base := seq - seq%blockRows
+	c, ok := bv.copies(b.blockOf(base))
+	for i := range 2 {
+		if ok[i] && c[i].Base > base {
+			return true
+		}
+	}
+	out := seq + b.capacity // the seq whose write moves seq out of the window
+	outBase := out - out%blockRows
+	c, ok = bv.copies(b.blockOf(outBase))
+	for i := range 2 {
+		if ok[i] && (c[i].Base > outBase || c[i].Base+int64(c[i].Rows) > out) {
+			return true
+		}
+	}
+	return false
 }
 
 // findTailV3 returns the dense tail entry holding the final observation of

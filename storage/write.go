@@ -397,6 +397,15 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 		}
 	}
 
+	// Version 3 takes the space of its final observations before it
+	// writes its pieces: an extend refused for space then leaves no piece
+	// behind, which the same seqs written again would duplicate.
+	if b.blk != nil {
+		if err := b.allocateTails(p, first, written, end); err != nil {
+			return ExtendResult{}, err
+		}
+	}
+
 	// A run log's pieces go to disk before any row names them, as
 	// chunks do; nothing has changed yet if this fails either.
 	if b.rlog != nil {
@@ -412,7 +421,7 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 
 	// Blocks for the final observations this extend writes into sparse
 	// tail files: a full disk refuses the extend here, before any row.
-	if b.persistent {
+	if b.persistent && b.blk == nil {
 		if err := b.allocateTails(p, first, written, end); err != nil {
 			return ExtendResult{}, err
 		}
