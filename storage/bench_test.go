@@ -155,6 +155,7 @@ func benchPrefillRows(capacity int64) int64 {
 func benchBuffer(b *testing.B, spec Spec, src *benchBatches) *Buffer {
 	b.Helper()
 	s := openStore(b, b.TempDir())
+	s.formatV3 = true // row_meta "blocks" cases
 	b.Cleanup(func() {
 		if err := s.Close(); err != nil {
 			b.Error(err)
@@ -223,7 +224,10 @@ func BenchmarkExtend(b *testing.B) {
 func BenchmarkExtendRunMeta(b *testing.B) {
 	for _, kind := range []Kind{KindMemory, KindMemmap} {
 		for _, shape := range benchShapes {
-			for _, layout := range []RowMetaLayout{RowMetaPerRow, RowMetaRuns, RowMetaStrided} {
+			for _, layout := range []RowMetaLayout{RowMetaPerRow, RowMetaRuns, RowMetaStrided, RowMetaBlocks} {
+				if layout == RowMetaBlocks && kind != KindMemmap {
+					continue
+				}
 				b.Run(fmt.Sprintf("kind=%s/row=%s/row_meta=%s", kind, shape.name, layout), func(b *testing.B) {
 					dur := DurabilityNone
 					if kind == KindMemory {

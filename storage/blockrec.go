@@ -229,9 +229,10 @@ func (b *Buffer) rowMajorCRC(crc uint32, slot int64) uint32 {
 }
 
 // blockSums is the running checksum of the block a writer is filling:
-// the CRC-32C of its rows [0, j), row-major, at every j up to the rows
-// written, so that a sync can take the checksum at the row its watermark
-// ends on (the tip) without reading rows back.
+// the CRC-32C of its rows [0, j), row-major, at every j where an extend
+// ended (at every row when filled by add or push), so that a sync can take
+// the checksum at the row its watermark ends on (the tip, always an
+// extend's end) without reading rows back.
 type blockSums struct {
 	base int64 // the block's first seq in this pass
 	rows int   // rows added
@@ -252,6 +253,16 @@ func (s *blockSums) add(row []byte) {
 func (s *blockSums) push(crc uint32) {
 	s.at[s.rows+1] = crc
 	s.rows++
+}
+
+// addRows continues the checksum over n rows whose row-major bytes follow
+// each other in data, in one call. Only at[rows] is kept past them: a
+// writer needs the checksum only where an extend ends (where a sync may
+// take its tip, and where a record is written), and one call over a
+// block's 2 KiB of CartPole rows costs a fifth of 64 calls.
+func (s *blockSums) addRows(data []byte, n int) {
+	s.at[s.rows+n] = crc32.Update(s.at[s.rows], castagnoli, data)
+	s.rows += n
 }
 
 // verifiedPrefix reads the rows of block k from b's columns and returns

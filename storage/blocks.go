@@ -121,10 +121,7 @@ func (b *Buffer) writeBlocks(p *plan, first, written, end int64) {
 		n := min(end, w.sums.base+blockRows) - s
 		r0 := int(s - first)
 		if pitch <= crcScratchSize {
-			rows := b.stageRunRows(p, r0, int(n), pitch)
-			for j := range n {
-				w.sums.add(rows[j*pitch : (j+1)*pitch])
-			}
+			w.sums.addRows(b.stageRunRows(p, r0, int(n), pitch), int(n))
 		} else {
 			for j := range int(n) {
 				crc := w.sums.at[w.sums.rows]
