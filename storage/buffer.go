@@ -498,7 +498,7 @@ func (b *Buffer) mapRecords(r *mmapfile.Region) error {
 	if b.blk == nil {
 		b.drecs = r.Bytes()[headerSize:]
 	}
-	size, strided := int64(memRunRecordSize), b.spec.stridedRecords()
+	size, strided := int64(memRunRecordSize), b.spec.RowMetaLayout == RowMetaStrided
 	if strided {
 		size = memStridedRecordSize
 	}

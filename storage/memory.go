@@ -30,10 +30,10 @@ const (
 // whose records name runs), with the side table of irregular runs for
 // strided ones (if rows at irregular distances fill it).
 func runMetaBytesPerRow(spec Spec) int64 {
-	switch {
-	case spec.RowMetaLayout == RowMetaRuns:
+	switch spec.RowMetaLayout {
+	case RowMetaRuns, RowMetaBlocks:
 		return runBytesPerRow
-	case spec.stridedRecords():
+	case RowMetaStrided:
 		return runBytesPerRow + irrEntry
 	}
 	return 0

@@ -206,10 +206,10 @@ func (b *Buffer) evictFields(slot, seq int64) (traj, version int64, flags uint32
 
 // memRecordBytes is the size of a memory record in a buffer of spec.
 func memRecordBytes(spec Spec) int64 {
-	switch {
-	case spec.RowMetaLayout == RowMetaRuns:
+	switch spec.RowMetaLayout {
+	case RowMetaRuns, RowMetaBlocks:
 		return memRunRecordSize
-	case spec.stridedRecords():
+	case RowMetaStrided:
 		return memStridedRecordSize
 	}
 	return memRecordSize
