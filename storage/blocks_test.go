@@ -1,11 +1,15 @@
 package storage
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 )
 
 // blocksSpec is testSpec's compact memmap buffer of capacity rows with
@@ -149,3 +153,297 @@ func TestBlocksRefusedUntilBuilt(t *testing.T) {
 		}
 	}
 }
+
+// powerLossScrambleV3 is powerLossScramble for a buffer with rows.meta
+// version 3 in a closed data dir: everything a power loss may take of what
+// was written after the last sync is destroyed ("random" bytes, "zeros",
+// or for records, "crc": a flipped checksum bit): block record copies that
+// name rows at or above the durable watermark W, the rows at or above W
+// (in their slots), their dense tail entries, and the run records of
+// pieces that start at or above W (a sync covers whole extends). It
+// returns W and how many rows it destroyed.
+func powerLossScrambleV3(t *testing.T, dir, buf, variant string, rng *rand.Rand) (int64, int) {
+	t.Helper()
+	bdir := bufferDir(dir, buf)
+	path := metaFile(bdir)
+	meta, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := decodeMetaHeader(path, meta)
+	if err != nil || h.Version != metaVersionBlocks {
+		t.Fatalf("%s: header %+v, %v; want version 3", path, h, err)
+	}
+	wr, why := decodeWatermarkRecord(meta[:headerSize])
+	if why != "" {
+		t.Fatalf("%s: watermark record torn after kill -9: %s", path, why)
+	}
+	w, slots := wr.Seq, int64(h.Slots)
+	end := w // the end of what the writer may have reached
+	for k := range slots / blockRows {
+		for i := range 2 {
+			off := blockCopyOffset(slots, k, i)
+			c, why := decodeBlockCopy(meta[off:off+blockCopySize], k, slots, -1)
+			if why != "" || c.Base+int64(c.Rows) <= w {
+				continue
+			}
+			end = max(end, c.Base+int64(c.Rows))
+			powerLossDestroy(t, variant, rng, meta[off:off+blockCopySize], bcCRC)
+		}
+	}
+	if err := os.WriteFile(path, meta, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	nos, err := runSegmentNumbers(bdir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, no := range nos {
+		spath := filepath.Join(bdir, runSegName(no))
+		data, err := os.ReadFile(spath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for off := segHeaderSize; off+runLogRecordSize <= len(data); off += runLogRecordSize {
+			rec := data[off : off+runLogRecordSize]
+			p, why := decodePieceV3(rec, -1)
+			if why != "" {
+				continue
+			}
+			end = max(end, p.lastSeq()+1)
+			if p.FirstSeq >= w {
+				powerLossDestroy(t, variant, rng, rec, rlCRC)
+			}
+		}
+		if err := os.WriteFile(spath, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if variant == "crc" {
+		return w, int(end - w)
+	}
+	wipe := func(b []byte) {
+		if variant == "random" {
+			powerLossRandom(rng, b)
+		} else {
+			clear(b)
+		}
+	}
+	cols, err := filepath.Glob(filepath.Join(bdir, "*.col"))
+	if err != nil || len(cols) == 0 {
+		t.Fatalf("no column files in %s: %v", bdir, err)
+	}
+	for _, cpath := range cols {
+		data, err := os.ReadFile(cpath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch, err := decodeColHeader(cpath, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rb := int64(ch.RowBytes)
+		if ch.Version == tailVersionDenseV3 {
+			pitch := rb + tailTrailerSizeV3
+			for off := int64(headerSize); off+pitch <= int64(len(data)); off += pitch {
+				if v := int64(binary.LittleEndian.Uint64(data[off+rb:])); v > 0 && v-1 >= w {
+					wipe(data[off : off+pitch])
+				}
+			}
+		} else {
+			for seq := w; seq < end; seq++ {
+				off := headerSize + seq%slots*rb
+				wipe(data[off : off+rb])
+			}
+		}
+		if err := os.WriteFile(cpath, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return w, int(end - w)
+}
+
+// TestBlocksPowerLoss is TestPowerLossAboveWatermark for version 3: a
+// writer of an fsync and a flush buffer is killed, everything a power loss
+// may take of what it wrote after each buffer's last sync is destroyed, and
+// the dir must verify clean, hold every fsync-acknowledged row, and take
+// new writes under fresh seqs; two rounds per dir.
+func TestBlocksPowerLoss(t *testing.T) {
+	rounds := 2
+	if testing.Short() {
+		rounds = 1
+	}
+	bufs := []string{crashFsyncBlocks, crashFlushBlocks}
+	for vi, variant := range []string{"random", "zeros", "crc"} {
+		t.Run(variant, func(t *testing.T) {
+			dir := t.TempDir()
+			rng := rand.New(rand.NewPCG(uint64(vi), 77))
+			m := newCrashModel(bufs...)
+			for r := 0; r < rounds; r++ {
+				delay := time.Duration(120+rng.IntN(250)) * time.Millisecond
+				run := crashRunChild(t, crashChildCfg{
+					dir: dir, seed: uint64(2000*vi + r), tokenBase: int64(vi*10+r+1) << 32,
+					bufs: bufs, intervalMS: 50, killAfter: delay,
+				})
+				m.absorb(t, r, run)
+				durable, destroyed := map[string]int64{}, map[string]int{}
+				for _, buf := range bufs {
+					durable[buf], destroyed[buf] = powerLossScrambleV3(t, dir, buf, variant, rng)
+				}
+				if durable[crashFsyncBlocks] < m.maxAckEnd[crashFsyncBlocks] {
+					t.Errorf("round %d: the fsync buffer's durable watermark on disk is %d, but rows up to %d were acknowledged",
+						r, durable[crashFsyncBlocks], m.maxAckEnd[crashFsyncBlocks]-1)
+				}
+				t.Logf("round %d: killed %v after ready; acknowledged up to %v; watermarks %v; rows destroyed %v",
+					r, delay, m.maxAckEnd, durable, destroyed)
+				m.check(t, dir, r, run, crashCheckOpts{powerLoss: true, durable: durable})
+				m.writeAfter(t, dir, r)
+			}
+		})
+	}
+}
+
+// TestBlocksDamageBelowWatermark flips bytes of durable rows of a version
+// 3 buffer: a field byte (its block's checksums fail: the block's rows are
+// reported and dropped), a final observation (only its row), one copy of a
+// block's record (the other verifies: nothing lost), both copies (the
+// block), a run record (its piece's rows). Verify reports the damaged row,
+// which is never served; every row dropped is in the damaged block or
+// piece, or a later row of a trajectory that lost one.
+func TestBlocksDamageBelowWatermark(t *testing.T) {
+	const capacity = 300
+	type damage struct {
+		victim int64          // a row that must be reported and dropped (-1: none)
+		may    map[int64]bool // rows that may be dropped besides successors
+	}
+	blockOf := func(seq int64) map[int64]bool {
+		m := map[int64]bool{}
+		for s := seq - seq%blockRows; s < seq-seq%blockRows+blockRows; s++ {
+			m[s] = true
+		}
+		return m
+	}
+	cases := []struct {
+		name string
+		harm func(t *testing.T, bdir string, b *Buffer, metas map[int64]RowMeta) damage
+	}{
+		{"field byte", func(t *testing.T, bdir string, b *Buffer, _ map[int64]RowMeta) damage {
+			seq := b.WriteCount() - 150
+			powerLossFlip(t, filepath.Join(bdir, colFileName("observation")), headerSize+seq%b.slots*16+5)
+			return damage{seq, blockOf(seq)}
+		}},
+		{"tail entry", func(t *testing.T, bdir string, b *Buffer, metas map[int64]RowMeta) damage {
+			for seq := b.WriteCount() - 200; ; seq++ {
+				if m, ok := metas[seq]; ok && m.HasTail {
+					path := tailFile(bdir, "observation")
+					powerLossFlip(t, path, denseTailOff(t, path, seq, 16)+3)
+					return damage{seq, map[int64]bool{seq: true}}
+				}
+			}
+		}},
+		{"one record copy", func(t *testing.T, bdir string, b *Buffer, _ map[int64]RowMeta) damage {
+			seq := b.WriteCount() - 150
+			powerLossFlip(t, metaFile(bdir), blockCopyOffset(b.slots, b.blockOf(seq-seq%blockRows), 0)+3)
+			return damage{-1, nil}
+		}},
+		{"both record copies", func(t *testing.T, bdir string, b *Buffer, _ map[int64]RowMeta) damage {
+			seq := b.WriteCount() - 150
+			k := b.blockOf(seq - seq%blockRows)
+			powerLossFlip(t, metaFile(bdir), blockCopyOffset(b.slots, k, 0)+3)
+			powerLossFlip(t, metaFile(bdir), blockCopyOffset(b.slots, k, 1)+bcCRCh)
+			return damage{seq, blockOf(seq)}
+		}},
+		{"run record", func(t *testing.T, bdir string, b *Buffer, _ map[int64]RowMeta) damage {
+			seq := b.WriteCount() - 150
+			nos, _ := runSegmentNumbers(bdir)
+			for _, no := range nos {
+				path := filepath.Join(bdir, runSegName(no))
+				data, err := os.ReadFile(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for off := segHeaderSize; off+runLogRecordSize <= len(data); off += runLogRecordSize {
+					p, why := decodePieceV3(data[off:off+runLogRecordSize], -1)
+					if _, ok := p.rowOf(seq); why == "" && ok {
+						powerLossFlip(t, path, int64(off)+rlStep)
+						may := map[int64]bool{}
+						for k := range int(p.Rows) {
+							s, _, _, _ := p.row(k)
+							may[s] = true
+						}
+						return damage{seq, may}
+					}
+				}
+			}
+			t.Fatalf("no piece holds seq %d", seq)
+			return damage{}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s := openStoreV3(t, dir)
+			b := mustCreate(t, s, "b", blocksSpec(capacity, DurabilityFsync))
+			blocksWorkload(t, b, "collector", 700, 0)
+			all := b.LiveSeqs(0, capacity)
+			metas := map[int64]RowMeta{}
+			for i, m := range metasOf(t, b, all) {
+				metas[all[i]] = m
+			}
+			want := servedRows(t, b)
+			bdir := b.dir
+			d := tc.harm(t, bdir, b, metas)
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			rep, err := Verify(dir, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.victim < 0 {
+				if !rep.OK() {
+					t.Fatalf("verify after harm that loses nothing: %+v", rep.Buffers)
+				}
+			} else {
+				found := false
+				for _, p := range rep.Buffers[0].Problems {
+					found = found || strings.Contains(p, fmt.Sprintf("seq %d ", d.victim))
+				}
+				if !found {
+					t.Fatalf("verify does not report seq %d: %v", d.victim, rep.Buffers[0].Problems)
+				}
+			}
+			s2, b2 := openBuffer(t, dir, "b")
+			_ = s2
+			served := checkServed(t, b2, want)
+			live := map[int64]bool{}
+			for _, seq := range served {
+				live[seq] = true
+			}
+			if d.victim >= 0 && live[d.victim] {
+				t.Errorf("the damaged row %d is served", d.victim)
+			}
+			lostTraj := map[int64]int64{} // trajectory -> its first dropped seq
+			for _, seq := range all {
+				if live[seq] {
+					continue
+				}
+				m := metas[seq]
+				if first, ok := lostTraj[m.TrajID]; ok && first < seq {
+					continue // a successor of a dropped row
+				}
+				if !d.may[seq] {
+					t.Errorf("row %d (trajectory %d) dropped, outside the damaged block or piece", seq, m.TrajID)
+				}
+				if _, ok := lostTraj[m.TrajID]; !ok {
+					lostTraj[m.TrajID] = seq
+				}
+			}
+			if info, _ := b2.Info(); (info.Damaged == 0) != (d.victim < 0) {
+				t.Errorf("Info reports %d damaged rows", info.Damaged)
+			}
+		})
+	}
+}
+
+func metasOf(t testing.TB, b *Buffer, seqs []int64) []RowMeta { return metas(t, b, seqs...) }

@@ -82,6 +82,9 @@ const (
 	// "blocks"), rows of 131 checksummed bytes (staged a block at a time)
 	// and a capacity that is not a whole number of blocks.
 	crashFsyncBlocks = "sb"
+	// crashFlushBlocks is a flush buffer on version 3 that keeps
+	// next.observation as a field.
+	crashFlushBlocks = "fb"
 )
 
 func crashSpecFor(name string) Spec {
@@ -100,6 +103,10 @@ func crashSpecFor(name string) Spec {
 		return s
 	case crashFsyncBlocks:
 		s := crashSpec(KindMemmap, 416, 100, true, DurabilityFsync)
+		s.RowMetaLayout = RowMetaBlocks
+		return s
+	case crashFlushBlocks:
+		s := crashSpec(KindMemmap, 352, 24, false, DurabilityFlush)
 		s.RowMetaLayout = RowMetaBlocks
 		return s
 	}
