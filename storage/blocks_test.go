@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -447,3 +448,40 @@ func TestBlocksDamageBelowWatermark(t *testing.T) {
 }
 
 func metasOf(t testing.TB, b *Buffer, seqs []int64) []RowMeta { return metas(t, b, seqs...) }
+
+// TestBlocksCheckpointRefusesDamage: a hot checkpoint checks each block it
+// copies against the source's checksum of it, so bytes of durable rows
+// damaged while the buffer is open (here: written to the column file
+// behind the mapping's back) fail the checkpoint with ErrCorrupt, leaving
+// no destination, instead of being sealed under the copy's fresh
+// checksums; an undamaged buffer's checkpoint verifies and serves the
+// same rows.
+func TestBlocksCheckpointRefusesDamage(t *testing.T) {
+	dir := t.TempDir()
+	s := openStoreV3(t, dir)
+	defer s.Close()
+	b := mustCreate(t, s, "b", blocksSpec(300, DurabilityFsync))
+	blocksWorkload(t, b, "collector", 700, 0)
+	want := servedRows(t, b)
+	good := filepath.Join(t.TempDir(), "cp")
+	if _, err := b.Checkpoint(context.Background(), good, nil); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := Verify(good, nil); err != nil || !rep.OK() {
+		t.Fatalf("verify the checkpoint: %v %+v", err, rep)
+	}
+	_, cb := openBuffer(t, good, "b")
+	if got := checkServed(t, cb, want); len(got) != len(want) {
+		t.Fatalf("the checkpoint serves %d rows, the buffer %d", len(got), len(want))
+	}
+	seq := b.WriteCount() - 150
+	powerLossFlip(t, filepath.Join(b.dir, colFileName("observation")), headerSize+seq%b.slots*16+2)
+	bad := filepath.Join(t.TempDir(), "cp")
+	_, err := b.Checkpoint(context.Background(), bad, nil)
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), fmt.Sprintf("block %d ", b.blockOf(seq-seq%blockRows))) {
+		t.Fatalf("checkpoint of a buffer with a damaged block: %v, want ErrCorrupt naming block %d", err, b.blockOf(seq-seq%blockRows))
+	}
+	if _, err := os.Stat(bad); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the refused checkpoint left %s: %v", bad, err)
+	}
+}

@@ -79,6 +79,10 @@ type checkpointState struct {
 	trajN   int64
 	segs    []segCopy // chunk segments (compressed buffers)
 	runSegs []segCopy // run segments (memmap buffers with row_meta "runs")
+	// tip is, for rows.meta version 3, the watermark record of wc (the
+	// checksum of the block wc ends in), or why it could not be taken.
+	tip    watermarkRecord
+	tipErr error
 }
 
 type segCopy struct {
@@ -93,9 +97,6 @@ type segCopy struct {
 //
 // Cancelling ctx stops the copy and removes what was written.
 func (b *Buffer) Checkpoint(ctx context.Context, dest string, opts *CheckpointOptions) (res CheckpointResult, retErr error) {
-	if b.blk != nil {
-		return res, fmt.Errorf("checkpoint %q: hot checkpoints of a buffer with rows.meta format version 3 are not built yet: %w", b.name, ErrNotSupported)
-	}
 	var o CheckpointOptions
 	if opts != nil {
 		o = *opts
@@ -135,7 +136,11 @@ func (b *Buffer) Checkpoint(ctx context.Context, dest string, opts *CheckpointOp
 	}
 	res = CheckpointResult{Buffer: b.name, Dir: dest, WriteCount: st.wc, FirstSeq: max(0, st.wc-b.capacity)}
 	cp := &rowCopier{ctx: ctx, b: b, st: st, progress: o.Progress}
-	if err := cp.run(bdir, &res); err != nil {
+	run := cp.run
+	if b.blk != nil {
+		run = cp.runBlocks
+	}
+	if err := run(bdir, &res); err != nil {
 		return res, err
 	}
 	if err := cp.copySegments(bdir, cp.st.segs, segName, &res); err != nil {
@@ -200,6 +205,9 @@ func (b *Buffer) captureCheckpoint() checkpointState {
 		// Every piece of a row below wc was appended before the row was
 		// written, so it lies within these sizes.
 		st.runSegs = b.rlog.pin()
+	}
+	if b.blk != nil {
+		st.tip, st.tipErr = b.tipLocked()
 	}
 	return st
 }
@@ -554,7 +562,7 @@ func (b *Buffer) writeCheckpointCatalog(dest string, st checkpointState, missing
 		return err
 	}
 	holes := mergeHoles(st.holes, missing, st.wc-b.capacity)
-	state := bufferState{UID: b.uid, WriteCount: st.wc, SeqReserved: st.wc, Clean: true, MaxPriority: st.maxPrio,
+	state := bufferState{UID: b.uid, WriteCount: st.wc, SeqReserved: b.roundReservation(st.wc), Clean: true, MaxPriority: st.maxPrio,
 		Holes: holes, CreatedAt: b.createdAt}
 	err = cat.createBuffer(b.name, b.Spec(), state)
 	if err == nil {

@@ -86,6 +86,9 @@ func TestCheckpointWhileWriting(t *testing.T) {
 	// and the run segments pinned, while writers append to them.
 	t.Run("memmap-runs", func(t *testing.T) { testCheckpointWhileWriting(t, KindMemmap, RowMetaRuns) })
 	t.Run("memmap-strided", func(t *testing.T) { testCheckpointWhileWriting(t, KindMemmap, RowMetaStrided) })
+	// rows.meta version 3: blocks checked against their checksums as
+	// copied, fresh records and a watermark record with its tip.
+	t.Run("memmap-blocks", func(t *testing.T) { testCheckpointWhileWriting(t, KindMemmap, RowMetaBlocks) })
 	// rows.meta version 1 (the default of memmap buffers before
 	// 2026-11-27), whatever RBD_TEST_MEMMAP_ROW_META says.
 	t.Run("memmap-row", func(t *testing.T) { testCheckpointWhileWriting(t, KindMemmap, RowMetaPerRow) })
@@ -95,10 +98,8 @@ func testCheckpointWhileWriting(t *testing.T, kind Kind, layout RowMetaLayout) {
 	{
 		const writers, capacity = 4, 20000
 		spec := testSpec(kind, capacity, true)
-		if layout == "" {
-			skipOnBlocks(t, spec, "hot checkpoints")
-		}
 		s := openStore(t, t.TempDir())
+		s.formatV3 = layout == RowMetaBlocks
 		defer s.Close()
 		spec.Priority = &PriorityOptions{Alpha: 0.6, Eps: 1e-6}
 		if layout != "" { // "": testSpec's, which RBD_TEST_MEMMAP_ROW_META sets for memmap
@@ -213,7 +214,6 @@ func testCheckpointWhileWriting(t *testing.T, kind Kind, layout RowMetaLayout) {
 
 // TestCheckpointDestinationExists: a checkpoint never writes over a dir.
 func TestCheckpointDestinationExists(t *testing.T) {
-	skipOnBlocks(t, testSpec(KindMemmap, 100, true), "hot checkpoints")
 	s := openStore(t, t.TempDir())
 	defer s.Close()
 	b := mustCreate(t, s, "b", testSpec(KindMemmap, 100, true))
@@ -227,7 +227,6 @@ func TestCheckpointDestinationExists(t *testing.T) {
 // checkpoint's copy: the destination is refused as incomplete by Open and
 // reported by Verify, never taken for a checkpoint.
 func TestCheckpointKilledMidCopy(t *testing.T) {
-	skipOnBlocks(t, testSpec(KindMemmap, 100, true), "hot checkpoints")
 	if os.Getenv("RBD_CP_CHILD") == "1" {
 		checkpointChild(t)
 		return
@@ -286,7 +285,6 @@ func checkpointChild(t *testing.T) {
 // TestCheckpointCancelled: a cancelled checkpoint leaves nothing behind.
 func TestCheckpointCancelled(t *testing.T) {
 	spec := testSpec(KindMemmap, 10000, true)
-	skipOnBlocks(t, spec, "hot checkpoints")
 	s := openStore(t, t.TempDir())
 	defer s.Close()
 	b := mustCreate(t, s, "b", spec)

@@ -79,9 +79,7 @@ func testDenseTails(t *testing.T, ob, ep, rows int) {
 		t.Errorf("the tail file takes %d bytes for %d live final observations of %d bytes (allowed %d; a column at the slot takes %d)", got, live, ob, allowed, whole)
 	}
 	compareBuffers(t, ref, b)
-	if b.blk == nil { // no hot checkpoints of version 3 yet
-		s, b = checkTailCopies(t, s, dir, b, ref, allowed)
-	}
+	s, b = checkTailCopies(t, s, dir, b, ref, allowed)
 	extend(rows, rows+3*capacity)
 	compareBuffers(t, ref, b)
 	_, b = reopenVerified(t, s, dir, "img")

@@ -448,7 +448,6 @@ func BenchmarkUpdateFields(b *testing.B) {
 func TestMutableCheckpointAndSpecConflict(t *testing.T) {
 	for _, kind := range []Kind{KindMemory, KindMemmap} {
 		t.Run(string(kind), func(t *testing.T) {
-			skipOnBlocks(t, mutableSpec(kind, 8), "hot checkpoints")
 			s := openStore(t, t.TempDir())
 			defer s.Close()
 			b := mustCreate(t, s, "b", mutableSpec(kind, 8))
