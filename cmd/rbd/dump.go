@@ -294,6 +294,8 @@ func printDump(out io.Writer, res *dumpOutput) {
 		}
 		runs := d.Spec.RowMetaLayout == storage.RowMetaRuns || d.Spec.RowMetaLayout == storage.RowMetaStrided
 		switch {
+		case d.Spec.RowMetaLayout == storage.RowMetaBlocks:
+			fmt.Fprintf(out, "  row metadata: rows.meta format version 3 (block records, %d byte a slot) and a run log; %d run records in memory\n", d.RowMetaBytes, d.RunRecords)
 		case runs && d.Storage == storage.KindMemmap:
 			fmt.Fprintf(out, "  row metadata: rows.meta format version 2 (%d bytes a slot) and a run log; %d run records in memory\n", d.RowMetaBytes, d.RunRecords)
 		case runs:
@@ -302,6 +304,8 @@ func printDump(out io.Writer, res *dumpOutput) {
 			fmt.Fprintf(out, "  row metadata: %d bytes a slot\n", d.RowMetaBytes)
 		}
 		switch {
+		case d.TailLayout == "dense" && d.Spec.RowMetaLayout == storage.RowMetaBlocks:
+			fmt.Fprintf(out, "  final observations: dense tail files (tail format version 3: entries with checksums)\n")
 		case d.TailLayout == "dense" && d.Storage == storage.KindMemmap:
 			fmt.Fprintf(out, "  final observations: dense tail files (tail format version 2)\n")
 		case d.TailLayout == "slot" && d.Storage == storage.KindMemmap:
