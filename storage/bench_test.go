@@ -155,7 +155,6 @@ func benchPrefillRows(capacity int64) int64 {
 func benchBuffer(b *testing.B, spec Spec, src *benchBatches) *Buffer {
 	b.Helper()
 	s := openStore(b, b.TempDir())
-	s.formatV3 = true // row_meta "blocks" cases
 	b.Cleanup(func() {
 		if err := s.Close(); err != nil {
 			b.Error(err)

@@ -22,14 +22,6 @@ func blocksSpec(capacity int64, d Durability) Spec {
 	return spec
 }
 
-// openStoreV3 is openStore for a store that may create version 3 buffers.
-func openStoreV3(t testing.TB, dir string) *Store {
-	t.Helper()
-	s := openStore(t, dir)
-	s.formatV3 = true
-	return s
-}
-
 // blocksWorkload writes n rows into b in extends of the given shape:
 // "collector" (8 envs in lockstep, batches of 64, episodes of 5 to 40
 // steps), "actors" (one step a request from 12 streams in turn) or
@@ -78,7 +70,7 @@ func TestBlocksRoundTrip(t *testing.T) {
 			for _, shape := range []string{"collector", "actors", "huge"} {
 				t.Run(fmt.Sprintf("cap%d/%s/%s", capacity, d, shape), func(t *testing.T) {
 					dir := t.TempDir()
-					s := openStoreV3(t, dir)
+					s := openStore(t, dir)
 					b := mustCreate(t, s, "b", blocksSpec(capacity, d))
 					n := int(capacity)*2 + 37
 					blocksWorkload(t, b, shape, n, 0)
@@ -132,26 +124,25 @@ func fileSize(t testing.TB, path string) int64 {
 	return fi.Size()
 }
 
-// TestBlocksRefusedUntilBuilt: CreateBuffer refuses row_meta "blocks" (a
-// spec error that is ErrNotSupported) unless the store allows version 3,
-// and on memory and compressed buffers whatever the store.
-func TestBlocksRefusedUntilBuilt(t *testing.T) {
-	if formatV3Built {
-		t.Skip("built with the rbd_blocks tag, which lets every store create version 3 buffers")
-	}
+// TestBlocksMemmapOnly: row_meta "blocks" is a memmap buffer's; memory
+// and compressed buffers refuse it with a spec error naming the field, and
+// a memmap spec that leaves row_meta out gets it.
+func TestBlocksMemmapOnly(t *testing.T) {
 	s := openStore(t, t.TempDir())
 	defer s.Close()
-	_, _, err := s.CreateBuffer("b", blocksSpec(100, DurabilityFlush))
-	if !errors.Is(err, ErrNotSupported) || !errors.Is(err, ErrInvalidSpec) {
-		t.Fatalf("create a blocks buffer: %v, want ErrNotSupported and ErrInvalidSpec", err)
-	}
-	s.formatV3 = true
 	for _, kind := range []Kind{KindMemory, KindCompressed} {
 		spec := testSpec(kind, 100, true)
 		spec.RowMetaLayout = RowMetaBlocks
-		if _, _, err := s.CreateBuffer("m", spec); !errors.Is(err, ErrInvalidSpec) || errors.Is(err, ErrNotSupported) {
-			t.Errorf("%s buffer with row_meta blocks: %v, want an invalid spec", kind, err)
+		_, _, err := s.CreateBuffer("m", spec)
+		var se *SpecError
+		if !errors.As(err, &se) || se.Path != "row_meta" {
+			t.Errorf("%s buffer with row_meta blocks: %v, want a spec error at row_meta", kind, err)
 		}
+	}
+	spec := testSpec(KindMemmap, 100, true)
+	spec.RowMetaLayout = ""
+	if b := mustCreate(t, s, "d", spec); b.Spec().RowMetaLayout != RowMetaBlocks || b.blk == nil {
+		t.Errorf("a memmap buffer that leaves row_meta out has row_meta %q", b.Spec().RowMetaLayout)
 	}
 }
 
@@ -383,7 +374,7 @@ func TestBlocksDamageBelowWatermark(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			s := openStoreV3(t, dir)
+			s := openStore(t, dir)
 			b := mustCreate(t, s, "b", blocksSpec(capacity, DurabilityFsync))
 			blocksWorkload(t, b, "collector", 700, 0)
 			all := b.LiveSeqs(0, capacity)
@@ -458,7 +449,7 @@ func metasOf(t testing.TB, b *Buffer, seqs []int64) []RowMeta { return metas(t, 
 // same rows.
 func TestBlocksCheckpointRefusesDamage(t *testing.T) {
 	dir := t.TempDir()
-	s := openStoreV3(t, dir)
+	s := openStore(t, dir)
 	defer s.Close()
 	b := mustCreate(t, s, "b", blocksSpec(300, DurabilityFsync))
 	blocksWorkload(t, b, "collector", 700, 0)

@@ -99,7 +99,6 @@ func testCheckpointWhileWriting(t *testing.T, kind Kind, layout RowMetaLayout) {
 		const writers, capacity = 4, 20000
 		spec := testSpec(kind, capacity, true)
 		s := openStore(t, t.TempDir())
-		s.formatV3 = layout == RowMetaBlocks
 		defer s.Close()
 		spec.Priority = &PriorityOptions{Alpha: 0.6, Eps: 1e-6}
 		if layout != "" { // "": testSpec's, which RBD_TEST_MEMMAP_ROW_META sets for memmap

@@ -376,7 +376,6 @@ func runCrashChild(specFor func(string) Spec, fsyncName string, newWriter func(s
 	if err != nil {
 		return err
 	}
-	s.formatV3 = true // crashFsyncBlocks
 	out := func(format string, args ...any) {
 		// One write per line: a pipe write of less than PIPE_BUF is atomic,
 		// so lines of concurrent writers never interleave.
@@ -1224,7 +1223,7 @@ func TestCrashPoints(t *testing.T) {
 					}
 				}
 			}
-			perExtend := crashSpecFor(tc.buf).RowMetaLayout == RowMetaBlocks
+			perExtend := memmapBlocks(crashSpecFor(tc.buf))
 			switch tc.point {
 			case "after-data", "after-meta", "before-sync", "after-sync", "mid-runs", "after-runs", "mid-block-final":
 				if len(inflight) != 1 {

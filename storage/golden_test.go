@@ -35,6 +35,9 @@ const (
 	// and a dense tail file (tail format version 2): gen_golden.go -o
 	// storage/testdata/tails2/datadir, by the first build that had them.
 	goldenDirTails2 = "testdata/tails2/datadir"
+	// goldenDirV3 holds the same buffer with rows.meta in format version
+	// 3 (gen_golden.go -row-meta blocks, 2026-11-29).
+	goldenDirV3 = "testdata/v3/datadir"
 )
 
 // goldenRow is one live row of the golden buffer; its field values follow
@@ -132,6 +135,37 @@ func TestGoldenV1Contents(t *testing.T) {
 // TestGoldenV2Contents: the version 2 golden dir reads as the same rows.
 func TestGoldenV2Contents(t *testing.T) {
 	testGoldenContents(t, goldenCopyOf(t, goldenDirV2), goldenDirV2, RowMetaRuns)
+}
+
+// TestGoldenV3Contents: the golden buffer written with rows.meta format
+// version 3 reads as the same rows, and its files are laid out as
+// docs/format.md says: a ring of 8 rows has a block of 64 slots and a
+// spare one (128 slots: columns of 128 rows), rows.meta a header and two
+// pages of block copies, and the watermark record at 12 with the tip of
+// block 0 (12 rows).
+func TestGoldenV3Contents(t *testing.T) {
+	testGoldenContents(t, goldenCopyOf(t, goldenDirV3), goldenDirV3, RowMetaBlocks)
+	files := readTree(t, goldenDirV3)
+	meta := files["buffers/golden/rows.meta"]
+	h, err := decodeMetaHeader("rows.meta", meta)
+	if err != nil || h.Version != metaVersionBlocks || h.RecordSize != 0 || h.BlockRows != 64 || h.Slots != 128 || len(meta) != 3*4096 {
+		t.Fatalf("rows.meta header %+v, %v, %d bytes", h, err, len(meta))
+	}
+	if got := len(files["buffers/golden/f.action.col"]); got != headerSize+128*8 {
+		t.Errorf("action column of %d bytes, want 128 slots", got)
+	}
+	w, why := decodeWatermarkRecord(meta[:headerSize])
+	if why != "" || w != (watermarkRecord{Seq: 12, TipBase: 0, TipRows: 12, TipCRC: w.TipCRC}) {
+		t.Fatalf("watermark record %+v (%s)", w, why)
+	}
+	for i := range 2 {
+		off := blockCopyOffset(128, 0, i)
+		c, why := decodeBlockCopy(meta[off:off+blockCopySize], 0, 128, 64)
+		if why == "" && c.Rows == 12 && c.CRC == w.TipCRC {
+			return // the copy the last extend wrote agrees with the tip
+		}
+	}
+	t.Errorf("no copy of block 0's record says 12 rows with the tip's checksum")
 }
 
 // TestGoldenDenseTailsContents: the golden dir with a dense tail file reads

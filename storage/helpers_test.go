@@ -42,12 +42,12 @@ func testSpec(kind Kind, capacity int64, compact bool) Spec {
 
 // testMemmapRowMeta is the row_meta of testSpec's memmap buffers: left
 // out, they get the default of new memmap buffers (rows.meta format version
-// 2 and a run log); RBD_TEST_MEMMAP_ROW_META=row runs every test of a
-// memmap buffer made by testSpec on rows.meta format version 1, the layout
-// of buffers made by older builds, RBD_TEST_MEMMAP_ROW_META=strided
-// with 8-byte strided memory records, and RBD_TEST_MEMMAP_ROW_META=blocks
-// on rows.meta format version 3 in builds with the rbd_blocks tag, which
-// lets CreateBuffer make them (.ci/run runs all three, after the default
+// 3: block records and a run log); RBD_TEST_MEMMAP_ROW_META=row runs every
+// test of a memmap buffer made by testSpec on rows.meta format version 1,
+// the layout of buffers made by older builds, RBD_TEST_MEMMAP_ROW_META=runs
+// on version 2 (the default of buffers made from 2026-11-27 to
+// 2026-11-29), and RBD_TEST_MEMMAP_ROW_META=strided on version 2 with
+// 8-byte strided memory records (.ci/run runs all three, after the default
 // run).
 var testMemmapRowMeta = RowMetaLayout(os.Getenv("RBD_TEST_MEMMAP_ROW_META"))
 
@@ -186,6 +186,13 @@ func openBuffer(t testing.TB, dir, name string) (*Store, *Buffer) {
 	return s, b
 }
 
+// memmapBlocks reports whether a buffer created with spec keeps rows.meta
+// in format version 3: a memmap spec that asks for it or leaves row_meta
+// out (the default of new memmap buffers).
+func memmapBlocks(spec Spec) bool {
+	return spec.Storage == KindMemmap && (spec.RowMetaLayout == RowMetaBlocks || spec.RowMetaLayout == "")
+}
+
 // memoryTwin is spec as a memory buffer, the reference a test compares a
 // persistent buffer with (row_meta "blocks", memmap only, becomes the
 // memory default).
@@ -202,7 +209,7 @@ func memoryTwin(spec Spec) Spec {
 // makes testSpec's memmap buffers version 3.
 func skipOnBlocks(t testing.TB, spec Spec, what string) {
 	t.Helper()
-	if spec.Storage == KindMemmap && spec.RowMetaLayout == RowMetaBlocks {
+	if memmapBlocks(spec) {
 		t.Skip("rows.meta format version 3 has no " + what + " yet")
 	}
 }

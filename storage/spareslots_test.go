@@ -54,7 +54,7 @@ func TestSlotsBeyondTheWindow(t *testing.T) {
 			spec := testSpec(kind, capacity, true)
 			spec.Priority = &PriorityOptions{Alpha: 1, Eps: 0}
 			b := mustCreate(t, s, "b", spec)
-			if want := ringSlotCount(spec, false); b.slots != want {
+			if want := ringSlotCount(b.Spec(), false); b.slots != want {
 				t.Fatalf("%d slots, want %d", b.slots, want)
 			}
 			var rows []row

@@ -1064,7 +1064,7 @@ func TestCreateBufferRowMetaDefault(t *testing.T) {
 		wantBytes int64         // Info.RowMetaBytes (a memory buffer's with row-group padding)
 		conflicts RowMetaLayout // a layout the buffer refuses when asked again ("": none to try)
 	}{
-		{"memmap default", KindMemmap, "", RowMetaRuns, 16, RowMetaPerRow},
+		{"memmap default", KindMemmap, "", RowMetaBlocks, 1, RowMetaRuns},
 		{"memmap row", KindMemmap, RowMetaPerRow, RowMetaPerRow, 64, RowMetaRuns},
 		{"memmap runs", KindMemmap, RowMetaRuns, RowMetaRuns, 16, RowMetaPerRow},
 		{"memory default", KindMemory, "", "", 33, RowMetaRuns},

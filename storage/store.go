@@ -115,10 +115,6 @@ type Store struct {
 	// rows of a page or more), as builds before dense tail files made
 	// them: stores keep opening those.
 	slotTails bool
-	// formatV3, set by tests, lets CreateBuffer make memmap buffers with
-	// row_meta "blocks" (rows.meta format version 3), which it refuses
-	// with ErrNotSupported until every part of the version is built.
-	formatV3 bool
 	// snapMu orders snapshot writes; snapSeq numbers them.
 	snapMu  sync.Mutex
 	snapSeq uint64
@@ -304,7 +300,7 @@ func validBufferName(name string) bool {
 // CreateBuffer creates a buffer, or returns the existing one (created =
 // false) when its spec is identical after defaults. A different spec under
 // the same name is ErrSpecConflict. A memmap spec that leaves RowMetaLayout
-// out creates a buffer with RowMetaRuns (the buffer's Spec says so); asked
+// out creates a buffer with RowMetaBlocks (the buffer's Spec says so); asked
 // of an existing buffer, a spec that leaves it out matches the layout the
 // buffer has.
 func (s *Store) CreateBuffer(name string, spec Spec) (b *Buffer, created bool, err error) {
@@ -343,17 +339,12 @@ func (s *Store) createLocked(name string, spec Spec) (b *Buffer, created bool, e
 		}
 		return nil, false, fmt.Errorf("create buffer %q: %w", name, ErrSpecConflict)
 	}
-	if spec.RowMetaLayout == RowMetaBlocks && !s.formatV3 && !formatV3Built {
-		return nil, false, fmt.Errorf("create buffer %q: %w", name, &SpecError{Path: "row_meta",
-			Msg: fmt.Sprintf("row_meta %q (rows.meta format version 3, docs/proposals/format-v3.md) is being built: this build keeps its files but cannot create them yet; use %q", RowMetaBlocks, RowMetaRuns),
-			Err: ErrNotSupported})
-	}
 	if spec.RowMetaLayout == "" && spec.Storage == KindMemmap {
-		// New memmap buffers keep rows.meta in format version 2: 16
-		// bytes of file a row, not 64 (RowMetaRuns says what it costs).
-		// The spec in the catalog says so, so that the buffer opens in
-		// its layout whatever a later build's default is.
-		spec.RowMetaLayout = RowMetaRuns
+		// New memmap buffers keep rows.meta in format version 3: no
+		// record a row, block checksums (RowMetaBlocks says what it
+		// costs). The spec in the catalog says so, so that the buffer
+		// opens in its layout whatever a later build's default is.
+		spec.RowMetaLayout = RowMetaBlocks
 	}
 	// policy_version is a column rbd adds; buffers created before it
 	// existed may keep a field of that name (and extends then fill that

@@ -24,6 +24,13 @@
 //
 //	go run ./storage/testdata/gen_golden.go -row-meta runs
 //
+// With -row-meta blocks it writes the same buffer with rows.meta in format
+// version 3 (block records, strided pieces, tail entries with checksums),
+// into storage/testdata/v3/datadir (written by the first build that made
+// version 3 the memmap default, 2026-11-29; never regenerated either):
+//
+//	go run ./storage/testdata/gen_golden.go -row-meta blocks
+//
 // Builds since dense tail files (tail format version 2, 2026-11-27) write
 // the buffer's tail.observation.col densely: the first of them wrote
 // storage/testdata/tails2/datadir (never regenerated either), with
@@ -44,12 +51,15 @@ import (
 
 func main() {
 	out := flag.String("o", "", "data dir to write (replaced if it exists; default storage/testdata/v1/datadir, v2 with -row-meta runs)")
-	rowMeta := flag.String("row-meta", "row", "row_meta of the buffer: row (rows.meta format version 1) or runs (version 2)")
+	rowMeta := flag.String("row-meta", "row", "row_meta of the buffer: row (rows.meta format version 1), runs (version 2) or blocks (version 3)")
 	flag.Parse()
 	if *out == "" {
 		*out = "storage/testdata/v1/datadir"
-		if *rowMeta == "runs" {
+		switch *rowMeta {
+		case "runs":
 			*out = "storage/testdata/v2/datadir"
+		case "blocks":
+			*out = "storage/testdata/v3/datadir"
 		}
 	}
 	if err := run(*out, storage.RowMetaLayout(*rowMeta)); err != nil {
