@@ -463,7 +463,10 @@ func BenchmarkSampleRunMeta(b *testing.B) {
 	for _, sk := range []storage.Kind{storage.KindMemory, storage.KindMemmap} {
 		for _, kind := range []string{"uniform", "slice"} {
 			for _, rows := range []int64{1e5, 1e7} {
-				for _, layout := range []storage.RowMetaLayout{storage.RowMetaPerRow, storage.RowMetaRuns, storage.RowMetaStrided} {
+				for _, layout := range []storage.RowMetaLayout{storage.RowMetaPerRow, storage.RowMetaRuns, storage.RowMetaStrided, storage.RowMetaBlocks} {
+					if layout == storage.RowMetaBlocks && sk != storage.KindMemmap {
+						continue
+					}
 					b.Run(fmt.Sprintf("kind=%s/sampler=%s/rows=%s/row_meta=%s", sk, kind, sbenchRowsLabel(rows), layout), func(b *testing.B) {
 						if testing.Short() && rows > 1e5 {
 							b.Skip("-short: 10^7 rows take about 2 GB and a few seconds to fill")

@@ -624,3 +624,40 @@ func BenchmarkMemcpy(b *testing.B) {
 	}
 	reportRate(b, size/1e9, "GB/s")
 }
+
+// BenchmarkReopen is what a restart costs: a memmap CartPole buffer of
+// 10^6 rows (full, collector rows, closed cleanly), opened for writing and
+// closed again, an op each. Recovery reads every row of the window to
+// check it (version 2: its record's checksum; version 3: its block's),
+// and the run log.
+//
+//	go test ./storage -run '^$' -bench BenchmarkReopen -benchtime 10x -count 6
+func BenchmarkReopen(b *testing.B) {
+	for _, layout := range []RowMetaLayout{RowMetaRuns, RowMetaBlocks} {
+		b.Run(fmt.Sprintf("rows=1e6/row_meta=%s", layout), func(b *testing.B) {
+			const capacity = 1_000_000
+			spec := benchCartpoleSpec(KindMemmap, DurabilityNone, capacity)
+			spec.RowMetaLayout = layout
+			src := newBenchBatches(spec, 200)
+			dir := b.TempDir()
+			s := openStore(b, dir)
+			buf := mustCreate(b, s, "bench", spec)
+			for i := 0; int64(i)*benchBatchRows < capacity+benchBatchRows; i++ {
+				mustExtend(b, buf, "w0", src.at(i))
+			}
+			if err := s.Close(); err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				s, err := Open(dir, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := s.Close(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportRate(b, capacity, "rows/s")
+		})
+	}
+}
