@@ -1,7 +1,6 @@
 package storage
 
 import (
-	"errors"
 	"fmt"
 	"hash/crc32"
 )
@@ -38,8 +37,10 @@ type blockWriter struct {
 	scratch [blockCopySize]byte
 }
 
-// errBlocksFaulted refuses a sync of a version 3 buffer after a fault.
-var errBlocksFaulted = errors.New("an extend failed on the buffer's files; nothing is synced until the store is reopened")
+// errBlocksFaulted refuses extends and syncs of a version 3 buffer after
+// an extend faulted (the buffer's failed flag lands only after the
+// faulting extend released the writer's lock).
+var errBlocksFaulted = fmt.Errorf("an extend failed on the buffer's files; nothing is written or synced until the store is reopened: %w", ErrIO)
 
 // blockOf is the block holding slot-aligned base (a seq whose slot is a
 // block's first).

@@ -145,9 +145,11 @@ func (cp *rowCopier) copyBlockV3(base int64, n int, first int64, lost *bool) (ke
 		return any
 	}
 	read()
-	if !stale() {
-		got := cp.blockCRC(bufs, n)
-		if !cp.sourceClaims(base, n, got) && !stale() {
+	// A block with a live row is checked, unless a row of it is found
+	// overwritten (then it and every older row are left out); one whose
+	// rows of the window are all holes has no row to vouch for.
+	if !stale() && cp.liveRows(base, n, first, missing) > 0 {
+		if !cp.sourceClaims(base, n, first, bufs, missing) && !stale() {
 			return 0, 0, 0, fmt.Errorf("%w: block %d of buffer %q (seqs %d to %d) does not match its checksum: rows below the durable watermark are damaged (rbd verify lists them); nothing was checkpointed",
 				ErrCorrupt, b.blockOf(base), b.name, base, base+int64(n)-1)
 		}
@@ -223,17 +225,41 @@ func (cp *rowCopier) blockCRC(bufs [][]byte, n int) uint32 {
 	return crc
 }
 
-// sourceClaims reports whether the source's checksum of the first n rows
-// of the block at base is crc: the captured tip for the block W ends in,
-// else a final record of the block's pass.
-func (cp *rowCopier) sourceClaims(base int64, n int, crc uint32) bool {
+// liveRows counts the rows of the window among the first n of the block
+// at base that the copy keeps.
+func (cp *rowCopier) liveRows(base int64, n int, first int64, missing []bool) int {
+	live := 0
+	for j := range n {
+		if base+int64(j) >= first && !missing[j] {
+			live++
+		}
+	}
+	return live
+}
+
+// sourceClaims reports whether a checksum of the source vouches for the
+// rows the copy keeps of the first n rows of the block at base (read into
+// bufs): the captured tip for the block W ends in, else a record of the
+// block's pass (final, written when the writer left the block: h rows,
+// fewer than 64 for a block an open left early, whose rows past h are
+// holes) whose h covers every row kept and whose checksum holds over the
+// rows [0, h) as read.
+func (cp *rowCopier) sourceClaims(base int64, n int, first int64, bufs [][]byte, missing []bool) bool {
+	covers := func(h int) bool {
+		for j := h; j < n; j++ {
+			if base+int64(j) >= first && !missing[j] {
+				return false
+			}
+		}
+		return true
+	}
 	if t := cp.st.tip; t.TipRows > 0 && t.TipBase == base {
-		return n == t.TipRows && crc == t.TipCRC
+		return t.TipRows <= n && covers(t.TipRows) && cp.blockCRC(bufs, t.TipRows) == t.TipCRC
 	}
 	bv := &blockVerifier{b: cp.b, reserved: -1}
 	c, ok := bv.copies(cp.b.blockOf(base))
 	for i := range 2 {
-		if ok[i] && c[i].Base == base && c[i].Rows == n && c[i].CRC == crc {
+		if ok[i] && c[i].Base == base && c[i].Rows <= n && covers(c[i].Rows) && cp.blockCRC(bufs, c[i].Rows) == c[i].CRC {
 			return true
 		}
 	}

@@ -219,15 +219,18 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 	}
 	if !live {
 		// An extend writes its pieces before its block records, so only
-		// the blocks between the pieces' end and the reservation can
-		// name rows past it (pieces a power loss took): reading only
-		// those keeps an open of a large ring that holds little from
-		// reading every block's records.
-		for base := wc - wc%blockRows; base < st.SeqReserved && base < wc+slots; base += blockRows {
+		// copies of passes at or past the pieces' end can name rows past
+		// it (pieces a power loss took, of writes that may have run far
+		// ahead): every block's copies once, from the block the pieces
+		// end in, up to the reservation (no valid copy's base is past
+		// it). Reading only those keeps an open of a large ring that
+		// holds little from reading every block's records.
+		from := wc - wc%blockRows
+		for base := from; base < st.SeqReserved && base < from+slots; base += blockRows {
 			c, ok := bv.copies(b.blockOf(base))
 			for i := range 2 {
-				if ok[i] && c[i].Base == base {
-					wc = max(wc, base+int64(c[i].Rows))
+				if ok[i] && c[i].Base >= from {
+					wc = max(wc, c[i].Base+int64(c[i].Rows))
 				}
 			}
 		}
@@ -462,6 +465,9 @@ func (b *Buffer) blocksOverwritten(seq int64, bv *blockVerifier) bool {
 // the seqs of their rows, as rowCRC checks for version 2.
 func (b *Buffer) findTailV3(seq, traj, step int64) (int64, string) {
 	sc := b.tailScan
+	if sc == nil {
+		return -1, "its piece says it has a final observation, but the buffer keeps none"
+	}
 	i, _ := slices.BinarySearchFunc(sc.entries, seq, func(e tailEntry, seq int64) int { return cmp.Compare(e.seq, seq) })
 	why := fmt.Sprintf("no entry of %s holds its final observation", b.tails[0].file)
 	rows := b.tailIx.rows

@@ -304,8 +304,13 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 	b.wmu.Lock()
 	defer b.wmu.Unlock()
 	if b.blk != nil {
+		if b.blk.faulted {
+			// An extend that was waiting for wmu while another faulted.
+			return ExtendResult{}, errBlocksFaulted
+		}
 		// A fault (recoverFault, after wmu is released) may have cut
-		// the block records short: no sync may capture a tip from them.
+		// the block records short: no sync may capture a tip from them,
+		// and no extend may follow.
 		defer func() {
 			if r := recover(); r != nil {
 				b.blk.faulted = true

@@ -3,14 +3,15 @@
   (b) rbd's Python client against `rbd serve` (a memory buffer, compact_obs),
   (c) rbd in-process from Go (bench/compare/inproc),
 printing rows/s, batches/s and bytes held per transition for each, in one run.
-CartPole runs in-process six times: a memory buffer with the default row
+CartPole runs in-process seven times: a memory buffer with the default row
 metadata, with run records ("row_meta": "runs") and with strided run
 records ("row_meta": "strided", 8-byte records), and a memmap buffer
 (durability none, files in a temporary dir) with rows.meta format version 1
-and 2 (the same two row_meta values; 2, "runs", is what a new memmap buffer
-gets by default, 1 what older builds made) and with "strided" (the files of
-"runs", 8-byte memory records); "disk/row" is a memmap buffer's files over
-its rows. Two more CartPole legs write the memory buffer (default
+and 2 (the same two row_meta values; 1 what builds before 2026-11-27 made,
+2 the default from then to 2026-11-29), with "strided" (the files of
+"runs", 8-byte memory records) and with version 3 ("blocks", the default of
+new memmap buffers since 2026-11-29: block checksums, no record a row);
+"disk/row" is a memmap buffer's files over its rows. Two more CartPole legs write the memory buffer (default
 and strided) as 64 actors do, each extend one step of one actor, a stream of
 its own ("64 actors": a trajectory's rows come at irregular distances; adds
 are then rows/s of one-row extends).
@@ -304,7 +305,7 @@ def main():
         # Small rows also with run records (row_meta "runs", "strided"):
         # less memory a row, slower samples; images have no use for them.
         metas = [("memory", "row", 0), ("memory", "runs", 0), ("memory", "strided", 0), ("memmap", "row", 0), ("memmap", "runs", 0),
-                 ("memmap", "strided", 0), ("memory", "row", 64), ("memory", "strided", 64)]
+                 ("memmap", "strided", 0), ("memmap", "blocks", 0), ("memory", "row", 64), ("memory", "strided", 64)]
         if wl != "cartpole":
             metas = metas[:1]
         legs = {"numpy": []}
