@@ -171,13 +171,9 @@ func (b *Buffer) rowCRC(seq int64, flags uint32, match func(uint32) bool) (uint3
 	got, read := uint32(0), false
 	for ; i < len(sc.entries) && sc.entries[i].seq == seq; i++ {
 		at := sc.entries[i].at
-		// Entries follow the seqs of their rows: between the last row
-		// accepted with one and this row, no more entries than rows.
-		if sc.prevSeq >= 0 {
-			if gap := (at - sc.prevAt - 1 + rows) % rows; gap > seq-sc.prevSeq-1 {
-				why = fmt.Sprintf("its final observation is entry %d of %s, out of order: %d entries (ring-wise) after seq %d's entry %d, only %d rows later", at, b.tails[0].file, gap+1, sc.prevSeq, sc.prevAt, seq-sc.prevSeq)
-				continue
-			}
+		if w := sc.outOfOrder(seq, at, rows, b.tails[0].file); w != "" {
+			why = w
+			continue
 		}
 		c0 := crc
 		named := true
@@ -202,6 +198,20 @@ func (b *Buffer) rowCRC(seq int64, flags uint32, match func(uint32) bool) (uint3
 		return got, ""
 	}
 	return 0, why
+}
+
+// outOfOrder says why entry at (of rows entries) cannot hold seq's final
+// observation ("" if it can): entries follow the seqs of their rows, so
+// between the last row accepted with one and seq, no more entries than
+// rows.
+func (sc *denseTailScan) outOfOrder(seq, at, rows int64, file string) string {
+	if sc.prevSeq < 0 {
+		return ""
+	}
+	if gap := (at - sc.prevAt - 1 + rows) % rows; gap > seq-sc.prevSeq-1 {
+		return fmt.Sprintf("its final observation is entry %d of %s, out of order: %d entries (ring-wise) after seq %d's entry %d, only %d rows later", at, file, gap+1, sc.prevSeq, sc.prevAt, seq-sc.prevSeq)
+	}
+	return ""
 }
 
 // acceptDenseTail gives seq, a row recovery accepted with its final

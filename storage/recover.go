@@ -211,9 +211,8 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		}
 	}
 	maxTraj := int64(-1)
-	type accepted struct{ traj, step int64 }
-	ok2 := make(map[int64]accepted) // accepted rows whose successor may still come
-	liveWait := time.Second         // see the reads again below
+	lk := newLinks()
+	liveWait := time.Second // see the reads again below
 	for seq := lo; seq < wc; seq++ {
 		slot := seq % slots
 		var why string
@@ -234,15 +233,9 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		// still unsettled gets up to 200 ms more, from a budget of one
 		// second for the whole verify.
 		for try := 0; live && (!ok || r.Seq != seq) && !b.overwrittenMeanwhile(seq); try++ {
-			pause := time.Millisecond
-			if try >= 5 {
-				pause = 10 * time.Millisecond
-				if try >= 25 || liveWait < pause {
-					break
-				}
-				liveWait -= pause
+			if !retryPause(try, &liveWait) {
+				break
 			}
-			time.Sleep(pause)
 			r, ok = read()
 		}
 		switch {
@@ -275,36 +268,15 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 				continue
 			}
 		}
-		if r.PrevSeq >= lo && !inOldHole(r.PrevSeq) {
-			p, ok := ok2[r.PrevSeq]
-			switch {
-			case !ok && live && b.overwrittenMeanwhile(r.PrevSeq):
-				// The ring moved past the predecessor while we scanned:
-				// this row is now the oldest live row of its trajectory,
-				// and rows of it accepted earlier in the scan (older
-				// still) are gone too.
-				p = accepted{r.TrajID, r.Step - 1}
-				b.dropScanned(r.TrajID)
-			case !ok:
-				lost(seq, fmt.Sprintf("previous row %d of trajectory %d is missing", r.PrevSeq, r.TrajID))
-				continue
-			}
-			if p.traj != r.TrajID || p.step != r.Step-1 {
-				lost(seq, fmt.Sprintf("links to row %d of trajectory %d step %d, but it is trajectory %d step %d", r.PrevSeq, r.TrajID, r.Step-1, p.traj, p.step))
-				continue
-			}
-			delete(ok2, r.PrevSeq)
-		} else if r.PrevSeq < -1 || r.PrevSeq >= seq {
-			lost(seq, fmt.Sprintf("impossible prev_seq %d", r.PrevSeq))
+		if why := lk.check(b, seq, &r, lo, inOldHole, live, b.overwrittenMeanwhile); why != "" {
+			lost(seq, why)
 			continue
 		}
 		if err := b.ix.add(r.TrajID, r.Step, seq, r.Flags&flagDone != 0, r.Flags&flagHasTail != 0); err != nil {
 			lost(seq, err.Error())
 			continue
 		}
-		if r.Flags&flagDone == 0 {
-			ok2[seq] = accepted{r.TrajID, r.Step}
-		}
+		lk.accept(seq, &r)
 		if runs != nil {
 			// Oldest first, so runs continue as when the rows were
 			// written.
@@ -436,6 +408,67 @@ func (b *Buffer) endRecovery(st bufferState, streams map[string]map[int64]stream
 	// consumed, holes) only once the whole store opened: see
 	// Store.commitRecovery. A refused Open leaves it as it was.
 	return maxTraj, nil
+}
+
+// retryPause waits before a snapshot open reads a row again, for its
+// try-th time: five quick reads a millisecond apart, then up to twenty of
+// 10 ms from budget, the whole open's. It reports false when the row
+// has had its reads.
+func retryPause(try int, budget *time.Duration) bool {
+	pause := time.Millisecond
+	if try >= 5 {
+		pause = 10 * time.Millisecond
+		if try >= 25 || *budget < pause {
+			return false
+		}
+		*budget -= pause
+	}
+	time.Sleep(pause)
+	return true
+}
+
+// links checks, in a recovery's scan, each row's link to the row before it
+// in its trajectory: that row, if in the window and not a hole, must have
+// been accepted with the same trajectory and the previous step.
+type links struct {
+	ok map[int64]linkedRow // accepted rows whose successor may still come
+}
+
+type linkedRow struct{ traj, step int64 }
+
+func newLinks() *links { return &links{ok: map[int64]linkedRow{}} }
+
+// check says why the row r of seq cannot be accepted for its link ("" if
+// it can). Next to a running writer (live), a predecessor the ring moved
+// past while the scan read (gone) makes r its trajectory's oldest live
+// row, and the rows of it accepted earlier in the scan are dropped.
+func (l *links) check(b *Buffer, seq int64, r *record, lo int64, hole func(int64) bool, live bool, gone func(int64) bool) string {
+	if r.PrevSeq < lo || hole(r.PrevSeq) {
+		if r.PrevSeq < -1 || r.PrevSeq >= seq {
+			return fmt.Sprintf("impossible prev_seq %d", r.PrevSeq)
+		}
+		return ""
+	}
+	p, ok := l.ok[r.PrevSeq]
+	switch {
+	case !ok && live && gone(r.PrevSeq):
+		p = linkedRow{r.TrajID, r.Step - 1}
+		b.dropScanned(r.TrajID)
+	case !ok:
+		return fmt.Sprintf("previous row %d of trajectory %d is missing", r.PrevSeq, r.TrajID)
+	}
+	if p.traj != r.TrajID || p.step != r.Step-1 {
+		return fmt.Sprintf("links to row %d of trajectory %d step %d, but it is trajectory %d step %d", r.PrevSeq, r.TrajID, r.Step-1, p.traj, p.step)
+	}
+	delete(l.ok, r.PrevSeq)
+	return ""
+}
+
+// accept notes the accepted row r of seq as a predecessor to come.
+func (l *links) accept(seq int64, r *record) {
+	if r.Flags&flagDone == 0 {
+		l.ok[seq] = linkedRow{r.TrajID, r.Step}
+	}
 }
 
 // dropScanned removes from the index, while reading next to a running

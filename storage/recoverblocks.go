@@ -273,9 +273,10 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 			if sound {
 				break
 			}
-			b.log.Warn("letting go of the rows at the bottom of the window that an unacknowledged write may have been overwriting",
-				"from", lo, "to", base+blockRows)
-			b.damage = append(b.damage, fmt.Sprintf("let go: seqs [%d, %d) at the window's bottom do not verify; an unacknowledged write of block %d's next pass may have been overwriting them", lo, base+blockRows, b.blockOf(base)))
+			// Not damage (version 2 lets such rows go in silence too): a
+			// log line says which.
+			b.log.Warn("letting go of rows at the bottom of the window that do not verify: an unacknowledged write of their block's next pass may have been overwriting them",
+				"from", lo, "to", base+blockRows, "block", b.blockOf(base))
 			wc = base + blockRows + capacity
 		}
 	}
@@ -305,8 +306,8 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 	}
 
 	maxTraj := int64(-1)
-	type accepted struct{ traj, step int64 }
-	ok2 := make(map[int64]accepted) // accepted rows whose successor may still come
+	lk := newLinks()
+	gone := func(seq int64) bool { return b.blocksOverwritten(seq, bv) }
 	sweep := newPieceSweep(runs)
 	var hits []pieceCursor
 	// judge reads the row of seq: its metadata from its piece, its
@@ -352,15 +353,9 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 		// writer has reached again, or that has left the window since,
 		// is gone, not damaged.
 		for try := 0; live && why != "" && !b.blocksOverwritten(seq, bv); try++ {
-			pause := time.Millisecond
-			if try >= 5 {
-				pause = 10 * time.Millisecond
-				if try >= 25 || liveWait < pause {
-					break
-				}
-				liveWait -= pause
+			if !retryPause(try, &liveWait) {
+				break
 			}
-			time.Sleep(pause)
 			bv.base = -1 // read the records again
 			if b.tailScan != nil {
 				b.tailScan.entries = b.scanDenseTails().entries
@@ -373,32 +368,15 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 			}
 			continue
 		}
-		if r.PrevSeq >= lo && !isHole(r.PrevSeq) {
-			pr, ok := ok2[r.PrevSeq]
-			switch {
-			case !ok && live && b.blocksOverwritten(r.PrevSeq, bv):
-				// The ring moved past the predecessor while we read:
-				// this row is now the oldest live row of its trajectory,
-				// and rows of it accepted earlier are gone too.
-				pr, ok = accepted{r.TrajID, r.Step - 1}, true
-				b.dropScanned(r.TrajID)
-			case !ok:
-				lost(seq, fmt.Sprintf("previous row %d of trajectory %d is missing", r.PrevSeq, r.TrajID))
-				continue
-			}
-			if pr.traj != r.TrajID || pr.step != r.Step-1 {
-				lost(seq, fmt.Sprintf("links to row %d of trajectory %d step %d, but it is trajectory %d step %d", r.PrevSeq, r.TrajID, r.Step-1, pr.traj, pr.step))
-				continue
-			}
-			delete(ok2, r.PrevSeq)
+		if why := lk.check(b, seq, &r, lo, isHole, live, gone); why != "" {
+			lost(seq, why)
+			continue
 		}
 		if err := b.ix.add(r.TrajID, r.Step, seq, r.Flags&flagDone != 0, r.Flags&flagHasTail != 0); err != nil {
 			lost(seq, err.Error())
 			continue
 		}
-		if r.Flags&flagDone == 0 {
-			ok2[seq] = accepted{r.TrajID, r.Step}
-		}
+		lk.accept(seq, &r)
 		b.putMemRecord(slot, &r)
 		if tailAt >= 0 {
 			b.acceptDenseTail(seq, tailAt)
@@ -473,11 +451,9 @@ func (b *Buffer) findTailV3(seq, traj, step int64) (int64, string) {
 	rows := b.tailIx.rows
 	for ; i < len(sc.entries) && sc.entries[i].seq == seq; i++ {
 		at := sc.entries[i].at
-		if sc.prevSeq >= 0 {
-			if gap := (at - sc.prevAt - 1 + rows) % rows; gap > seq-sc.prevSeq-1 {
-				why = fmt.Sprintf("its final observation is entry %d of %s, out of order: %d entries (ring-wise) after seq %d's entry %d, only %d rows later", at, b.tails[0].file, gap+1, sc.prevSeq, sc.prevAt, seq-sc.prevSeq)
-				continue
-			}
+		if w := sc.outOfOrder(seq, at, rows, b.tails[0].file); w != "" {
+			why = w
+			continue
 		}
 		good := true
 		for _, c := range b.tails {
