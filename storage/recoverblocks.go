@@ -241,6 +241,7 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 		i, _ := slices.BinarySearchFunc(known, seq, func(h [2]int64, s int64) int { return cmp.Compare(h[1], s+1) })
 		return i < len(known) && known[i][0] <= seq
 	}
+	letGo := false // the fsync exception: rows an unacknowledged write may have reached
 	switch {
 	case st.Clean, live:
 		// live: the writer has not crashed; its reservation is ahead of
@@ -256,6 +257,7 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 		// records a power loss took: the window moves past it as that
 		// write would have moved it. The walk stops at the first sound
 		// block.
+		letGo = true
 		for {
 			lo := max(0, wc-capacity)
 			base := lo - lo%blockRows
@@ -363,7 +365,19 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 			r, tailAt, why = judge(seq)
 		}
 		if why != "" {
-			if !live || !b.blocksOverwritten(seq, bv) {
+			switch {
+			case live && b.blocksOverwritten(seq, bv):
+			case r.Flags&flagHasTail != 0 && letGo && seq+slots < st.SeqReserved:
+				// Its block verifies, its final observation's entry
+				// does not: an fsync writer's unacknowledged write may
+				// have reached seq + slots (the reservation says it
+				// could), and its tails reuse the oldest entries, whose
+				// pages a power loss can keep while it loses the
+				// columns'. As for a block the walk lets go: a hole,
+				// not damage.
+				b.log.Warn("letting go of a row at the bottom of the window whose final observation an unacknowledged write may have replaced", "seq", seq)
+				addHole(seq)
+			default:
 				lost(seq, why)
 			}
 			continue
