@@ -112,6 +112,45 @@ func FuzzOpenDamagedRuns(f *testing.F) {
 	})
 }
 
+// fzBuildBlocks is fzBuild with rows.meta format version 3.
+func fzBuildBlocks(t testing.TB, s *Store) { fzBuildLayout(t, s, RowMetaBlocks) }
+
+// FuzzOpenDamagedBlocks is FuzzOpenDamaged on rows.meta format version 3:
+// block record copies, the watermark record with its tip, pieces with a
+// stride, and tail entries with checksums.
+func FuzzOpenDamagedBlocks(f *testing.F) {
+	p := pristine(f, "fuzz-blocks", fzBuildBlocks)
+	files := slices.Sorted(maps.Keys(p.files))
+	index := func(rel string) uint8 { return fuzzFileIndex(f, files, rel) }
+	meta := index("buffers/f/rows.meta")
+	runs := index("buffers/f/" + runSegName(1))
+	obs := index("buffers/f/f.observation.col")
+	tail := index("buffers/f/tail.observation.col")
+	copyB := uint32(blockCopyOffset(spareSlots(16), 0, 1))
+	for _, s := range []fuzzDamage{
+		{meta, 0, 0, false},                          // pristine
+		{meta, mhSlots, 0x01, false},                 // slots (header checksum fails)
+		{meta, wrSeq, 0x01, false},                   // the watermark
+		{meta, wrTipCRC, 0x01, false},                // the tip's checksum
+		{meta, headerSize + bcRows, 0x01, false},     // copy A's h
+		{meta, headerSize + bcCRCh, 0x01, false},     // copy A's crc_h
+		{meta, copyB + bcGen, 0x01, false},           // copy B's gen
+		{meta, copyB + bcBase, 0x40, false},          // copy B's base
+		{meta, headerSize + 100, 0, true},            // cut in the copies
+		{runs, segHeaderSize + rlSpan, 0x01, false},  // the first piece's stride
+		{runs, segHeaderSize + rlFlags, 0x80, false}, // a piece read as a hole record
+		{runs, segHeaderSize + runLogRecordSize + rlFirstSeq, 0x01, false},
+		{obs, headerSize + 3*16, 0x80, false}, // a row's first byte
+		{tail, headerSize + 2*32 + 1, 0x01, false},
+		{tail, headerSize + 2*32 + 16 + 8, 0x01, false}, // an entry's checksum
+	} {
+		f.Add(s.file, s.off, s.val, s.trunc)
+	}
+	f.Fuzz(func(t *testing.T, file uint8, off uint32, val byte, trunc bool) {
+		openDamaged(t, p, files, file, off, val, trunc)
+	})
+}
+
 // fuzzDamage is a seed of the damage fuzzers: XOR val into byte off of
 // file number file, or with trunc cut the file there.
 type fuzzDamage struct {
