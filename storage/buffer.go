@@ -210,9 +210,13 @@ type Buffer struct {
 	// memory barrier (write).
 	writeFence atomic.Int64
 	// stateMu guards the catalog-side state below.
-	stateMu   sync.Mutex
-	holes     [][2]int64
-	damage    []string // problems found by recovery, for Info and verify
+	stateMu sync.Mutex
+	holes   [][2]int64
+	damage  []string // problems found by recovery, for Info and verify
+	// damaged is the seqs of the rows recovery dropped as damage, merged
+	// ranges in order: a hot checkpoint leaves them out as it leaves out
+	// holes (they have no stamp, and were not overwritten).
+	damaged   [][2]int64
 	createdAt time.Time
 }
 

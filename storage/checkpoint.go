@@ -187,7 +187,9 @@ func (b *Buffer) captureCheckpoint() checkpointState {
 		b.imu.RUnlock()
 	}
 	b.stateMu.Lock()
-	st.holes = append([][2]int64(nil), b.holes...)
+	// Rows recovery dropped as damage are left out of the copy as holes
+	// are: they have no stamp, and no writer overwrote them.
+	st.holes = mergeHoles(b.holes, b.damaged, -1)
 	b.stateMu.Unlock()
 	b.store.traj.Lock()
 	st.trajN = b.store.traj.next

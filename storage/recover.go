@@ -192,7 +192,7 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 			// scanned. Not damage, and no longer in the window.
 			return
 		}
-		b.damage = append(b.damage, fmt.Sprintf("seq %d (below durable watermark %d): %s", seq, durable, why))
+		b.noteDamage(seq, fmt.Sprintf("seq %d (below durable watermark %d): %s", seq, durable, why))
 	}
 	if b.cs != nil {
 		if err := b.cs.load(!b.store.readOnly); err != nil {
@@ -408,6 +408,18 @@ func (b *Buffer) endRecovery(st bufferState, streams map[string]map[int64]stream
 	// consumed, holes) only once the whole store opened: see
 	// Store.commitRecovery. A refused Open leaves it as it was.
 	return maxTraj, nil
+}
+
+// noteDamage records the row of seq, dropped by recovery, as damage: the
+// reason for verify and Info, the seq for hot checkpoints. Seqs come in
+// increasing order.
+func (b *Buffer) noteDamage(seq int64, why string) {
+	b.damage = append(b.damage, why)
+	if n := len(b.damaged); n > 0 && b.damaged[n-1][1] == seq {
+		b.damaged[n-1][1]++
+		return
+	}
+	b.damaged = append(b.damaged, [2]int64{seq, seq + 1})
 }
 
 // retryPause waits before a snapshot open reads a row again, for its

@@ -299,7 +299,7 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 			addHole(seq)
 			return
 		}
-		b.damage = append(b.damage, fmt.Sprintf("seq %d (below durable watermark %d): %s", seq, durable, why))
+		b.noteDamage(seq, fmt.Sprintf("seq %d (below durable watermark %d): %s", seq, durable, why))
 	}
 	if writable && !st.Clean {
 		// The accepted rows' pieces may be in the page cache only (a
@@ -367,15 +367,15 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 		if why != "" {
 			switch {
 			case live && b.blocksOverwritten(seq, bv):
-			case r.Flags&flagHasTail != 0 && letGo && seq+slots < st.SeqReserved:
+			case r.Flags&flagHasTail != 0 && letGo && b.tailMayBeReused(seq, wc, st.SeqReserved):
 				// Its block verifies, its final observation's entry
 				// does not: an fsync writer's unacknowledged write may
-				// have reached seq + slots (the reservation says it
-				// could), and its tails reuse the oldest entries, whose
-				// pages a power loss can keep while it loses the
-				// columns'. As for a block the walk lets go: a hole,
-				// not damage.
-				b.log.Warn("letting go of a row at the bottom of the window whose final observation an unacknowledged write may have replaced", "seq", seq)
+				// have written enough final observations after it to
+				// reuse its entry (tails reuse the oldest entries), and
+				// a power loss can keep the tail file's page while it
+				// loses the columns'. As for a block the walk lets go: a
+				// hole, not damage.
+				b.log.Warn("letting go of a row whose final observation an unacknowledged write may have replaced", "seq", seq)
 				addHole(seq)
 			default:
 				lost(seq, why)
@@ -449,6 +449,23 @@ func (b *Buffer) blocksOverwritten(seq int64, bv *blockVerifier) bool {
 		}
 	}
 	return false
+}
+
+// tailMayBeReused reports whether, after an unclean close, the dense tail
+// entry of the row seq can have been taken by a newer final observation:
+// entries are reused after tail_rows more, so the entries found naming
+// newer rows, and one a seq for every seq the writer could still have
+// had (up to the reservation, past the write count wc), must reach
+// tail_rows. Entries a power loss took count as not written: the bound
+// errs towards reporting damage.
+func (b *Buffer) tailMayBeReused(seq, wc, reserved int64) bool {
+	sc := b.tailScan
+	if sc == nil || seq+b.slots >= reserved {
+		return false
+	}
+	i, _ := slices.BinarySearchFunc(sc.entries, seq+1, func(e tailEntry, s int64) int { return cmp.Compare(e.seq, s) })
+	newer := int64(len(sc.entries) - i)
+	return newer+max(0, reserved-wc) >= b.tailIx.rows
 }
 
 // findTailV3 returns the dense tail entry holding the final observation of
