@@ -25,8 +25,15 @@ func fileBytesNeeded(spec Spec) int64 {
 	if spec.Storage == KindMemory {
 		return 0
 	}
-	col := func(rowBytes int) int64 { return satAdd(headerSize, satMul(spec.Capacity, int64(rowBytes))) }
+	slots := ringSlotCount(spec, false) // version 3: a spare block more
+	col := func(rowBytes int) int64 { return satAdd(headerSize, satMul(slots, int64(rowBytes))) }
 	total := col(recordSize)
+	trailer := int64(tailTrailerSize)
+	if spec.blockFiles() {
+		// rows.meta format version 3: two 32-byte copies a block of 64
+		// slots; tail entries with 16-byte trailers.
+		trailer = tailTrailerSizeV3
+	}
 	if spec.runLogFiles() {
 		// rows.meta format version 2, and the run log at a run record
 		// per 8 rows plus a segment of slack (runBytesPerRow's bargain:
@@ -34,6 +41,9 @@ func fileBytesNeeded(spec Spec) int64 {
 		// episodes take 1-2). The log grows with the rows; nothing of it
 		// is reserved at create.
 		total = satAdd(col(fileRunRecordSize), satAdd(satMul(spec.Capacity, runLogRecordSize/8), runSegmentTarget(spec.Capacity)))
+		if spec.blockFiles() {
+			total = satAdd(metaV3Size(slots), satAdd(satMul(spec.Capacity, runLogRecordSize/8), runSegmentTarget(spec.Capacity)))
+		}
 	}
 	var compressed int64
 	for _, f := range spec.Fields {
@@ -53,7 +63,7 @@ func fileBytesNeeded(spec Spec) int64 {
 				// 8 (episodes of 8 steps or more) and the blocks
 				// allocated ahead; more done rows than that fail their
 				// extends, cleanly, once the disk is full.
-				total = satAdd(total, satAdd(headerSize+2<<20, satMul(spec.Capacity/8+1, int64(f.RowBytes())+tailTrailerSize)))
+				total = satAdd(total, satAdd(headerSize+2<<20, satMul(spec.Capacity/8+1, int64(f.RowBytes())+trailer)))
 			case sparseTail(f.RowBytes()):
 				// Allocated row by row, for done rows only: counted at
 				// one in 8 (episodes of 8 steps or more). More done

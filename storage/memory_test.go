@@ -188,6 +188,26 @@ func TestFileRunsCounted(t *testing.T) {
 	if d2 >= d1 {
 		t.Errorf("disk: version 2 needs %d bytes, no less than version 1's %d", d2, d1)
 	}
+	// Version 3: no record a row, two 32-byte copies a block, columns of
+	// a spare block's more slots: less than version 2, and what the
+	// created files take at least.
+	v3 := v1
+	v3.RowMetaLayout = RowMetaBlocks
+	if d3 := fileBytesNeeded(v3); d3 >= d2 {
+		t.Errorf("disk: version 3 needs %d bytes, no less than version 2's %d", d3, d2)
+	}
+	s := openStore(t, t.TempDir())
+	defer s.Close()
+	small := v3
+	small.Capacity = 10_000
+	b := mustCreate(t, s, "v3", small)
+	info, err := b.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if need := fileBytesNeeded(small); need < info.DiskBytes {
+		t.Errorf("disk: version 3 of 10^4 rows counted at %d bytes, its files take %d", need, info.DiskBytes)
+	}
 	m1, m2 := fullMemoryBytes(v1), fullMemoryBytes(v2)
 	if want := m1 + (memRunRecordSize+runBytesPerRow-stampBytesPerRow)*c; m2 != want {
 		t.Errorf("memory: version 2 estimated at %d bytes, version 1 at %d; want %d", m2, m1, want)

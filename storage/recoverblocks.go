@@ -309,36 +309,57 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 
 	maxTraj := int64(-1)
 	lk := newLinks()
-	gone := func(seq int64) bool { return b.blocksOverwritten(seq, bv) }
 	sweep := newPieceSweep(runs)
 	var hits []pieceCursor
 	// judge reads the row of seq: its metadata from its piece, its
-	// final observation's entry (-1 if none), or why it is not a row.
-	judge := func(seq int64) (record, int64, string) {
+	// final observation's entry (-1 if none), or why it is not a row and
+	// which check said so (a read again can change a block's or a tail
+	// entry's answer, not a piece's: the pieces were read once).
+	const (
+		byBlock = iota
+		byPiece
+		byTail
+	)
+	judge := func(seq int64) (record, int64, string, int) {
 		slot := seq % slots
 		base := seq - seq%blockRows
 		if v := bv.prefix(base); seq-base >= int64(v) {
-			return record{}, -1, fmt.Sprintf("block %d (slots %d to %d) is not verified past its row %d by its records or the watermark record", b.blockOf(base), slot-(seq-base), slot-(seq-base)+blockRows-1, v)
+			return record{}, -1, fmt.Sprintf("block %d (slots %d to %d) is not verified past its row %d by its records or the watermark record", b.blockOf(base), slot-(seq-base), slot-(seq-base)+blockRows-1, v), byBlock
 		}
 		switch len(hits) {
 		case 0:
-			return record{}, -1, "no run record holds it"
+			return record{}, -1, "no run record holds it", byPiece
 		case 1:
 		default:
 			where := make([]string, len(hits))
 			for i, h := range hits {
 				where[i] = h.p.where()
 			}
-			return record{}, -1, fmt.Sprintf("%d run records hold it: %v", len(hits), where)
+			return record{}, -1, fmt.Sprintf("%d run records hold it: %v", len(hits), where), byPiece
 		}
 		p := hits[0].p
 		_, step, prev, flags := p.row(hits[0].k)
 		r := record{Seq: seq, TrajID: p.TrajID, Step: step, PrevSeq: prev, Env: p.Env, Flags: flags, PolicyVersion: p.PolicyVersion}
 		if flags&flagHasTail == 0 {
-			return r, -1, ""
+			return r, -1, "", byTail
 		}
 		at, why := b.findTailV3(seq, r.TrajID, r.Step)
-		return r, at, why
+		return r, at, why, byTail
+	}
+	// Next to a running writer, the newest pieces in the run log say how
+	// far the writer has gone: an extend appends them before it writes a
+	// row, where its block records come last (version 3 marks no slot as
+	// being written). Read again at most every 5 ms.
+	var pieceEnd int64 = -1
+	var pieceEndAt time.Time
+	gone := func(seq int64) bool {
+		if b.blocksOverwritten(seq, bv) {
+			return true
+		}
+		if time.Since(pieceEndAt) > 5*time.Millisecond {
+			pieceEnd, pieceEndAt = b.rlog.pieceEnd(), time.Now()
+		}
+		return pieceEnd > seq+capacity
 	}
 	liveWait := time.Second // for the whole open, as version 2's reads again
 	for seq := lo; seq < wc; seq++ {
@@ -347,26 +368,26 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 			continue // a recorded hole: pieces that name it are a failed extend's
 		}
 		slot := seq % slots
-		r, tailAt, why := judge(seq)
+		r, tailAt, why, by := judge(seq)
 		// Next to a running writer a block may be read while its next
 		// pass overwrites it (rows before records), or a sync or an
 		// extend may be between its writes: read again before judging,
 		// from a budget of a second for the open. A row whose slot the
 		// writer has reached again, or that has left the window since,
 		// is gone, not damaged.
-		for try := 0; live && why != "" && !b.blocksOverwritten(seq, bv); try++ {
+		for try := 0; live && why != "" && by != byPiece && !gone(seq); try++ {
 			if !retryPause(try, &liveWait) {
 				break
 			}
 			bv.base = -1 // read the records again
-			if b.tailScan != nil {
+			if by == byTail && b.tailScan != nil {
 				b.tailScan.entries = b.scanDenseTails().entries
 			}
-			r, tailAt, why = judge(seq)
+			r, tailAt, why, by = judge(seq)
 		}
 		if why != "" {
 			switch {
-			case live && b.blocksOverwritten(seq, bv):
+			case live && gone(seq):
 			case r.Flags&flagHasTail != 0 && letGo && b.tailMayBeReused(seq, wc, st.SeqReserved):
 				// Its block verifies, its final observation's entry
 				// does not: an fsync writer's unacknowledged write may

@@ -821,6 +821,30 @@ func (l *runLog) load(writable bool, reserved int64) (*loadedRuns, error) {
 	return out, nil
 }
 
+// pieceEnd returns one past the last seq any valid version 3 piece or hole
+// record in the buffer's run segments names, as the files are now (-1 if
+// none): how far a running writer has gone, for a snapshot open. Segments
+// that vanish while listed or read are skipped.
+func (l *runLog) pieceEnd() int64 {
+	end := int64(-1)
+	nos, err := runSegmentNumbers(l.b.dir)
+	if err != nil {
+		return end
+	}
+	for _, no := range nos {
+		data, err := os.ReadFile(filepath.Join(l.b.dir, runSegName(no)))
+		if err != nil || len(data) < segHeaderSize {
+			continue
+		}
+		for off := segHeaderSize; off+runLogRecordSize <= len(data); off += runLogRecordSize {
+			if p, why := decodePieceV3(data[off:off+runLogRecordSize], -1); why == "" {
+				end = max(end, p.lastSeq()+1)
+			}
+		}
+	}
+	return end
+}
+
 // fileAt reads a file by path, opening it for each read: a segment found
 // at open is copied by a checkpoint without holding it open.
 type fileAt string

@@ -605,7 +605,7 @@ func (v *specValidator) validate(s Spec) {
 			v.add("row_meta", "row_meta %q applies to memmap buffers only (block checksums of files); %s buffers do not keep it", s.RowMetaLayout, s.Storage)
 		}
 	default:
-		v.add("row_meta", "unknown row_meta %q; want %s, %s or %s", s.RowMetaLayout, RowMetaPerRow, RowMetaRuns, RowMetaStrided)
+		v.add("row_meta", "unknown row_meta %q; want %s, %s, %s or %s", s.RowMetaLayout, RowMetaPerRow, RowMetaRuns, RowMetaStrided, RowMetaBlocks)
 	}
 
 	if c := s.Compression; c != nil {

@@ -112,7 +112,7 @@ func Upgrade(dir string, opts *UpgradeOptions) (*UpgradeReport, error) {
 		}
 	}
 	if len(targets) == 0 {
-		return nil, errors.Join(fmt.Errorf("upgrade %s: no memmap buffer keeps rows.meta in format version 1 or final observations at the slot (every one is version 2 already, or there is none): %w", dir, ErrNothingToUpgrade), s.Close())
+		return nil, errors.Join(fmt.Errorf("upgrade %s: no memmap buffer keeps rows.meta in format version 1 or final observations at the slot (every one is version 2 or 3 already, or there is none): %w", dir, ErrNothingToUpgrade), s.Close())
 	}
 	names := make([]string, len(targets))
 	for i, b := range targets {

@@ -236,7 +236,7 @@ func TestUpgradeRefuses(t *testing.T) {
 				t.Fatal(err)
 			}
 			return nil
-		}, ErrNothingToUpgrade, "version 2 already"},
+		}, ErrNothingToUpgrade, "version 2 or 3 already"},
 		{"incomplete checkpoint", func(t *testing.T, dir string) func() {
 			if err := os.WriteFile(filepath.Join(dir, checkpointIncomplete), []byte("x"), 0o644); err != nil {
 				t.Fatal(err)
