@@ -231,7 +231,7 @@ func (b *Buffer) rowMajorCRC(crc uint32, slot int64) uint32 {
 
 // blockSums is the running checksum of the block a writer is filling:
 // the CRC-32C of its rows [0, j), row-major, at every j where an extend
-// ended (at every row when filled by add or push), so that a sync can take
+// ended (at every row when filled by push, or a row at a time), so that a sync can take
 // the checksum at the row its watermark ends on (the tip, always an
 // extend's end) without reading rows back.
 type blockSums struct {
@@ -242,12 +242,6 @@ type blockSums struct {
 
 // start begins the pass of the block whose first seq is base.
 func (s *blockSums) start(base int64) { s.base, s.rows, s.at[0] = base, 0, 0 }
-
-// add continues the checksum over the next row's row-major bytes.
-func (s *blockSums) add(row []byte) {
-	s.at[s.rows+1] = crc32.Update(s.at[s.rows], castagnoli, row)
-	s.rows++
-}
 
 // push continues the checksum with the next row's CRC computed elsewhere
 // (from at[rows], over its fields one by one).
@@ -279,19 +273,13 @@ func (b *Buffer) verifiedPrefix(k int64, claims []blockClaim) int {
 	pitch := b.rowMajorBytes()
 	if pitch > crcScratchSize {
 		// Large rows: checksummed where they are, a row at a time.
-		best := 0
-		var crc uint32
-		for j := 0; ; j++ {
-			for _, c := range claims {
-				if c.Rows == j && c.CRC == crc {
-					best = j
-				}
+		sums, best := b.prefixSums(k*blockRows, longest), 0
+		for _, c := range claims {
+			if sums.at[c.Rows] == c.CRC {
+				best = max(best, c.Rows)
 			}
-			if j == longest {
-				return best
-			}
-			crc = b.rowMajorCRC(crc, k*blockRows+int64(j))
 		}
+		return best
 	}
 	// Small rows: the block's rows gathered row-major, a column at a
 	// time, and checksummed between the claims in one call each (a

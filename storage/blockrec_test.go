@@ -318,7 +318,7 @@ func TestBlockChecksums(t *testing.T) {
 				row = append(row, c.row(k*blockRows+int64(j))...)
 			}
 		}
-		sums.add(row)
+		sums.addRows(row, 1)
 	}
 	if sums.rows != blockRows {
 		t.Fatalf("%d rows added", sums.rows)

@@ -2,7 +2,6 @@ package storage
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -221,37 +220,17 @@ func powerLossScrambleV3(t *testing.T, dir, buf, variant string, rng *rand.Rand)
 			clear(b)
 		}
 	}
-	cols, err := filepath.Glob(filepath.Join(bdir, "*.col"))
-	if err != nil || len(cols) == 0 {
-		t.Fatalf("no column files in %s: %v", bdir, err)
-	}
-	for _, cpath := range cols {
-		data, err := os.ReadFile(cpath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ch, err := decodeColHeader(cpath, data)
-		if err != nil {
-			t.Fatal(err)
-		}
+	powerLossColumns(t, bdir, func(ch colHeader, data []byte) {
 		rb := int64(ch.RowBytes)
 		if ch.Version == tailVersionDenseV3 {
-			pitch := rb + tailTrailerSizeV3
-			for off := int64(headerSize); off+pitch <= int64(len(data)); off += pitch {
-				if v := int64(binary.LittleEndian.Uint64(data[off+rb:])); v > 0 && v-1 >= w {
-					wipe(data[off : off+pitch])
-				}
-			}
-		} else {
-			for seq := w; seq < end; seq++ {
-				off := headerSize + seq%slots*rb
-				wipe(data[off : off+rb])
-			}
+			powerLossDenseEntries(data, rb, tailTrailerSizeV3, w, wipe)
+			return
 		}
-		if err := os.WriteFile(cpath, data, 0o644); err != nil {
-			t.Fatal(err)
+		for seq := w; seq < end; seq++ {
+			off := headerSize + seq%slots*rb
+			wipe(data[off : off+rb])
 		}
-	}
+	})
 	return w, int(end - w)
 }
 

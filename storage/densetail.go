@@ -165,12 +165,11 @@ func (b *Buffer) rowCRC(seq int64, flags uint32, match func(uint32) bool) (uint3
 		}
 		return crc, ""
 	}
-	i, _ := slices.BinarySearchFunc(sc.entries, seq, func(e tailEntry, seq int64) int { return cmp.Compare(e.seq, seq) })
 	why := fmt.Sprintf("no entry of %s holds its final observation", b.tails[0].file)
 	rows := b.tailIx.rows
 	got, read := uint32(0), false
-	for ; i < len(sc.entries) && sc.entries[i].seq == seq; i++ {
-		at := sc.entries[i].at
+	for _, e := range sc.named(seq) {
+		at := e.at
 		if w := sc.outOfOrder(seq, at, rows, b.tails[0].file); w != "" {
 			why = w
 			continue
@@ -198,6 +197,17 @@ func (b *Buffer) rowCRC(seq int64, flags uint32, match func(uint32) bool) (uint3
 		return got, ""
 	}
 	return 0, why
+}
+
+// named returns the entries the scan found naming seq (more than one when
+// a crash made a writer write the seq again).
+func (sc *denseTailScan) named(seq int64) []tailEntry {
+	i, _ := slices.BinarySearchFunc(sc.entries, seq, func(e tailEntry, seq int64) int { return cmp.Compare(e.seq, seq) })
+	j := i
+	for j < len(sc.entries) && sc.entries[j].seq == seq {
+		j++
+	}
+	return sc.entries[i:j]
 }
 
 // outOfOrder says why entry at (of rows entries) cannot hold seq's final

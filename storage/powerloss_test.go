@@ -80,45 +80,53 @@ func powerLossScramble(t *testing.T, dir, buf, variant string, rng *rand.Rand) (
 			clear(b)
 		}
 	}
+	powerLossColumns(t, bdir, func(ch colHeader, cdata []byte) {
+		rb := int64(ch.RowBytes)
+		if ch.Version == tailVersionDense {
+			powerLossDenseEntries(cdata, rb, tailTrailerSize, durable, wipe)
+			return
+		}
+		for _, slot := range slots {
+			wipe(cdata[headerSize+slot*rb : headerSize+(slot+1)*rb])
+		}
+	})
+	return durable, len(slots)
+}
+
+// powerLossColumns rewrites every column file of the buffer dir bdir with
+// what fn makes of its bytes (fn gets the file's header).
+func powerLossColumns(t *testing.T, bdir string, fn func(ch colHeader, data []byte)) {
+	t.Helper()
 	cols, err := filepath.Glob(filepath.Join(bdir, "*.col"))
 	if err != nil || len(cols) == 0 {
 		t.Fatalf("no column files in %s: %v", bdir, err)
 	}
 	for _, cpath := range cols {
-		cdata, err := os.ReadFile(cpath)
+		data, err := os.ReadFile(cpath)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ch, err := decodeColHeader(cpath, cdata)
+		ch, err := decodeColHeader(cpath, data)
 		if err != nil {
 			t.Fatal(err)
 		}
-		rb := int64(ch.RowBytes)
-		if ch.Version == tailVersionDense {
-			// Entries written after the last sync: those of rows at or
-			// above the watermark (entries go in seq order).
-			pitch := rb + tailTrailerSize
-			for off := int64(headerSize); off+pitch <= int64(len(cdata)); off += pitch {
-				entry := cdata[off : off+pitch]
-				if v := int64(binary.LittleEndian.Uint64(entry[rb:])); v == 0 || v-1 < durable {
-					continue
-				}
-				wipe(entry)
-			}
-			if err := os.WriteFile(cpath, cdata, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		for _, slot := range slots {
-			row := cdata[headerSize+slot*rb : headerSize+(slot+1)*rb]
-			wipe(row)
-		}
-		if err := os.WriteFile(cpath, cdata, 0o644); err != nil {
+		fn(ch, data)
+		if err := os.WriteFile(cpath, data, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return durable, len(slots)
+}
+
+// powerLossDenseEntries wipes the entries of a dense tail file (data,
+// entries of rb bytes and a trailer) written after the last sync: those
+// of rows at or above the durable watermark (entries go in seq order).
+func powerLossDenseEntries(data []byte, rb, trailer, durable int64, wipe func([]byte)) {
+	pitch := rb + trailer
+	for off := int64(headerSize); off+pitch <= int64(len(data)); off += pitch {
+		if v := int64(binary.LittleEndian.Uint64(data[off+rb:])); v > 0 && v-1 >= durable {
+			wipe(data[off : off+pitch])
+		}
+	}
 }
 
 // powerLossRuns destroys the run records of the run log in bdir whose

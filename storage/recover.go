@@ -268,15 +268,10 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 				continue
 			}
 		}
-		if why := lk.check(b, seq, &r, lo, inOldHole, live, b.overwrittenMeanwhile); why != "" {
+		if why := lk.link(b, seq, &r, lo, inOldHole, live, b.overwrittenMeanwhile); why != "" {
 			lost(seq, why)
 			continue
 		}
-		if err := b.ix.add(r.TrajID, r.Step, seq, r.Flags&flagDone != 0, r.Flags&flagHasTail != 0); err != nil {
-			lost(seq, err.Error())
-			continue
-		}
-		lk.accept(seq, &r)
 		if runs != nil {
 			// Oldest first, so runs continue as when the rows were
 			// written.
@@ -476,11 +471,20 @@ func (l *links) check(b *Buffer, seq int64, r *record, lo int64, hole func(int64
 	return ""
 }
 
-// accept notes the accepted row r of seq as a predecessor to come.
-func (l *links) accept(seq int64, r *record) {
+// link accepts the row r of seq into the index if its link checks (check)
+// and the index takes it, and notes it as a predecessor to come; it says
+// why the row was not accepted ("" if it was).
+func (l *links) link(b *Buffer, seq int64, r *record, lo int64, hole func(int64) bool, live bool, gone func(int64) bool) string {
+	if why := l.check(b, seq, r, lo, hole, live, gone); why != "" {
+		return why
+	}
+	if err := b.ix.add(r.TrajID, r.Step, seq, r.Flags&flagDone != 0, r.Flags&flagHasTail != 0); err != nil {
+		return err.Error()
+	}
 	if r.Flags&flagDone == 0 {
 		l.ok[seq] = linkedRow{r.TrajID, r.Step}
 	}
+	return ""
 }
 
 // dropScanned removes from the index, while reading next to a running

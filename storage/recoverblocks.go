@@ -403,15 +403,10 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 			}
 			continue
 		}
-		if why := lk.check(b, seq, &r, lo, isHole, live, gone); why != "" {
+		if why := lk.link(b, seq, &r, lo, isHole, live, gone); why != "" {
 			lost(seq, why)
 			continue
 		}
-		if err := b.ix.add(r.TrajID, r.Step, seq, r.Flags&flagDone != 0, r.Flags&flagHasTail != 0); err != nil {
-			lost(seq, err.Error())
-			continue
-		}
-		lk.accept(seq, &r)
 		b.putMemRecord(slot, &r)
 		if tailAt >= 0 {
 			b.acceptDenseTail(seq, tailAt)
@@ -498,11 +493,10 @@ func (b *Buffer) findTailV3(seq, traj, step int64) (int64, string) {
 	if sc == nil {
 		return -1, "its piece says it has a final observation, but the buffer keeps none"
 	}
-	i, _ := slices.BinarySearchFunc(sc.entries, seq, func(e tailEntry, seq int64) int { return cmp.Compare(e.seq, seq) })
 	why := fmt.Sprintf("no entry of %s holds its final observation", b.tails[0].file)
 	rows := b.tailIx.rows
-	for ; i < len(sc.entries) && sc.entries[i].seq == seq; i++ {
-		at := sc.entries[i].at
+	for _, e := range sc.named(seq) {
+		at := e.at
 		if w := sc.outOfOrder(seq, at, rows, b.tails[0].file); w != "" {
 			why = w
 			continue
@@ -524,7 +518,8 @@ func (b *Buffer) findTailV3(seq, traj, step int64) (int64, string) {
 }
 
 // prefixSums returns the running checksums of the first n rows of the
-// pass of the block starting at base, read from the columns.
+// pass of the block starting at base (any seq of the block's slot 0),
+// read from the columns a row at a time.
 func (b *Buffer) prefixSums(base int64, n int) *blockSums {
 	s := new(blockSums)
 	s.start(base)
