@@ -222,6 +222,12 @@ func readEntry(b *bolt.Bucket, name, path string) (catalogEntry, error) {
 // createBuffer stores a new buffer's spec and state. It fails if the name
 // is taken (the caller checks specs first).
 func (c *catalog) createBuffer(name string, spec Spec, st bufferState) error {
+	return c.putEntry(name, spec, st, true)
+}
+
+// putEntry stores a buffer's spec and state in one transaction, in a new
+// bucket (create: it fails if the name is taken) or its own.
+func (c *catalog) putEntry(name string, spec Spec, st bufferState, create bool) error {
 	specJSON, err := spec.MarshalJSON()
 	if err != nil {
 		return err
@@ -231,9 +237,14 @@ func (c *catalog) createBuffer(name string, spec Spec, st bufferState) error {
 		return err
 	}
 	return c.db.Update(func(tx *bolt.Tx) error {
-		b, err := tx.Bucket(bucketBuffers).CreateBucket([]byte(name))
-		if err != nil {
-			return fmt.Errorf("catalog: create buffer %q: %w", name, err)
+		var b *bolt.Bucket
+		var err error
+		if create {
+			if b, err = tx.Bucket(bucketBuffers).CreateBucket([]byte(name)); err != nil {
+				return fmt.Errorf("catalog: create buffer %q: %w", name, err)
+			}
+		} else if b, err = bufferBucket(tx, name); err != nil {
+			return err
 		}
 		if err := b.Put(keySpec, specJSON); err != nil {
 			return err
@@ -306,6 +317,13 @@ func (c *catalog) putState(name string, st bufferState, streams map[string]map[i
 		}
 		return nil
 	})
+}
+
+// switchBuffer replaces a buffer's spec and state in one transaction (an
+// upgrade's switch to another format version: a kill leaves both old or
+// both new).
+func (c *catalog) switchBuffer(name string, spec Spec, st bufferState) error {
+	return c.putEntry(name, spec, st, false)
 }
 
 func (c *catalog) deleteBuffer(name string) error {

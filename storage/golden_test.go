@@ -205,17 +205,29 @@ func TestGoldenDenseTailsContents(t *testing.T) {
 }
 
 // TestGoldenV1Upgraded: the version 1 golden dir, upgraded to version 2
-// (Upgrade), reads as the same rows, priorities and streams.
+// and to version 3, and the version 2 golden dir upgraded to version 3
+// (Upgrade), read as the same rows, priorities and streams.
 func TestGoldenV1Upgraded(t *testing.T) {
-	dir := goldenCopyOf(t, goldenDir)
-	rep, err := Upgrade(dir, nil)
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		src string
+		to  RowMetaLayout
+	}{
+		{goldenDir, RowMetaRuns},
+		{goldenDir, RowMetaBlocks},
+		{goldenDirV2, RowMetaBlocks},
+	} {
+		t.Run(fmt.Sprintf("%s/to=%s", tc.src, tc.to), func(t *testing.T) {
+			dir := goldenCopyOf(t, tc.src)
+			rep, err := Upgrade(dir, &UpgradeOptions{RowMeta: tc.to})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Buffers) != 1 || rep.Buffers[0].Rows != 8 || rep.Buffers[0].RunRecords == 0 {
+				t.Fatalf("upgrade report %+v", rep)
+			}
+			testGoldenContents(t, dir, "upgraded "+tc.src, tc.to)
+		})
 	}
-	if len(rep.Buffers) != 1 || rep.Buffers[0].Rows != 8 || rep.Buffers[0].RunRecords == 0 {
-		t.Fatalf("upgrade report %+v", rep)
-	}
-	testGoldenContents(t, dir, "upgraded "+goldenDir, RowMetaRuns)
 }
 
 // testGoldenContents checks the golden buffer in dir (a copy of src, which

@@ -237,6 +237,11 @@ func (s *Store) openBuffer(e catalogEntry) (*Buffer, int64, error) {
 		b.sync.durable = wc
 		return b, -1, nil
 	}
+	if e.spec.Storage == KindMemmap {
+		if err := s.openBlocksUpgradeState(b); err != nil {
+			return nil, 0, errors.Join(err, b.unmap())
+		}
+	}
 	if !fileExists(b.dir) {
 		s.restoreFromTrash(b)
 	}

@@ -21,6 +21,12 @@ var ErrNothingToUpgrade = errors.New("storage: nothing to upgrade")
 type UpgradeOptions struct {
 	// Store is passed to the opens Upgrade makes (nil: defaults).
 	Store *Options
+	// RowMeta is the layout memmap buffers are upgraded to: RowMetaBlocks
+	// (rows.meta format version 3, the default of new memmap buffers;
+	// the zero value means it) or RowMetaRuns (version 2 and dense tail
+	// files, which builds from 2026-11-27 on open; builds before
+	// 2026-11-29 cannot open version 3).
+	RowMeta RowMetaLayout
 	// Progress, when set, is told what Upgrade is doing.
 	Progress func(msg string)
 }
@@ -42,6 +48,12 @@ type UpgradedBuffer struct {
 	Tails           int64 `json:"tails"`
 	TailBytesBefore int64 `json:"tail_bytes_before"`
 	TailBytesAfter  int64 `json:"tail_bytes_after"`
+	// FormatVersion is the buffer's rows.meta format version after the
+	// upgrade (2 or 3); BytesBefore and BytesAfter are what all its files
+	// take on disk.
+	FormatVersion int   `json:"format_version"`
+	BytesBefore   int64 `json:"bytes_before"`
+	BytesAfter    int64 `json:"bytes_after"`
 }
 
 // UpgradeReport is the result of Upgrade.
@@ -50,24 +62,33 @@ type UpgradeReport struct {
 	Buffers []UpgradedBuffer `json:"buffers"`
 }
 
-// Upgrade converts every memmap buffer of the data dir whose rows.meta is
-// format version 1 (64-byte records) to version 2 (16-byte records and a
-// run log: "row_meta": "runs", docs/format.md), and whose tail files keep
-// final observations at the slot (version 1) to dense tail files (version
-// 2), keeping every row, link, stream and counter. It refuses, changing
-// nothing, a dir a running store holds (ErrLocked), one of a newer format
-// (ErrVersionMismatch), one that Verify finds damaged, an incomplete
-// checkpoint, and one with nothing to upgrade (ErrNothingToUpgrade).
+// Upgrade converts the memmap buffers of a data dir to the layout
+// opts.RowMeta names, keeping every row, link, stream and counter:
 //
-// A kill at any point leaves rows.meta in version 1 or 2 and the tail
-// files all in version 1 or all in version 2: the version 2 files are
-// written beside the version 1 ones and synced; then rows.meta's switch
-// is committed by the catalog's spec and done by a rename, and the tail
-// files' by a marker file and done by renames. Open removes the files of
+//   - RowMetaBlocks (the default): every memmap buffer whose rows.meta is
+//     format version 1 or 2 to version 3 ("row_meta": "blocks",
+//     docs/format.md), with version 3 dense tail files. The new files are
+//     written as a whole buffer dir beside the buffer's, the stage, and
+//     synced; the catalog switches the buffer's spec and state in one
+//     transaction; then the old dir goes to the trash and the stage takes
+//     its place (upgradeblocks.go).
+//   - RowMetaRuns: every memmap buffer whose rows.meta is version 1 to
+//     version 2 ("row_meta": "runs"), and whose tail files keep final
+//     observations at the slot (version 1) to dense tail files (version
+//     2): the version 2 files are written beside the version 1 ones and
+//     synced; then rows.meta's switch is committed by the catalog's spec
+//     and done by a rename, and the tail files' by a marker file and done
+//     by renames.
+//
+// It refuses, changing nothing, a dir a running store holds (ErrLocked),
+// one of a newer format (ErrVersionMismatch), one that Verify finds
+// damaged, an incomplete checkpoint, and one with nothing to upgrade
+// (ErrNothingToUpgrade). A kill at any point leaves each buffer in its
+// old version or its new one, never a mix: an open removes the files of
 // an upgrade that stopped before a commit and finishes the renames of one
 // that stopped after it. Upgrade opens the dir again at the end and checks
-// that every live row reads back with the metadata and final observation
-// it had (a digest of them, in seq order).
+// that every live row reads back with the fields, metadata, final
+// observation and priority it had (a digest of them, in seq order).
 func Upgrade(dir string, opts *UpgradeOptions) (*UpgradeReport, error) {
 	var o UpgradeOptions
 	if opts != nil {
@@ -78,41 +99,24 @@ func Upgrade(dir string, opts *UpgradeOptions) (*UpgradeReport, error) {
 			o.Progress(fmt.Sprintf(format, args...))
 		}
 	}
-	// Read-only opens throughout but for the switch: a kill must not
-	// count as a crash of the buffers (a flush buffer reopened after a
-	// crash resumes at its seq reservation, and its oldest rows leave
-	// the window early), and the catalog keeps its state, clean flag and
-	// saved streams as the last store left them.
-	ro := Options{ReadOnly: true}
-	if o.Store != nil {
-		ro = *o.Store
-		ro.ReadOnly = true
+	switch o.RowMeta {
+	case "", RowMetaBlocks:
+		return upgradeBlocks(dir, o, say)
+	case RowMetaRuns:
+	default:
+		return nil, fmt.Errorf("upgrade %s: row_meta %q: want %q (version 3) or %q (version 2)", dir, o.RowMeta, RowMetaBlocks, RowMetaRuns)
 	}
-	s, err := Open(dir, &ro)
-	if err != nil {
-		return nil, fmt.Errorf("upgrade %s: %w", dir, err)
-	}
-	if !s.snapAt.IsZero() {
-		return nil, errors.Join(fmt.Errorf("upgrade %s: %w (a running store holds it: stop it first)", dir, ErrLocked), s.Close())
-	}
-	// What Verify checks, from this open's recovery.
-	var targets []*Buffer
 	metaTo, tailsTo := map[string]bool{}, map[string]bool{}
-	for _, b := range s.Buffers() {
-		if probs := append(slices.Clip(b.Damage()), b.checkIndex()...); len(probs) > 0 {
-			return nil, errors.Join(fmt.Errorf("upgrade %s: verify found problems, nothing changed (rbd verify %s lists them): buffer %q: %s", dir, dir, b.name, probs[0]), s.Close())
-		}
+	s, ro, targets, err := openUpgradeSource(dir, o, func(b *Buffer) bool {
 		if b.spec.Storage != KindMemmap {
-			continue
+			return false
 		}
 		metaTo[b.name] = b.rlog == nil
 		tailsTo[b.name] = len(b.tails) > 0 && !b.tails[0].dense
-		if metaTo[b.name] || tailsTo[b.name] {
-			targets = append(targets, b)
-		}
-	}
-	if len(targets) == 0 {
-		return nil, errors.Join(fmt.Errorf("upgrade %s: no memmap buffer keeps rows.meta in format version 1 or final observations at the slot (every one is version 2 or 3 already, or there is none): %w", dir, ErrNothingToUpgrade), s.Close())
+		return metaTo[b.name] || tailsTo[b.name]
+	}, "rows.meta in format version 1 or final observations at the slot (every one is version 2 or 3 already, or there is none)")
+	if err != nil {
+		return nil, err
 	}
 	names := make([]string, len(targets))
 	for i, b := range targets {
@@ -124,7 +128,7 @@ func Upgrade(dir string, opts *UpgradeOptions) (*UpgradeReport, error) {
 	out := &UpgradeReport{Dir: dir}
 	digests := map[string]metaDigest{}
 	for _, b := range targets {
-		ub := UpgradedBuffer{Name: b.name, MetaBytesBefore: fileBytes(metaFile(b.dir))}
+		ub := UpgradedBuffer{Name: b.name, FormatVersion: int(metaVersionRuns), MetaBytesBefore: fileBytes(metaFile(b.dir)), BytesBefore: dirBytes(b.dir)}
 		d, err := b.metaDigest()
 		if err == nil && metaTo[b.name] {
 			err = b.writeRunFiles(&ub, say)
@@ -142,18 +146,11 @@ func Upgrade(dir string, opts *UpgradeOptions) (*UpgradeReport, error) {
 	}
 	crash := s.crash
 	crash.at("upgrade-files")
-	if err := s.Close(); err != nil {
-		return nil, fmt.Errorf("upgrade %s: close: %w", dir, err)
-	}
 
 	// 2. Per buffer, the switch: the spec in the catalog, then rows.meta.
-	cat, err := openCatalog(filepath.Join(dir, "catalog.db"), false, o.Store.withDefaults().LockTimeout)
+	cat, entries, err := switchCatalog(dir, s, o)
 	if err != nil {
-		return nil, fmt.Errorf("upgrade %s: %w (the buffers are unchanged)", dir, err)
-	}
-	entries, err := cat.entries()
-	if err != nil {
-		return nil, errors.Join(fmt.Errorf("upgrade %s: %w", dir, err), cat.close())
+		return nil, err
 	}
 	for _, e := range entries {
 		if !slices.Contains(names, e.name) {
@@ -189,32 +186,101 @@ func Upgrade(dir string, opts *UpgradeOptions) (*UpgradeReport, error) {
 	}
 
 	// 3. Read it back: the same rows with the same metadata.
-	say("reading the upgraded buffers back")
-	s, err = Open(dir, &ro)
-	if err != nil {
-		return nil, fmt.Errorf("upgrade %s: reopen after the upgrade: %w", dir, err)
+	if err := readBackUpgrade(dir, ro, out, digests, say); err != nil {
+		return nil, err
 	}
-	for i, name := range names {
-		b, err := s.Buffer(name)
+	return out, nil
+}
+
+// switchCatalog closes the read-only store s of an upgrade's first step
+// and opens the catalog for the switch (the store's lock), with its
+// entries.
+func switchCatalog(dir string, s *Store, o UpgradeOptions) (*catalog, []catalogEntry, error) {
+	if err := s.Close(); err != nil {
+		return nil, nil, fmt.Errorf("upgrade %s: close: %w", dir, err)
+	}
+	cat, err := openCatalog(filepath.Join(dir, "catalog.db"), false, o.Store.withDefaults().LockTimeout)
+	if err != nil {
+		return nil, nil, fmt.Errorf("upgrade %s: %w (the buffers are unchanged)", dir, err)
+	}
+	entries, err := cat.entries()
+	if err != nil {
+		return nil, nil, errors.Join(fmt.Errorf("upgrade %s: %w", dir, err), cat.close())
+	}
+	return cat, entries, nil
+}
+
+// openUpgradeSource opens dir read-only for an upgrade and returns the
+// buffers pick takes, refusing (the store closed) a dir a running store
+// holds and one whose open finds damage (what Verify checks, from this
+// open's recovery), and one where pick takes none (ErrNothingToUpgrade,
+// saying that no memmap buffer keeps what none says).
+//
+// Upgrades open read-only throughout but for the switch: a kill must not
+// count as a crash of the buffers (a flush buffer reopened after a crash
+// resumes at its seq reservation, and its oldest rows leave the window
+// early).
+func openUpgradeSource(dir string, o UpgradeOptions, pick func(*Buffer) bool, none string) (*Store, Options, []*Buffer, error) {
+	ro := Options{ReadOnly: true}
+	if o.Store != nil {
+		ro = *o.Store
+		ro.ReadOnly = true
+	}
+	s, err := Open(dir, &ro)
+	if err != nil {
+		return nil, ro, nil, fmt.Errorf("upgrade %s: %w", dir, err)
+	}
+	if !s.snapAt.IsZero() {
+		return nil, ro, nil, errors.Join(fmt.Errorf("upgrade %s: %w (a running store holds it: stop it first)", dir, ErrLocked), s.Close())
+	}
+	var targets []*Buffer
+	for _, b := range s.Buffers() {
+		if probs := append(slices.Clip(b.Damage()), b.checkIndex()...); len(probs) > 0 {
+			return nil, ro, nil, errors.Join(fmt.Errorf("upgrade %s: verify found problems, nothing changed (rbd verify %s lists them): buffer %q: %s", dir, dir, b.name, probs[0]), s.Close())
+		}
+		if pick(b) {
+			targets = append(targets, b)
+		}
+	}
+	if len(targets) == 0 {
+		return nil, ro, nil, errors.Join(fmt.Errorf("upgrade %s: no memmap buffer keeps %s: %w", dir, none, ErrNothingToUpgrade), s.Close())
+	}
+	return s, ro, targets, nil
+}
+
+// readBackUpgrade opens the upgraded dir read-only and checks that each
+// buffer of out reads as it did (its digest in digests) and has no
+// damage, noting its files' sizes in out.
+func readBackUpgrade(dir string, ro Options, out *UpgradeReport, digests map[string]metaDigest, say func(string, ...any)) error {
+	say("reading the upgraded buffers back")
+	s, err := Open(dir, &ro)
+	if err != nil {
+		return fmt.Errorf("upgrade %s: reopen after the upgrade: %w", dir, err)
+	}
+	for i := range out.Buffers {
+		ub := &out.Buffers[i]
+		b, err := s.Buffer(ub.Name)
+		if err == nil && len(b.Damage()) > 0 {
+			err = fmt.Errorf("verify finds damage: %s", b.Damage()[0])
+		}
 		if err == nil {
 			var d metaDigest
-			if d, err = b.metaDigest(); err == nil && d != digests[name] {
-				err = fmt.Errorf("its live rows read as %d rows with metadata digest %016x, %d rows and %016x before", d.rows, d.sum, digests[name].rows, digests[name].sum)
+			if d, err = b.metaDigest(); err == nil && d != digests[ub.Name] {
+				err = fmt.Errorf("its live rows read as %d rows with digest %016x, %d rows and %016x before", d.rows, d.sum, digests[ub.Name].rows, digests[ub.Name].sum)
 			}
 		}
-		if err == nil {
-			out.Buffers[i].MetaBytesAfter = fileBytes(metaFile(b.dir)) + b.rlog.files()
-			out.Buffers[i].TailBytesAfter = b.tailFileBytes()
-		}
 		if err != nil {
-			return nil, errors.Join(fmt.Errorf("upgrade %s: buffer %q after the upgrade: %w", dir, name, err), s.Close())
+			return errors.Join(fmt.Errorf("upgrade %s: buffer %q after the upgrade: %w", dir, ub.Name, err), s.Close())
 		}
+		ub.MetaBytesAfter = fileBytes(metaFile(b.dir)) + b.rlog.files()
+		ub.TailBytesAfter = b.tailFileBytes()
+		ub.BytesAfter = dirBytes(b.dir)
 	}
 	if err := s.Close(); err != nil {
-		return nil, fmt.Errorf("upgrade %s: close: %w", dir, err)
+		return fmt.Errorf("upgrade %s: close: %w", dir, err)
 	}
-	say("upgraded %d buffers", len(names))
-	return out, nil
+	say("upgraded %d buffers", len(out.Buffers))
+	return nil
 }
 
 // upgradeMetaFile is where Upgrade writes a buffer's version 2 rows.meta
@@ -324,40 +390,46 @@ type metaDigest struct {
 }
 
 // metaDigest reads every live row's metadata (what samples return of it:
-// traj_id, step, links, env, flags, version) and final observations into
-// a digest, in seq order.
+// traj_id, step, links, env, flags, version), fields, final observations
+// and priority into a digest, in seq order.
 func (b *Buffer) metaDigest() (metaDigest, error) {
 	var d metaDigest
 	h := fnv.New64a()
-	seqs := make([]int64, 0, upgradeBlock)
-	metas := make([]RowMeta, upgradeBlock)
-	var tails []Column
-	var tailDst [][]byte
-	for _, c := range b.tails {
+	var cols []Column
+	rowBytes := 0
+	for _, c := range slices.Concat(b.cols, b.tails) {
 		col, ok := b.Column(c.name)
 		if !ok {
 			return d, fmt.Errorf("no column %q", c.name)
 		}
-		tails = append(tails, col)
-		tailDst = append(tailDst, make([]byte, upgradeBlock*c.rowBytes))
+		cols = append(cols, col)
+		rowBytes += c.rowBytes
+	}
+	// A few MiB of rows at a time (Atari rows are 28 KiB).
+	chunk := int64(max(1, min(upgradeBlock, (8<<20)/max(rowBytes, 1))))
+	seqs := make([]int64, 0, chunk)
+	metas := make([]RowMeta, chunk)
+	dst := make([][]byte, len(cols))
+	for i, c := range cols {
+		dst[i] = make([]byte, chunk*int64(c.RowBytes))
 	}
 	var w [8 * 8]byte
 	le := binary.LittleEndian
 	wc := b.writeCount.Load()
-	for lo := max(0, wc-b.capacity); lo < wc; lo += upgradeBlock {
+	for lo := max(0, wc-b.capacity); lo < wc; lo += chunk {
 		seqs = seqs[:0]
-		for seq := lo; seq < min(wc, lo+upgradeBlock); seq++ {
+		for seq := lo; seq < min(wc, lo+chunk); seq++ {
 			seqs = append(seqs, seq)
 		}
 		ms := metas[:len(seqs)]
 		if err := b.ReadIndex(func(ix Index) { ix.Rows(seqs, ms) }); err != nil {
 			return d, err
 		}
-		dst := make([][]byte, len(tails))
-		for i, c := range tails {
-			dst[i] = tailDst[i][:len(seqs)*c.RowBytes]
+		bufs := make([][]byte, len(cols))
+		for i, c := range cols {
+			bufs[i] = dst[i][:len(seqs)*c.RowBytes]
 		}
-		if _, err := b.Gather(seqs, tails, dst, nil); err != nil {
+		if _, err := b.Gather(seqs, cols, bufs, nil); err != nil {
 			return d, err
 		}
 		for i := range ms {
@@ -375,8 +447,11 @@ func (b *Buffer) metaDigest() (metaDigest, error) {
 				le.PutUint64(w[8*k:], uint64(v))
 			}
 			h.Write(w[:])
-			for k, c := range tails {
-				h.Write(dst[k][i*c.RowBytes : (i+1)*c.RowBytes]) // zeros without a final observation
+			for k, c := range cols {
+				h.Write(bufs[k][i*c.RowBytes : (i+1)*c.RowBytes]) // a tail's zeros without a final observation
+			}
+			if b.prio != nil {
+				h.Write(b.prio.col.row(m.Seq % b.slots))
 			}
 			d.rows++
 		}

@@ -94,8 +94,9 @@ func upTails(t testing.TB, dir string) map[string]bool {
 	return out
 }
 
-// upLayouts returns each memmap buffer's layout as the catalog says it and
-// as its rows.meta header says it; they must agree.
+// upLayouts returns each memmap buffer's layout as the catalog says it,
+// checking that the rows.meta an open reads has that version (a switched
+// buffer's rows.meta.v2, or its stage, while it is there).
 func upLayouts(t testing.TB, dir string) map[string]RowMetaLayout {
 	t.Helper()
 	rep, err := Verify(dir, nil)
@@ -110,7 +111,10 @@ func upLayouts(t testing.TB, dir string) map[string]RowMetaLayout {
 		out[br.Name] = br.RowMeta
 		path := metaFile(bufferDir(dir, br.Name))
 		if _, err := os.Stat(upgradeMetaFile(bufferDir(dir, br.Name))); err == nil && br.RowMeta == RowMetaRuns {
-			path = upgradeMetaFile(bufferDir(dir, br.Name)) // switched, not yet renamed: what an open reads
+			path = upgradeMetaFile(bufferDir(dir, br.Name)) // switched, not yet renamed
+		}
+		if _, err := os.Stat(upgradeStage(dir, br.Name)); err == nil && br.RowMeta == RowMetaBlocks {
+			path = metaFile(upgradeStage(dir, br.Name))
 		}
 		data, err := os.ReadFile(path)
 		if err != nil {
@@ -120,8 +124,9 @@ func upLayouts(t testing.TB, dir string) map[string]RowMetaLayout {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := map[RowMetaLayout]uint32{RowMetaPerRow: FormatVersion, RowMetaRuns: metaVersionRuns}[br.RowMeta]; h.Version != want {
-			t.Fatalf("buffer %q: the catalog says row_meta %q, rows.meta is version %d", br.Name, br.RowMeta, h.Version)
+		want := map[RowMetaLayout]uint32{RowMetaPerRow: FormatVersion, RowMetaRuns: metaVersionRuns, RowMetaBlocks: metaVersionBlocks}[br.RowMeta]
+		if h.Version != want {
+			t.Fatalf("buffer %q: the catalog says row_meta %q, the rows.meta an open reads (%s) is version %d", br.Name, br.RowMeta, path, h.Version)
 		}
 	}
 	return out
@@ -135,7 +140,7 @@ func TestUpgrade(t *testing.T) {
 	upBuild(t, dir)
 	want := upRows(t, dir)
 	var said []string
-	rep, err := Upgrade(dir, &UpgradeOptions{Progress: func(m string) { said = append(said, m) }})
+	rep, err := Upgrade(dir, &UpgradeOptions{RowMeta: RowMetaRuns, Progress: func(m string) { said = append(said, m) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +189,7 @@ func TestUpgrade(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Upgrade(dir, nil); !errors.Is(err, ErrNothingToUpgrade) {
+	if _, err := Upgrade(dir, &UpgradeOptions{RowMeta: RowMetaRuns}); !errors.Is(err, ErrNothingToUpgrade) {
 		t.Fatalf("a second upgrade: %v, want ErrNothingToUpgrade", err)
 	}
 }
@@ -196,87 +201,89 @@ func TestUpgradeRefuses(t *testing.T) {
 	base := t.TempDir()
 	upBuild(t, base)
 	files := readTree(t, base)
-	cases := []struct {
-		name    string
-		prepare func(t *testing.T, dir string) func() // returns what ends it, or nil
-		want    error
-		says    string
-	}{
-		{"locked by a running store", func(t *testing.T, dir string) func() {
-			s := openStore(t, dir)
-			return func() { s.Close() }
-		}, ErrLocked, "running store"},
-		{"damaged", func(t *testing.T, dir string) func() {
-			path := colFile(bufferDir(dir, "b"), "action")
-			b, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b[headerSize+8*5] ^= 0x01
-			if err := os.WriteFile(path, b, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			return nil
-		}, nil, "verify found problems"},
-		{"newer format", func(t *testing.T, dir string) func() {
-			db, err := bolt.Open(filepath.Join(dir, "catalog.db"), 0o644, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			err = db.Update(func(tx *bolt.Tx) error {
-				return tx.Bucket(bucketRBD).Put(keyFormat, []byte{byte(FormatVersion + 1), 0, 0, 0})
+	for _, to := range []RowMetaLayout{RowMetaRuns, RowMetaBlocks} {
+		cases := []struct {
+			name    string
+			prepare func(t *testing.T, dir string) func() // returns what ends it, or nil
+			want    error
+			says    string
+		}{
+			{"locked by a running store", func(t *testing.T, dir string) func() {
+				s := openStore(t, dir)
+				return func() { s.Close() }
+			}, ErrLocked, "running store"},
+			{"damaged", func(t *testing.T, dir string) func() {
+				path := colFile(bufferDir(dir, "b"), "action")
+				b, err := os.ReadFile(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b[headerSize+8*5] ^= 0x01
+				if err := os.WriteFile(path, b, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return nil
+			}, nil, "verify found problems"},
+			{"newer format", func(t *testing.T, dir string) func() {
+				db, err := bolt.Open(filepath.Join(dir, "catalog.db"), 0o644, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				err = db.Update(func(tx *bolt.Tx) error {
+					return tx.Bucket(bucketRBD).Put(keyFormat, []byte{byte(FormatVersion + 1), 0, 0, 0})
+				})
+				if err := errors.Join(err, db.Close()); err != nil {
+					t.Fatal(err)
+				}
+				return nil
+			}, ErrVersionMismatch, "version"},
+			{"already upgraded", func(t *testing.T, dir string) func() {
+				if _, err := Upgrade(dir, &UpgradeOptions{RowMeta: to}); err != nil {
+					t.Fatal(err)
+				}
+				return nil
+			}, ErrNothingToUpgrade, map[RowMetaLayout]string{RowMetaRuns: "version 2 or 3 already", RowMetaBlocks: "version 3 already"}[to]},
+			{"incomplete checkpoint", func(t *testing.T, dir string) func() {
+				if err := os.WriteFile(filepath.Join(dir, checkpointIncomplete), []byte("x"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return nil
+			}, ErrIncompleteCheckpoint, "incomplete checkpoint"},
+		}
+		for _, tc := range cases {
+			t.Run(string(to)+"/"+tc.name, func(t *testing.T) {
+				dir := t.TempDir()
+				writeTree(t, dir, files)
+				done := tc.prepare(t, dir)
+				before := readTree(t, dir)
+				var beforeCat map[string]string
+				if done == nil { // a running store holds the catalog
+					beforeCat = catalogContents(t, filepath.Join(dir, "catalog.db"))
+				}
+				_, err := Upgrade(dir, &UpgradeOptions{RowMeta: to, Store: &Options{LockTimeout: 50e6}})
+				if err == nil || (tc.want != nil && !errors.Is(err, tc.want)) || !strings.Contains(err.Error(), tc.says) {
+					t.Fatalf("upgrade: %v; want an error matching %v that says %q", err, tc.want, tc.says)
+				}
+				if done != nil {
+					done()
+					return // the store changed the files itself
+				}
+				after := readTree(t, dir)
+				for _, rel := range slices.Sorted(maps.Keys(before)) {
+					if strings.HasPrefix(rel, "buffers/") && string(after[rel]) != string(before[rel]) {
+						t.Errorf("%s changed", rel)
+					}
+				}
+				for rel := range after {
+					if _, ok := before[rel]; !ok {
+						t.Errorf("%s was created", rel)
+					}
+				}
+				if got := catalogContents(t, filepath.Join(dir, "catalog.db")); beforeCat != nil && !maps.Equal(got, beforeCat) {
+					t.Errorf("the catalog changed:\n%s", diffMaps(beforeCat, got))
+				}
 			})
-			if err := errors.Join(err, db.Close()); err != nil {
-				t.Fatal(err)
-			}
-			return nil
-		}, ErrVersionMismatch, "version"},
-		{"already version 2", func(t *testing.T, dir string) func() {
-			if _, err := Upgrade(dir, nil); err != nil {
-				t.Fatal(err)
-			}
-			return nil
-		}, ErrNothingToUpgrade, "version 2 or 3 already"},
-		{"incomplete checkpoint", func(t *testing.T, dir string) func() {
-			if err := os.WriteFile(filepath.Join(dir, checkpointIncomplete), []byte("x"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			return nil
-		}, ErrIncompleteCheckpoint, "incomplete checkpoint"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			writeTree(t, dir, files)
-			done := tc.prepare(t, dir)
-			before := readTree(t, dir)
-			var beforeCat map[string]string
-			if done == nil { // a running store holds the catalog
-				beforeCat = catalogContents(t, filepath.Join(dir, "catalog.db"))
-			}
-			_, err := Upgrade(dir, &UpgradeOptions{Store: &Options{LockTimeout: 50e6}})
-			if err == nil || (tc.want != nil && !errors.Is(err, tc.want)) || !strings.Contains(err.Error(), tc.says) {
-				t.Fatalf("upgrade: %v; want an error matching %v that says %q", err, tc.want, tc.says)
-			}
-			if done != nil {
-				done()
-				return // the store changed the files itself
-			}
-			after := readTree(t, dir)
-			for _, rel := range slices.Sorted(maps.Keys(before)) {
-				if strings.HasPrefix(rel, "buffers/") && string(after[rel]) != string(before[rel]) {
-					t.Errorf("%s changed", rel)
-				}
-			}
-			for rel := range after {
-				if _, ok := before[rel]; !ok {
-					t.Errorf("%s was created", rel)
-				}
-			}
-			if got := catalogContents(t, filepath.Join(dir, "catalog.db")); beforeCat != nil && !maps.Equal(got, beforeCat) {
-				t.Errorf("the catalog changed:\n%s", diffMaps(beforeCat, got))
-			}
-		})
+		}
 	}
 }
 
@@ -288,7 +295,7 @@ func TestUpgradeRefuses(t *testing.T) {
 // Upgrade then completes.
 func TestUpgradeCrash(t *testing.T) {
 	if dir := os.Getenv("RBD_TEST_UPGRADE_CHILD"); dir != "" {
-		_, err := Upgrade(dir, nil)
+		_, err := Upgrade(dir, &UpgradeOptions{RowMeta: RowMetaLayout(os.Getenv("RBD_TEST_UPGRADE_TO"))})
 		fmt.Printf("rbd-child upgrade: %v\n", err)
 		return
 	}
@@ -315,7 +322,7 @@ func TestUpgradeCrash(t *testing.T) {
 			dir := t.TempDir()
 			writeTree(t, dir, files)
 			cmd := exec.Command(os.Args[0], "-test.run=^TestUpgradeCrash$", "-test.count=1")
-			cmd.Env = append(os.Environ(), "RBD_TEST_UPGRADE_CHILD="+dir, "RBD_CRASH_AT="+tc.point, fmt.Sprintf("RBD_CRASH_AFTER=%d", tc.after))
+			cmd.Env = append(os.Environ(), "RBD_TEST_UPGRADE_CHILD="+dir, "RBD_TEST_UPGRADE_TO=runs", "RBD_CRASH_AT="+tc.point, fmt.Sprintf("RBD_CRASH_AFTER=%d", tc.after))
 			out, err := cmd.CombinedOutput()
 			if err == nil || strings.Contains(string(out), "rbd-child upgrade") {
 				t.Fatalf("the child was not killed at %s: %v\n%s", tc.point, err, out)
@@ -355,7 +362,7 @@ func TestUpgradeCrash(t *testing.T) {
 				t.Fatalf("dense tail files after an open following a kill at %s: %v, want %v", tc.point, got, tc.dense)
 			}
 			done := tc.layouts["b"] == RowMetaRuns && tc.dense["c"]
-			if _, err := Upgrade(dir, nil); err != nil && !(done && errors.Is(err, ErrNothingToUpgrade)) {
+			if _, err := Upgrade(dir, &UpgradeOptions{RowMeta: RowMetaRuns}); err != nil && !(done && errors.Is(err, ErrNothingToUpgrade)) {
 				t.Fatalf("upgrade after the kill: %v", err)
 			}
 			if got := upLayouts(t, dir); got["a"] != RowMetaRuns || got["b"] != RowMetaRuns || got["c"] != RowMetaRuns {
