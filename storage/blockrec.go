@@ -11,8 +11,8 @@ import (
 // (docs/proposals/format-v3.md): no record per row; the ring's slots are
 // grouped in blocks of blockRows, and each block has two 32-byte copies of
 // a record that checksums the rows of its current pass. This file is the
-// codec and the rules that pick between copies; nothing writes version 3
-// files yet.
+// codec and the rules that pick between copies; blocks.go writes them,
+// recoverblocks.go reads them.
 
 const (
 	// blockCopySize is the size of one copy of a block's record.

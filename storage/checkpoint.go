@@ -209,7 +209,17 @@ func (b *Buffer) captureCheckpoint() checkpointState {
 		st.runSegs = b.rlog.pin()
 	}
 	if b.blk != nil {
-		st.tip, st.tipErr = b.tipLocked()
+		if b.store.readOnly {
+			// No writer: the rows' checksums are on disk, the watermark
+			// record's tip and the block records (sourceClaims).
+			if wr, why := decodeWatermarkRecord(b.hdr); why == "" {
+				st.tip = wr
+			} else {
+				st.tip = watermarkRecord{TipBase: -1}
+			}
+		} else {
+			st.tip, st.tipErr = b.tipLocked()
+		}
 	}
 	return st
 }

@@ -145,14 +145,21 @@ func (cp *rowCopier) copyBlockV3(base int64, n int, first int64, lost *bool) (ke
 		return any
 	}
 	read()
-	// A block with a live row is checked, unless a row of it is found
-	// overwritten (then it and every older row are left out); one whose
-	// rows of the window are all holes has no row to vouch for.
-	if !stale() && cp.liveRows(base, n, first, missing) > 0 {
-		if !cp.sourceClaims(base, n, first, bufs, missing) && !stale() {
-			return 0, 0, 0, fmt.Errorf("%w: block %d of buffer %q (seqs %d to %d) does not match its checksum: rows below the durable watermark are damaged (rbd verify lists them); nothing was checkpointed",
-				ErrCorrupt, b.blockOf(base), b.name, base, base+int64(n)-1)
-		}
+	// A block with a row kept is checked, even when older rows of it
+	// were found evicted: a row's stamp that held after the read says no
+	// slot of the block had been written again before it was checked,
+	// since a writer evicts every row of a block's pass before it writes
+	// any of its slots (the spare block: that pass's rows are at most
+	// s - S + 63 <= s - C - 1 for the seq s it writes, rows its own
+	// extend evicts first), so the bytes read are the ones the block's
+	// checksum covers, and a mismatch is damage. (Left unchecked, a
+	// block half evicted while the checkpoint read it had its damaged
+	// rows sealed under the copy's fresh checksum.) A block whose rows
+	// are all evicted or holes has no row to vouch for.
+	stale()
+	if cp.liveRows(base, n, first, missing) > 0 && !cp.sourceClaims(base, n, first, bufs, missing) {
+		return 0, 0, 0, fmt.Errorf("%w: block %d of buffer %q (seqs %d to %d) does not match its checksum: rows below the durable watermark are damaged (rbd verify lists them); nothing was checkpointed",
+			ErrCorrupt, b.blockOf(base), b.name, base, base+int64(n)-1)
 	}
 	for j := range n {
 		seq := base + int64(j)
@@ -253,9 +260,12 @@ func (cp *rowCopier) sourceClaims(base int64, n int, first int64, bufs [][]byte,
 		}
 		return true
 	}
-	if t := cp.st.tip; t.TipRows > 0 && t.TipBase == base {
-		return t.TipRows <= n && covers(t.TipRows) && cp.blockCRC(bufs, t.TipRows) == t.TipCRC
+	if t := cp.st.tip; t.TipRows > 0 && t.TipBase == base && t.TipRows <= n && covers(t.TipRows) && cp.blockCRC(bufs, t.TipRows) == t.TipCRC {
+		return true
 	}
+	// A record of the pass: for the block W ends in, one an extend wrote
+	// past the tip (a read-only store's tip is the watermark record on
+	// disk, which may be older than W); never one of more rows than read.
 	bv := &blockVerifier{b: cp.b, reserved: -1}
 	c, ok := bv.copies(cp.b.blockOf(base))
 	for i := range 2 {

@@ -10,12 +10,18 @@ import (
 // Run log records of format version 3 (docs/proposals/format-v3.md, "Run
 // log version 3"): version 2's 64-byte piece with a stride where version 2
 // has a span, since rows no longer carry their offsets, and hole records,
-// the seqs a writer skipped at run time; and the trailer of its dense tail
-// entries. Nothing writes them yet.
+// the seqs a writer skipped (read, not written: this build makes skipped
+// seqs catalog holes); and the trailer of its dense tail entries.
 
 // rlHole marks a hole record in the flags byte (bit 7: no row flag uses
 // it).
 const rlHole uint8 = 1 << 7
+
+// maxSeqV3 bounds every seq a version 3 record may name: no writer gets
+// near it (2^62 rows at 10^9 a second is 146 years), and a crafted or
+// damaged record past it could make seq + capacity overflow in a snapshot
+// open, which has no seq reservation to bound records by.
+const maxSeqV3 = 1 << 62
 
 // pieceV3 is a decoded version 3 run log record: a piece of a trajectory
 // whose rows are Stride seqs apart, or (Hole) the seqs [FirstSeq, TrajID).
@@ -98,6 +104,8 @@ func decodePieceV3(b []byte, reserved int64) (pieceV3, string) {
 			return p, "a hole record with fields of a piece"
 		case p.FirstSeq < 0 || p.TrajID <= p.FirstSeq:
 			return p, fmt.Sprintf("a hole [%d, %d)", p.FirstSeq, p.TrajID)
+		case p.TrajID > maxSeqV3:
+			return p, fmt.Sprintf("a hole [%d, %d) past seq 2^62", p.FirstSeq, p.TrajID)
 		case reserved >= 0 && p.TrajID > reserved:
 			return p, fmt.Sprintf("a hole [%d, %d) past the seq reservation %d", p.FirstSeq, p.TrajID, reserved)
 		}
@@ -114,6 +122,8 @@ func decodePieceV3(b []byte, reserved int64) (pieceV3, string) {
 		return p, fmt.Sprintf("%d rows %d seqs apart span more than %d seqs", p.Rows, p.Stride, maxPieceSpan)
 	case p.FirstSeq > math.MaxInt64-maxPieceSpan:
 		return p, fmt.Sprintf("first seq %d: its rows' seqs would overflow", p.FirstSeq)
+	case p.lastSeq() >= maxSeqV3:
+		return p, fmt.Sprintf("last seq %d past seq 2^62", p.lastSeq())
 	case uint32(p.Flags)&^knownFlags != 0:
 		return p, fmt.Sprintf("unknown flags %#x", p.Flags)
 	case reserved >= 0 && p.lastSeq() >= reserved:

@@ -15,7 +15,7 @@ func TestPieceV3RowsAndRoundTrip(t *testing.T) {
 	for _, p := range []pieceV3{
 		{FirstSeq: 9, TrajID: 3, FirstStep: 0, PrevSeq: -1, Env: 1, PolicyVersion: 0x0102030405, Stride: 8, Rows: 4, Flags: uint8(flagDone | flagTruncated | flagHasTail)},
 		{FirstSeq: 1 << 40, TrajID: math.MaxInt64, FirstStep: 7, PrevSeq: 1<<40 - 65535, Env: math.MinInt64, PolicyVersion: -1, Stride: 0, Rows: 1},
-		{FirstSeq: math.MaxInt64 - maxPieceSpan, TrajID: 2, PrevSeq: -1, Stride: 5, Rows: 13108},
+		{FirstSeq: maxSeqV3 - maxPieceSpan - 1, TrajID: 2, PrevSeq: -1, Stride: 5, Rows: 13108},
 		{FirstSeq: 100, TrajID: 1, FirstStep: 5, PrevSeq: 99, Stride: 1, Rows: math.MaxUint16},
 		{FirstSeq: 100, TrajID: 1, PrevSeq: -1, Stride: 65535, Rows: 2},
 		holeRecord(64, 128),
@@ -95,6 +95,8 @@ func TestPieceV3Invalid(t *testing.T) {
 		{"an unknown flag", with(good, func(p *pieceV3) { p.Flags = 1 << 5 }), -1, "unknown flags"},
 		{"a last seq at the reservation", enc(good), 13, "seq reservation"},
 		{"seqs that overflow", with(good, func(p *pieceV3) { p.FirstSeq = math.MaxInt64 - 3 }), -1, "overflow"},
+		{"a last seq at 2^62", with(good, func(p *pieceV3) { p.FirstSeq = maxSeqV3 - 4 }), -1, "past seq 2^62"},
+		{"a hole past 2^62", enc(holeRecord(maxSeqV3-1, maxSeqV3+1)), -1, "past seq 2^62"},
 		{"an empty hole", enc(holeRecord(64, 64)), -1, "a hole [64, 64)"},
 		{"a hole with a step", with(holeRecord(64, 128), func(p *pieceV3) { p.FirstStep = 1 }), -1, "fields of a piece"},
 		{"a hole with a row flag", with(holeRecord(64, 128), func(p *pieceV3) { p.Flags |= uint8(flagDone) }), -1, "fields of a piece"},

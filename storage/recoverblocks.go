@@ -187,6 +187,10 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 		time.Sleep(time.Millisecond) // caught between a sync's writes
 		wr, why = decodeWatermarkRecord(b.hdr)
 	}
+	if why == "" && !live && wr.Seq > st.SeqReserved {
+		// No writer syncs rows it has not reserved.
+		why = fmt.Sprintf("watermark %d past the seq reservation %d", wr.Seq, st.SeqReserved)
+	}
 	durable := wr.Seq
 	if why != "" {
 		// The last checkpoint's write count is a safe lower bound: a
@@ -209,6 +213,13 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 	// after the pieces, so they may name rows whose pieces this open did
 	// not read: the pieces and the catalog say how far it reads.
 	wc := st.WriteCount
+	if !live {
+		// The watermark record counts rows synced with their pieces and
+		// records: if those are gone, the rows are still reported below
+		// (as damage), never dropped in silence by a window that ends
+		// before them.
+		wc = max(wc, durable)
+	}
 	known := slices.Clone(st.Holes)
 	for i := range runs.v3 {
 		p := &runs.v3[i]

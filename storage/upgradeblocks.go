@@ -232,6 +232,17 @@ func finishBlocksUpgrade(root, name string, uid uint64, crash *crasher) error {
 	if _, err := os.Stat(stage); err != nil {
 		return nil
 	}
+	// Never a stage of another buffer of that name (one deleted since):
+	// its files would replace this buffer's.
+	hdr := make([]byte, headerSize)
+	if f, err := os.Open(metaFile(stage)); err != nil {
+		return fmt.Errorf("read the version 3 files of buffer %q: %w", name, err)
+	} else if _, err = f.ReadAt(hdr, 0); errors.Join(err, f.Close()) != nil {
+		return fmt.Errorf("read the version 3 files of buffer %q: %w", name, err)
+	}
+	if h, err := decodeMetaHeader(metaFile(stage), hdr); err != nil || h.UID != uid || h.Version != metaVersionBlocks {
+		return fmt.Errorf("%s is not the version 3 files of buffer %q (uid %016x): %v; move it away", stage, name, uid, err)
+	}
 	buffers := filepath.Dir(dir)
 	if _, err := os.Stat(dir); err == nil {
 		if err := os.MkdirAll(filepath.Dir(old), 0o755); err != nil {
