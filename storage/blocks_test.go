@@ -873,3 +873,31 @@ func TestBlocksNewestRowsLost(t *testing.T) {
 		t.Fatalf("verify: write count %d (watermark %d), problems %q: want seq %d reported", br.WriteCount, w, br.Problems, w-1)
 	}
 }
+
+// TestBlocksCheckpointRefusesTailDamage: a damaged final observation of a
+// live row (its entry's trailer checksum fails) fails a hot checkpoint
+// with ErrCorrupt naming the row, as damaged fields do. It was once copied
+// as read, leaving the damage for the copy's open to find.
+func TestBlocksCheckpointRefusesTailDamage(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	defer s.Close()
+	b := mustCreate(t, s, "b", blocksSpec(300, DurabilityFlush))
+	blocksWorkload(t, b, "collector", 700, 0)
+	seqs := b.LiveSeqs(0, 300)
+	var done int64 = -1
+	for i, m := range metasOf(t, b, seqs) {
+		if m.HasTail && seqs[i] < b.WriteCount()-100 {
+			done = seqs[i]
+		}
+	}
+	if done < 0 {
+		t.Fatal("fixture: no done row")
+	}
+	path := tailFile(b.dir, "observation")
+	powerLossFlip(t, path, denseTailOff(t, path, done, 16)+3)
+	_, err := b.Checkpoint(context.Background(), filepath.Join(t.TempDir(), "cp"), nil)
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), fmt.Sprintf("seq %d ", done)) {
+		t.Fatalf("checkpoint of a buffer with a damaged final observation: %v, want ErrCorrupt naming seq %d", err, done)
+	}
+}

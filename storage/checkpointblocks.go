@@ -188,6 +188,17 @@ func (cp *rowCopier) copyBlockV3(base int64, n int, first int64, lost *bool) (ke
 				if missing[te.seq-base] {
 					continue
 				}
+				// A kept row's entry is the one its own trailer checks:
+				// no newer row took it (an entry is reused S or more
+				// tails later, by a row whose extend evicted this one
+				// first).
+				var r record
+				b.loadRecord(te.seq, &r)
+				entry := bufs[i][int64(e)*pitch : int64(e+1)*pitch]
+				if seq, ok := tailEntryV3(entry, c.rowBytes, r.TrajID, r.Step); !ok || seq != te.seq {
+					return 0, 0, 0, fmt.Errorf("%w: the final observation of seq %d of buffer %q (%s entry %d) does not match its checksum: rows below the durable watermark are damaged (rbd verify lists them); nothing was checkpointed",
+						ErrCorrupt, te.seq, b.name, c.file, te.at)
+				}
 				if _, err := cp.files[i].WriteAt(bufs[i][int64(e)*pitch:int64(e+1)*pitch], headerSize+te.at*pitch); err != nil {
 					return 0, 0, 0, err
 				}
