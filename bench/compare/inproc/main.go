@@ -158,7 +158,7 @@ func main() {
 	batchSize := flag.Int("batch", 256, "rows per extend and per sample")
 	seconds := flag.Float64("seconds", 2, "how long to sample")
 	settle := flag.Bool("settle", false, "collect garbage and return freed memory to the OS before each resident-set reading, so bytes_per_transition_rss counts what the buffer holds, not garbage the fill left (tests/resident)")
-	rowMeta := flag.String("row-meta", "", "the buffer's row_meta: row (32-byte memory records, 64-byte file records) runs (16-byte records and run records) or strided (8-byte records and strided run records; memmap buffers keep the files of runs); left out, the default of the storage kind (memory: row, memmap: runs)")
+	rowMeta := flag.String("row-meta", "", "the buffer's row_meta: row (32-byte memory records, 64-byte file records), runs (16-byte records and run records), strided (8-byte records and strided run records; memmap buffers keep the files of runs) or blocks (memmap: rows.meta format version 3, block checksums, the records of runs in memory); left out, the default of the storage kind (memory: row, memmap: blocks)")
 	kind := flag.String("storage", "memory", "the buffer's storage: memory, or memmap (files in a temporary dir, durability none)")
 	actors := flag.Int("actors", 0, "write as this many actors do, not as one collector: each extend is --actor-rows steps of one actor (a stream of its own, one env), the actor drawn at random (seeded), so a trajectory's rows are irregular distances apart; 0: 8 envs stepped together, --batch rows an extend")
 	actorRows := flag.Int("actor-rows", 1, "steps an actor sends in one extend (with --actors)")
