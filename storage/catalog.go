@@ -222,12 +222,13 @@ func readEntry(b *bolt.Bucket, name, path string) (catalogEntry, error) {
 // createBuffer stores a new buffer's spec and state. It fails if the name
 // is taken (the caller checks specs first).
 func (c *catalog) createBuffer(name string, spec Spec, st bufferState) error {
-	return c.putEntry(name, spec, st, true)
+	return c.putEntry(name, spec, st, true, false)
 }
 
 // putEntry stores a buffer's spec and state in one transaction, in a new
-// bucket (create: it fails if the name is taken) or its own.
-func (c *catalog) putEntry(name string, spec Spec, st bufferState, create bool) error {
+// bucket (create: it fails if the name is taken) or its own, whose saved
+// streams it deletes with dropStreams.
+func (c *catalog) putEntry(name string, spec Spec, st bufferState, create, dropStreams bool) error {
 	specJSON, err := spec.MarshalJSON()
 	if err != nil {
 		return err
@@ -248,6 +249,11 @@ func (c *catalog) putEntry(name string, spec Spec, st bufferState, create bool) 
 		}
 		if err := b.Put(keySpec, specJSON); err != nil {
 			return err
+		}
+		if dropStreams && b.Bucket(bucketStreams) != nil {
+			if err := b.DeleteBucket(bucketStreams); err != nil {
+				return err
+			}
 		}
 		return b.Put(keyState, stJSON)
 	})
@@ -322,8 +328,8 @@ func (c *catalog) putState(name string, st bufferState, streams map[string]map[i
 // switchBuffer replaces a buffer's spec and state in one transaction (an
 // upgrade's switch to another format version: a kill leaves both old or
 // both new).
-func (c *catalog) switchBuffer(name string, spec Spec, st bufferState) error {
-	return c.putEntry(name, spec, st, false)
+func (c *catalog) switchBuffer(name string, spec Spec, st bufferState, dropStreams bool) error {
+	return c.putEntry(name, spec, st, false, dropStreams)
 }
 
 func (c *catalog) deleteBuffer(name string) error {

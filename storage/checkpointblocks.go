@@ -96,6 +96,11 @@ func (cp *rowCopier) copyBlockV3(base int64, n int, first int64, lost *bool) (ke
 	src0 := base % b.slots
 	bufs := make([][]byte, len(cp.cols))
 	entries := make([][]tailEntry, len(cp.cols))
+	// The trajectory and step of each row with a final observation, as
+	// read with its entry: its trailer's checksum covers them, and the
+	// row's record may be a newer row's by the time the entry is checked
+	// (the stamp check below says whether these reads were of this row).
+	ids := map[int64][2]int64{}
 	read := func() {
 		for i, c := range cp.cols {
 			rb := int64(c.rowBytes)
@@ -110,6 +115,7 @@ func (cp *rowCopier) copyBlockV3(base int64, n int, first int64, lost *bool) (ke
 							at := b.tailIx.pos(seq)
 							bufs[i] = append(bufs[i], c.data[at*pitch:(at+1)*pitch]...)
 							entries[i] = append(entries[i], tailEntry{seq, at})
+							ids[seq] = [2]int64{r.TrajID, r.Step}
 						}
 					}
 					return
@@ -188,14 +194,13 @@ func (cp *rowCopier) copyBlockV3(base int64, n int, first int64, lost *bool) (ke
 				if missing[te.seq-base] {
 					continue
 				}
-				// A kept row's entry is the one its own trailer checks:
-				// no newer row took it (an entry is reused S or more
-				// tails later, by a row whose extend evicted this one
-				// first).
-				var r record
-				b.loadRecord(te.seq, &r)
+				// A kept row's entry, as read, is the one its own trailer
+				// checks: no newer row had taken it (an entry is reused S
+				// or more tails later, by a row whose extend evicted this
+				// one first).
+				id := ids[te.seq]
 				entry := bufs[i][int64(e)*pitch : int64(e+1)*pitch]
-				if seq, ok := tailEntryV3(entry, c.rowBytes, r.TrajID, r.Step); !ok || seq != te.seq {
+				if seq, ok := tailEntryV3(entry, c.rowBytes, id[0], id[1]); !ok || seq != te.seq {
 					return 0, 0, 0, fmt.Errorf("%w: the final observation of seq %d of buffer %q (%s entry %d) does not match its checksum: rows below the durable watermark are damaged (rbd verify lists them); nothing was checkpointed",
 						ErrCorrupt, te.seq, b.name, c.file, te.at)
 				}

@@ -14,7 +14,8 @@ import (
 )
 
 // ErrNothingToUpgrade is returned by Upgrade for a data dir with no memmap
-// buffer in rows.meta format version 1 or with version 1 tail files.
+// buffer to convert: none in rows.meta format version 1 or 2 (to version
+// 3), or none in version 1 or with version 1 tail files (to version 2).
 var ErrNothingToUpgrade = errors.New("storage: nothing to upgrade")
 
 // UpgradeOptions configures Upgrade. Nil gives the defaults.
@@ -496,7 +497,7 @@ func (b *Buffer) openUpgradeState(writable bool) (string, error) {
 		return path, nil
 	}
 	if b.blk != nil {
-		return path, nil // no upgrade makes version 3 files yet
+		return path, nil // an upgrade to version 3 replaces the whole dir (openBlocksUpgradeState)
 	}
 	pending := upgradeMetaFile(b.dir)
 	if b.rlog == nil {

@@ -1,14 +1,13 @@
 package storage
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
-
-	"github.com/rbdb/rbd/storage/internal/mmapfile"
 )
 
 // The upgrade of a memmap buffer to rows.meta format version 3
@@ -33,6 +32,27 @@ const upgradeStageDone = "upgrade-v3.done"
 
 func upgradeStage(root, name string) string {
 	return filepath.Join(root, "buffers", upgradeStagePrefix+name)
+}
+
+// removeStage deletes a stage, its done marker first (synced), so that a
+// removal cut short never leaves a stage a switch would take for whole.
+func removeStage(stage string) error {
+	if err := os.Remove(filepath.Join(stage, upgradeStageDone)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := syncDir(stage); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return os.RemoveAll(stage)
+}
+
+// stageDone reports whether stage holds the done marker: every file
+// written and synced.
+func stageDone(stage string) error {
+	if _, err := os.Stat(filepath.Join(stage, upgradeStageDone)); err != nil {
+		return fmt.Errorf("%s is not a whole set of version 3 files (no %s): %w", stage, upgradeStageDone, err)
+	}
+	return nil
 }
 
 // upgradeOldDir is where the buffer's old dir goes once the catalog has
@@ -83,7 +103,7 @@ func (b *Buffer) writeBlockStage(stage string, say func(string, ...any)) (out st
 			retErr = err
 		}
 		if retErr != nil {
-			retErr = errors.Join(retErr, os.RemoveAll(stage))
+			retErr = errors.Join(retErr, removeStage(stage))
 		}
 	}()
 
@@ -103,7 +123,22 @@ func (b *Buffer) writeBlockStage(stage string, say func(string, ...any)) (out st
 		return out, fmt.Errorf("%d columns in version 3, %d before", len(tcols), len(scols))
 	}
 	l := newRunLog(t)
-	var pieces []byte
+	// The pieces go to one run segment as they are planned (a ring of
+	// actors' rows has a piece a row: 64 bytes a row, too many to hold).
+	segPath := filepath.Join(stage, runSegName(1))
+	segFile, err := os.Create(segPath)
+	if err != nil {
+		return out, err
+	}
+	defer func() {
+		if segFile != nil {
+			retErr = errors.Join(retErr, segFile.Close())
+		}
+	}()
+	seg := bufio.NewWriterSize(segFile, 1<<20)
+	if _, err := seg.Write(segHeader{Magic: runSegMagic, Version: metaVersionBlocks, UID: b.uid, Number: 1}.encode()); err != nil {
+		return out, fmt.Errorf("write %s: %w", segPath, err)
+	}
 	var recs []record
 	tip := watermarkRecord{Seq: wc, TipBase: -1}
 	var enc [blockCopySize]byte
@@ -163,7 +198,9 @@ func (b *Buffer) writeBlockStage(stage string, say func(string, ...any)) (out st
 			for i := range l.pv3 {
 				var rec [runLogRecordSize]byte
 				l.pv3[i].encode(rec[:])
-				pieces = append(pieces, rec[:]...)
+				if _, err := seg.Write(rec[:]); err != nil {
+					return out, fmt.Errorf("write %s: %w", segPath, err)
+				}
 			}
 			out.pieces += int64(len(l.pv3))
 		}
@@ -189,17 +226,10 @@ func (b *Buffer) writeBlockStage(stage string, say func(string, ...any)) (out st
 		}
 		cs = ce
 	}
-	if len(pieces) > 0 {
-		path := filepath.Join(stage, runSegName(1))
-		seg, err := mmapfile.Create(path, segHeaderSize+int64(len(pieces)))
-		if err != nil {
-			return out, fmt.Errorf("write %s: %w", path, err)
-		}
-		copy(seg.Bytes(), segHeader{Magic: runSegMagic, Version: metaVersionBlocks, UID: b.uid, Number: 1}.encode())
-		copy(seg.Bytes()[segHeaderSize:], pieces)
-		if err := errors.Join(seg.Sync(), seg.Close()); err != nil {
-			return out, fmt.Errorf("write %s: %w", path, err)
-		}
+	err = errors.Join(seg.Flush(), segFile.Sync(), segFile.Close())
+	segFile = nil
+	if err != nil {
+		return out, fmt.Errorf("write %s: %w", segPath, err)
 	}
 	for _, c := range tcols {
 		if err := c.region.Sync(); err != nil {
@@ -231,6 +261,9 @@ func finishBlocksUpgrade(root, name string, uid uint64, crash *crasher) error {
 	stage, dir, old := upgradeStage(root, name), bufferDir(root, name), upgradeOldDir(root, name, uid)
 	if _, err := os.Stat(stage); err != nil {
 		return nil
+	}
+	if err := stageDone(stage); err != nil {
+		return fmt.Errorf("buffer %q: %w; its version 3 files are lost, and its version 1 or 2 files are in %s: move the stage away and set the catalog back, or restore the buffer from a checkpoint", name, err, dir)
 	}
 	// Never a stage of another buffer of that name (one deleted since):
 	// its files would replace this buffer's.
@@ -292,7 +325,7 @@ func (s *Store) openBlocksUpgradeState(b *Buffer) error {
 		return nil
 	}
 	b.log.Warn("removing the files of an upgrade to rows.meta version 3 that stopped before it switched the buffer", "dir", stage)
-	return os.RemoveAll(stage)
+	return removeStage(stage)
 }
 
 // settleBlocksUpgrades finishes or removes, under the store's lock (a
@@ -309,7 +342,9 @@ func settleBlocksUpgrades(dir string, lockTimeout time.Duration) error {
 		return err
 	}
 	entries, err := cat.entries()
+	known := map[string]bool{}
 	for _, e := range entries {
+		known[upgradeStage(dir, e.name)] = true
 		if err != nil || e.spec.Storage != KindMemmap {
 			continue
 		}
@@ -319,7 +354,14 @@ func settleBlocksUpgrades(dir string, lockTimeout time.Duration) error {
 		if e.spec.blockFiles() {
 			err = finishBlocksUpgrade(dir, e.name, e.state.UID, nil)
 		} else {
-			err = os.RemoveAll(upgradeStage(dir, e.name))
+			err = removeStage(upgradeStage(dir, e.name))
+		}
+	}
+	// Stages of buffers deleted since: nothing will take them.
+	stages, _ := filepath.Glob(filepath.Join(dir, "buffers", upgradeStagePrefix+"*"))
+	for _, st := range stages {
+		if err == nil && !known[st] {
+			err = removeStage(st)
 		}
 	}
 	return errors.Join(err, cat.close())
@@ -345,6 +387,17 @@ func upgradeBlocks(dir string, o UpgradeOptions, say func(string, ...any)) (*Upg
 	for i, b := range targets {
 		names[i] = b.name
 	}
+	// The catalog as this open read it: the switch takes a stage only if
+	// its buffer's entry is still the same (no store wrote, deleted or
+	// recreated it in between).
+	read, err := s.cat.entries()
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("upgrade %s: %w", dir, err), s.Close())
+	}
+	readState := map[string]bufferState{}
+	for _, e := range read {
+		readState[e.name] = e.state
+	}
 	say("verified %s; upgrading %s to rows.meta version 3", dir, strings.Join(names, ", "))
 
 	// 1. The stages, synced.
@@ -363,12 +416,20 @@ func upgradeBlocks(dir string, o UpgradeOptions, say func(string, ...any)) (*Upg
 			st, err = b.writeBlockStage(upgradeStage(dir, b.name), say)
 		}
 		if err != nil {
-			return nil, errors.Join(fmt.Errorf("upgrade %s: buffer %q: %w (the buffer is unchanged)", dir, b.name, err), s.Close())
+			// The stages written so far go too: nothing changed.
+			for name := range staged {
+				err = errors.Join(err, removeStage(upgradeStage(dir, name)))
+			}
+			return nil, errors.Join(fmt.Errorf("upgrade %s: buffer %q: %w (the buffers are unchanged)", dir, b.name, err), s.Close())
 		}
 		ub.Rows, ub.RunRecords, ub.Tails = d.rows, st.pieces, st.tails
 		out.Buffers = append(out.Buffers, ub)
 		digests[b.name], staged[b.name] = d, st
 		say("buffer %q: %d rows, %d run records, %d final observations written in version 3", b.name, ub.Rows, ub.RunRecords, ub.Tails)
+	}
+	// The stages' own entries in buffers/, before any switch names them.
+	if err := syncDir(filepath.Join(dir, "buffers")); err != nil {
+		return nil, errors.Join(fmt.Errorf("upgrade %s: %w", dir, err), s.Close())
 	}
 	crash := s.crash
 	crash.at("upgrade-v3-files")
@@ -387,12 +448,17 @@ func upgradeBlocks(dir string, o UpgradeOptions, say func(string, ...any)) (*Upg
 		fail := func(err error) (*UpgradeReport, error) {
 			return nil, errors.Join(fmt.Errorf("upgrade %s: buffer %q: %w", dir, e.name, err), cat.close())
 		}
-		// Under the lock, the stage must still be whole: a store opened
-		// between the close above and the lock would have removed it.
-		if _, err := os.Stat(filepath.Join(upgradeStage(dir, e.name), upgradeStageDone)); err != nil {
-			return fail(fmt.Errorf("its version 3 files are gone (was the dir opened meanwhile?): %w (the buffer is unchanged; run the upgrade again)", err))
+		// Under the lock, the stage must still be whole and the buffer
+		// as it was read: a store opened between the close above and the
+		// lock would have removed the stage (marker first), or written,
+		// deleted or recreated the buffer.
+		if err := stageDone(upgradeStage(dir, e.name)); err != nil {
+			return fail(fmt.Errorf("%w (was the dir opened meanwhile? the buffer is unchanged; run the upgrade again)", err))
 		}
 		state := e.state
+		if !sameState(state, readState[e.name]) {
+			return fail(fmt.Errorf("its catalog entry changed since it was read (was the dir opened meanwhile?): the buffer is unchanged; run the upgrade again"))
+		}
 		if state.Clean && state.WriteCount != st.writeCount {
 			return fail(fmt.Errorf("the catalog's write count is %d, the files' %d (the buffer is unchanged)", state.WriteCount, st.writeCount))
 		}
@@ -412,7 +478,9 @@ func upgradeBlocks(dir string, o UpgradeOptions, say func(string, ...any)) (*Upg
 		state.Holes = st.holes
 		spec := e.spec
 		spec.RowMetaLayout = RowMetaBlocks
-		if err := cat.switchBuffer(e.name, spec, state); err != nil {
+		// Streams saved by a clean close continue; a buffer that was not
+		// closed cleanly has none to continue (an open consumed them).
+		if err := cat.switchBuffer(e.name, spec, state, !e.state.Clean); err != nil {
 			return fail(fmt.Errorf("switch the spec and state: %w (the buffer is unchanged)", err))
 		}
 		crash.at("upgrade-v3-commit")

@@ -153,7 +153,12 @@ func TestUpgradeBlocks(t *testing.T) {
 			if stream == "" {
 				stream = "s"
 			}
-			last := want["a"][a.WriteCount()-1].meta
+			var last RowMeta // the last live row (an unclean open skipped seqs past it)
+			for seq, r := range want["a"] {
+				if seq > last.Seq {
+					last = r.meta
+				}
+			}
 			res := mustExtend(t, a, stream, makeBatch(a.Spec(), []row{{env: last.Env, val: 7}}, true))
 			m := metas(t, a, res.FirstSeq)[0]
 			if continued := m.TrajID == last.TrajID && m.PrevSeq == last.Seq && m.Step == last.Step+1; last.Done || continued != (tc.name != "unclean") {
@@ -294,22 +299,28 @@ func TestUpgradeBlocksAgainAfterKill(t *testing.T) {
 	}
 }
 
-// TestUpgradeBlocksDiskFull: an upgrade that cannot write its stage on a
-// full disk fails saying so, removes the stage and leaves the buffer as it
-// was; with the space back it goes through.
+// TestUpgradeBlocksDiskFull: an upgrade that cannot write a stage on a
+// full disk fails saying so, removes every stage it wrote (the first
+// buffer's fits, the second's does not) and leaves the buffers as they
+// were; with the space back it goes through.
 func TestUpgradeBlocksDiskFull(t *testing.T) {
-	dir := testbin.MountTmpfs(t, 8<<20)
+	dir := testbin.MountTmpfs(t, 16<<20)
 	s := openStore(t, dir)
-	spec := testSpec(KindMemmap, 20_000, true)
-	spec.RowMetaLayout = RowMetaRuns
-	b := mustCreate(t, s, "d", spec)
-	rows := make([]row, 500)
-	for k := range 30 {
-		for j := range rows {
-			v := k*len(rows) + j
-			rows[j] = row{env: int64(v % 8), val: float32(v), terminated: v%50 == 49, final: float32(-v)}
+	for _, bc := range []struct {
+		name     string
+		capacity int64
+	}{{"d1", 2_000}, {"d2", 60_000}} {
+		spec := testSpec(KindMemmap, bc.capacity, true)
+		spec.RowMetaLayout = RowMetaRuns
+		b := mustCreate(t, s, bc.name, spec)
+		rows := make([]row, 500)
+		for k := range int(bc.capacity)/500 + 2 {
+			for j := range rows {
+				v := k*len(rows) + j
+				rows[j] = row{env: int64(v % 8), val: float32(v), terminated: v%50 == 49, final: float32(-v)}
+			}
+			mustExtend(t, b, "s", makeBatch(spec, rows, true))
 		}
-		mustExtend(t, b, "s", makeBatch(spec, rows, true))
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -317,9 +328,20 @@ func TestUpgradeBlocksDiskFull(t *testing.T) {
 	want := upRows(t, dir)
 	before := readTree(t, filepath.Join(dir, "buffers"))
 	filler := testbin.FillDisk(t, dir)
-	_, err := Upgrade(dir, nil)
-	if err == nil || !strings.Contains(err.Error(), "no space") || !strings.Contains(err.Error(), "unchanged") {
-		t.Fatalf("upgrade on a full disk: %v; want an error that says no space and that the buffer is unchanged", err)
+	st, err := os.Stat(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Room for d1's stage (about 150 KB), not for d2's (about 2.3 MB).
+	if err := os.Truncate(filler, st.Size()-600<<10); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Upgrade(dir, nil)
+	if err == nil || !strings.Contains(err.Error(), "no space") || !strings.Contains(err.Error(), `"d2"`) || !strings.Contains(err.Error(), "unchanged") {
+		t.Fatalf("upgrade on a full disk: %v; want an error that says no space for d2 and that the buffers are unchanged", err)
+	}
+	if left := upLeftovers(t, dir); len(left) > 0 {
+		t.Fatalf("the failed upgrade left %q", left)
 	}
 	if after := readTree(t, filepath.Join(dir, "buffers")); !maps.EqualFunc(after, before, func(x, y []byte) bool { return string(x) == string(y) }) {
 		t.Fatalf("the buffers' files changed: %d files before, %d after", len(before), len(after))
@@ -333,4 +355,32 @@ func TestUpgradeBlocksDiskFull(t *testing.T) {
 	s = openStore(t, dir)
 	defer s.Close()
 	upServedAll(t, s, want, "after the upgrade")
+}
+
+// TestUpgradeBlocksStageWithoutMarker: a switched buffer whose stage lacks
+// the done marker (what a removal cut short leaves, marker first) is
+// never put in place: the open fails naming the marker, and the old dir
+// and the stage stay where they are for whoever repairs it. A stage
+// missing files but holding the marker was once switched in and served
+// an empty buffer, its old dir then emptied from the trash.
+func TestUpgradeBlocksStageWithoutMarker(t *testing.T) {
+	dir := t.TempDir()
+	upBuild(t, dir)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestUpgradeCrash$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "RBD_TEST_UPGRADE_CHILD="+dir, "RBD_TEST_UPGRADE_TO=blocks", "RBD_CRASH_AT=upgrade-v3-commit")
+	if out, err := cmd.CombinedOutput(); err == nil {
+		t.Fatalf("the child was not killed\n%s", out)
+	}
+	stage := upgradeStage(dir, "a")
+	if err := os.Remove(filepath.Join(stage, upgradeStageDone)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(dir, nil); err == nil || !strings.Contains(err.Error(), upgradeStageDone) {
+		t.Fatalf("open with a switched buffer's stage without its marker: %v; want an error naming %s", err, upgradeStageDone)
+	}
+	for _, d := range []string{stage, bufferDir(dir, "a")} {
+		if _, err := os.Stat(metaFile(d)); err != nil {
+			t.Errorf("%s: %v", d, err)
+		}
+	}
 }

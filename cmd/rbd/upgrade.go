@@ -29,10 +29,11 @@ memmap buffers). Rows, links, streams and counters stay as they are, and the
 dir is read back at the end: every live row's fields, metadata, final
 observation and priority must read as before.
 
-The version 3 files are written as a whole buffer dir beside the buffer's
-(buffers/.upgrade-v3.<name>), so the upgrade needs about as much free disk
-as the buffer takes; then the catalog switches the buffer, and the old
-files go to the trash.
+The version 3 files are written as a whole buffer dir beside each buffer's
+(buffers/.upgrade-v3.<name>), every buffer's before the first switch, so
+the upgrade needs about as much free disk as the buffers it converts take
+together; then the catalog switches each buffer, and its old files go to
+the trash.
 
 --row-meta runs converts to version 2 instead, as builds from 2026-11-27
 to 2026-11-28 did (rows.meta version 2 and dense tail files): builds
