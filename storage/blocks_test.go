@@ -654,6 +654,11 @@ func TestBlocksTailLetGo(t *testing.T) {
 			if rep.OK() == tc.damage {
 				t.Fatalf("verify OK %v, want %v: %+v", rep.OK(), !tc.damage, rep.Buffers)
 			}
+			// A row let go is counted, not reported; one reported is not
+			// counted.
+			if letGo := rep.Buffers[0].LetGo; (letGo == 1) != !tc.damage || letGo > 1 {
+				t.Fatalf("verify counts %d rows let go, want %d", letGo, map[bool]int{false: 1, true: 0}[tc.damage])
+			}
 			_, b = openBuffer(t, dir, "b")
 			delete(want, victim)
 			if b.Live(victim) {
@@ -899,5 +904,43 @@ func TestBlocksCheckpointRefusesTailDamage(t *testing.T) {
 	_, err := b.Checkpoint(context.Background(), filepath.Join(t.TempDir(), "cp"), nil)
 	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), fmt.Sprintf("seq %d ", done)) {
 		t.Fatalf("checkpoint of a buffer with a damaged final observation: %v, want ErrCorrupt naming seq %d", err, done)
+	}
+}
+
+// TestBlocksWalkLetGoCounted: after a crash, an fsync buffer whose bottom
+// block does not verify, while a reserved write of that block's next pass
+// could have been overwriting it, lets the block's rows of the window go:
+// verify finds no damage and counts them, and they are not served.
+func TestBlocksWalkLetGoCounted(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	spec := blocksSpec(100, DurabilityFsync)
+	b := mustCreate(t, s, "b", spec)
+	rows := make([]row, 320)
+	for i := range rows {
+		rows[i] = row{val: float32(i), terminated: i%10 == 9, final: float32(-i)}
+	}
+	mustExtend(t, b, "c", makeBatch(spec, rows, true))
+	slots := b.slots // 192: the window [220, 320), its bottom block seqs 192-255
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	powerLossFlip(t, filepath.Join(bufferDir(dir, "b"), colFileName("observation")), headerSize+230%slots*16+1)
+	upEditStates(t, dir, func(_ string, st *bufferState) { st.Clean, st.SeqReserved = false, 448 }) // 192 + S < 448
+	rep, err := Verify(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if br := rep.Buffers[0]; !rep.OK() || br.LetGo != 256-220 {
+		t.Fatalf("verify: OK %v, %d rows let go (want %d): %+v", rep.OK(), br.LetGo, 256-220, br)
+	}
+	_, b = openBuffer(t, dir, "b")
+	for seq := int64(220); seq < 256; seq++ {
+		if b.Live(seq) {
+			t.Fatalf("row %d of the block let go is served", seq)
+		}
+	}
+	if !b.Live(300) {
+		t.Fatal("row 300, above the block let go, is not served")
 	}
 }

@@ -216,7 +216,12 @@ type Buffer struct {
 	// damaged is the seqs of the rows recovery dropped as damage, merged
 	// ranges in order: a hot checkpoint leaves them out as it leaves out
 	// holes (they have no stamp, and were not overwritten).
-	damaged   [][2]int64
+	damaged [][2]int64
+	// letGo counts the rows recovery let go under the fsync exception
+	// (rows at the bottom of the window, or a final observation, that an
+	// unacknowledged write may have been overwriting when power was lost):
+	// neither served nor reported as damage, counted by verify.
+	letGo     int64
 	createdAt time.Time
 }
 

@@ -158,6 +158,7 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 			} else if r, ok := decodeRecord(b.rec(s%slots), scratch); ok && r.Seq == s {
 				break
 			}
+			b.letGo++
 			wc = s + capacity + 1
 		}
 	}

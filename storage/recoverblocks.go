@@ -290,6 +290,11 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 			// log line says which.
 			b.log.Warn("letting go of rows at the bottom of the window that do not verify: an unacknowledged write of their block's next pass may have been overwriting them",
 				"from", lo, "to", base+blockRows, "block", b.blockOf(base))
+			for s := lo; s < min(base+blockRows, wc); s++ {
+				if !isHole(s) {
+					b.letGo++
+				}
+			}
 			wc = base + blockRows + capacity
 		}
 	}
@@ -408,6 +413,7 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 				// loses the columns'. As for a block the walk lets go: a
 				// hole, not damage.
 				b.log.Warn("letting go of a row whose final observation an unacknowledged write may have replaced", "seq", seq)
+				b.letGo++
 				addHole(seq)
 			default:
 				lost(seq, why)

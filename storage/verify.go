@@ -18,12 +18,17 @@ type BufferReport struct {
 	RowMeta RowMetaLayout `json:"row_meta"`
 	// TailLayout is where a compact_obs buffer keeps its final
 	// observations (Info.TailLayout: "dense", "slot" or "chunks").
-	TailLayout string   `json:"tail_layout,omitempty"`
-	WriteCount int64    `json:"write_count"`
-	LiveRows   int64    `json:"live_rows"`
-	Durable    int64    `json:"durable_seq"`
-	Holes      int64    `json:"holes"`
-	Problems   []string `json:"problems,omitempty"`
+	TailLayout string `json:"tail_layout,omitempty"`
+	WriteCount int64  `json:"write_count"`
+	LiveRows   int64  `json:"live_rows"`
+	Durable    int64  `json:"durable_seq"`
+	Holes      int64  `json:"holes"`
+	// LetGo is the rows this open let go under the fsync exception after
+	// a crash: rows at the bottom of the window, or final observations,
+	// that an unacknowledged write may have been overwriting when power
+	// was lost (not damage: such a write would have evicted them).
+	LetGo    int64    `json:"let_go,omitempty"`
+	Problems []string `json:"problems,omitempty"`
 }
 
 // VerifyReport is the result of Verify.
@@ -92,6 +97,7 @@ func Verify(dir string, opts *Options) (*VerifyReport, error) {
 		for _, h := range b.holes {
 			br.Holes += h[1] - max(h[0], br.WriteCount-b.capacity)
 		}
+		br.LetGo = b.letGo
 		br.Problems = append(br.Problems, b.damage...)
 		br.Problems = append(br.Problems, b.checkIndex()...)
 		if b.cs != nil {

@@ -57,6 +57,9 @@ func runVerify(out io.Writer, dir string, o *verifyOptions) error {
 			}
 			fmt.Fprintf(out, "buffer %q (%s): %s — %d live rows, write_count %d, durable below seq %d, %d holes\n",
 				b.Name, b.Storage, status, b.LiveRows, b.WriteCount, b.Durable, b.Holes)
+			if b.LetGo > 0 {
+				fmt.Fprintf(out, "  %d rows let go after a crash: a write that was never acknowledged may have been overwriting them when power was lost (not damage)\n", b.LetGo)
+			}
 			for i, p := range b.Problems {
 				if i == 20 {
 					fmt.Fprintf(out, "  ... and %d more\n", len(b.Problems)-20)
