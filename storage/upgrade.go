@@ -204,6 +204,13 @@ func switchCatalog(dir string, s *Store, o UpgradeOptions) (*catalog, []catalogE
 	if err != nil {
 		return nil, nil, fmt.Errorf("upgrade %s: %w (the buffers are unchanged)", dir, err)
 	}
+	// The snapshot the last store published describes the buffers as
+	// they were: a read-only open that finds the catalog locked (by this
+	// switch, or a store opening next) must not read the old layouts
+	// from it. The next store publishes a new one.
+	if err := os.Remove(filepath.Join(dir, snapshotFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, nil, errors.Join(fmt.Errorf("upgrade %s: %w (the buffers are unchanged)", dir, err), cat.close())
+	}
 	entries, err := cat.entries()
 	if err != nil {
 		return nil, nil, errors.Join(fmt.Errorf("upgrade %s: %w", dir, err), cat.close())

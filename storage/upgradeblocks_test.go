@@ -126,6 +126,11 @@ func TestUpgradeBlocks(t *testing.T) {
 			if left := upLeftovers(t, dir); len(left) > 0 {
 				t.Fatalf("left behind: %q", left)
 			}
+			// The last store's snapshot described the old layouts: a
+			// read-only open next to a store starting must not use it.
+			if _, err := os.Stat(filepath.Join(dir, snapshotFile)); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("the old catalog snapshot is still there: %v", err)
+			}
 			after, err := Verify(dir, nil)
 			if err != nil || !after.OK() {
 				t.Fatalf("verify after: %v %+v", err, after)
