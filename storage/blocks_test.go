@@ -944,3 +944,86 @@ func TestBlocksWalkLetGoCounted(t *testing.T) {
 		t.Fatal("row 300, above the block let go, is not served")
 	}
 }
+
+// TestBlocksCheckpointOverwrittenAfterCheck: a writer that moves on right
+// after a hot checkpoint checked a block's stamps (rows still kept) and
+// writes the block's next pass replaces its records; the checkpoint
+// checks the rows against the records it read before the stamps, and
+// succeeds. It read them after, found only the next pass's, and failed
+// with a false ErrCorrupt.
+func TestBlocksCheckpointOverwrittenAfterCheck(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	defer s.Close()
+	b := mustCreate(t, s, "b", blocksSpec(300, DurabilityFlush))
+	blocksWorkload(t, b, "collector", 700, 0)
+	// W = 700: the window [400, 700), its bottom block seqs 384-447 (slots
+	// 0-63 of 384); 132 more rows evict it and write slots 0-67 again.
+	moved := false
+	s.hooks.checkpointChecked = func(base int64) {
+		if base == 384 && !moved {
+			moved = true
+			blocksWorkload(t, b, "collector", 132, 700)
+		}
+	}
+	dest := filepath.Join(t.TempDir(), "cp")
+	res, err := b.Checkpoint(context.Background(), dest, nil)
+	if !moved {
+		t.Fatal("fixture: the hook did not run at the bottom block")
+	}
+	if err != nil {
+		t.Fatalf("checkpoint with the bottom block overwritten after its check: %v", err)
+	}
+	if rep, err := Verify(dest, nil); err != nil || !rep.OK() {
+		t.Fatalf("verify the checkpoint: %v %+v", err, rep)
+	}
+	t.Logf("%d rows kept, %d overwritten", res.Rows, res.Overwritten)
+}
+
+// TestBlocksCheckpointRefusedOnSnapshot: a read-only open next to a
+// running server reads files another process writes, whose writes change
+// no stamp it sees: its checkpoint is refused (ErrReadOnly) instead of
+// copying rows the server overwrites, or failing with a false ErrCorrupt.
+func TestBlocksCheckpointRefusedOnSnapshot(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	defer s.Close()
+	b := mustCreate(t, s, "b", blocksSpec(300, DurabilityFlush))
+	blocksWorkload(t, b, "collector", 700, 0)
+	ro, err := Open(dir, &Options{ReadOnly: true, LockTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	if _, ok := ro.SnapshotTime(); !ok {
+		t.Fatal("fixture: the read-only open is not a snapshot open")
+	}
+	dest := filepath.Join(t.TempDir(), "cp")
+	if _, err := mustBuffer(t, ro, "b").Checkpoint(context.Background(), dest, nil); !errors.Is(err, ErrReadOnly) || !strings.Contains(err.Error(), "ask the server") {
+		t.Fatalf("checkpoint of a snapshot open: %v, want ErrReadOnly saying to ask the server", err)
+	}
+	if _, err := os.Stat(dest); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the refused checkpoint left %s: %v", dest, err)
+	}
+}
+
+// TestBlocksWatermarkPastReservation: a watermark record naming rows past
+// the catalog's seq reservation (damage: no writer syncs seqs it has not
+// reserved) is reported, and the open falls back to the catalog's count.
+func TestBlocksWatermarkPastReservation(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	b := mustCreate(t, s, "b", blocksSpec(300, DurabilityFsync))
+	blocksWorkload(t, b, "collector", 700, 0)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	upEditStates(t, dir, func(_ string, st *bufferState) { st.SeqReserved = 640 })
+	rep, err := Verify(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if br := rep.Buffers[0]; !slices.ContainsFunc(br.Problems, func(p string) bool { return strings.Contains(p, "past the seq reservation 640") }) {
+		t.Fatalf("verify: %+v; want the watermark record reported past the seq reservation", br)
+	}
+}

@@ -101,6 +101,12 @@ func (b *Buffer) Checkpoint(ctx context.Context, dest string, opts *CheckpointOp
 	if opts != nil {
 		o = *opts
 	}
+	if !b.store.snapAt.IsZero() {
+		// Another process writes these files: its writes change no stamp
+		// this process can see, so a block overwritten while it is read
+		// could not be told from damage, nor a row from a torn one.
+		return res, fmt.Errorf("checkpoint %q: %w: this store reads a snapshot of a dir a running server holds; ask the server for the checkpoint (rbd checkpoint --url, POST /v1/buffers/{name}/checkpoint)", b.name, ErrReadOnly)
+	}
 	start := time.Now()
 	if err := b.enter(); err != nil {
 		return res, err

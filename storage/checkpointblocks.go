@@ -144,13 +144,20 @@ func (cp *rowCopier) copyBlockV3(base int64, n int, first int64, lost *bool) (ke
 				missing[j] = true
 				continue
 			}
-			if *lost || b.stamps.Load(src0+int64(j)) != seq {
+			// stillHolds: a full barrier where loads may pass one
+			// another, so the reads above cannot be ordered after it.
+			if *lost || !b.stamps.stillHolds(src0+int64(j), seq) {
 				missing[j], *lost, any = true, true, true
 			}
 		}
 		return any
 	}
 	read()
+	// The block's records as they are now, before the stamps are checked:
+	// a writer that moves on after the check may start the block's next
+	// pass and replace them, and a record of that pass vouches for
+	// nothing read here.
+	records, recordOK := (&blockVerifier{b: b, reserved: -1}).copies(b.blockOf(base))
 	// A block with a row kept is checked, even when older rows of it
 	// were found evicted: a row's stamp that held after the read says no
 	// slot of the block had been written again before it was checked,
@@ -163,7 +170,10 @@ func (cp *rowCopier) copyBlockV3(base int64, n int, first int64, lost *bool) (ke
 	// rows sealed under the copy's fresh checksum.) A block whose rows
 	// are all evicted or holes has no row to vouch for.
 	stale()
-	if cp.liveRows(base, n, first, missing) > 0 && !cp.sourceClaims(base, n, first, bufs, missing) {
+	if h := b.store.hooks.checkpointChecked; h != nil {
+		h(base)
+	}
+	if cp.liveRows(base, n, first, missing) > 0 && !cp.sourceClaims(base, n, first, bufs, missing, records, recordOK) {
 		return 0, 0, 0, fmt.Errorf("%w: block %d of buffer %q (seqs %d to %d) does not match its checksum: rows below the durable watermark are damaged (rbd verify lists them); nothing was checkpointed",
 			ErrCorrupt, b.blockOf(base), b.name, base, base+int64(n)-1)
 	}
@@ -267,7 +277,7 @@ func (cp *rowCopier) liveRows(base int64, n int, first int64, missing []bool) in
 // fewer than 64 for a block an open left early, whose rows past h are
 // holes) whose h covers every row kept and whose checksum holds over the
 // rows [0, h) as read.
-func (cp *rowCopier) sourceClaims(base int64, n int, first int64, bufs [][]byte, missing []bool) bool {
+func (cp *rowCopier) sourceClaims(base int64, n int, first int64, bufs [][]byte, missing []bool, c [2]blockCopy, ok [2]bool) bool {
 	covers := func(h int) bool {
 		for j := h; j < n; j++ {
 			if base+int64(j) >= first && !missing[j] {
@@ -279,11 +289,10 @@ func (cp *rowCopier) sourceClaims(base int64, n int, first int64, bufs [][]byte,
 	if t := cp.st.tip; t.TipRows > 0 && t.TipBase == base && t.TipRows <= n && covers(t.TipRows) && cp.blockCRC(bufs, t.TipRows) == t.TipCRC {
 		return true
 	}
-	// A record of the pass: for the block W ends in, one an extend wrote
-	// past the tip (a read-only store's tip is the watermark record on
-	// disk, which may be older than W); never one of more rows than read.
-	bv := &blockVerifier{b: cp.b, reserved: -1}
-	c, ok := bv.copies(cp.b.blockOf(base))
+	// A record of the pass (c, ok: read before the stamps were checked):
+	// for the block W ends in, one an extend wrote past the tip (a
+	// read-only store's tip is the watermark record on disk, which may be
+	// older than W); never one of more rows than read.
 	for i := range 2 {
 		if ok[i] && c[i].Base == base && c[i].Rows <= n && covers(c[i].Rows) && cp.blockCRC(bufs, c[i].Rows) == c[i].CRC {
 			return true

@@ -129,10 +129,14 @@ func (s *Store) restoreFromTrash(b *Buffer) bool {
 	return true
 }
 
-// storeHooks lets tests make the steps of a delete fail.
+// storeHooks lets tests make the steps of a delete fail, and run writes
+// between a hot checkpoint's steps.
 type storeHooks struct {
 	renameFn        func(from, to string) error
 	deleteCatalogFn func(c *catalog, name string) error
+	// checkpointChecked runs after a version 3 checkpoint has checked the
+	// stamps of the block at base.
+	checkpointChecked func(base int64)
 }
 
 func (h *storeHooks) rename(from, to string) error {

@@ -158,7 +158,9 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 			} else if r, ok := decodeRecord(b.rec(s%slots), scratch); ok && r.Seq == s {
 				break
 			}
-			b.letGo++
+			if !slices.ContainsFunc(st.Holes, func(h [2]int64) bool { return s >= h[0] && s < h[1] }) {
+				b.letGo++
+			}
 			wc = s + capacity + 1
 		}
 	}

@@ -290,9 +290,9 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 			// log line says which.
 			b.log.Warn("letting go of rows at the bottom of the window that do not verify: an unacknowledged write of their block's next pass may have been overwriting them",
 				"from", lo, "to", base+blockRows, "block", b.blockOf(base))
-			for s := lo; s < min(base+blockRows, wc); s++ {
+			for s := lo; s < min(base+blockRows, wc, durable); s++ {
 				if !isHole(s) {
-					b.letGo++
+					b.letGo++ // a row that was there: written and synced
 				}
 			}
 			wc = base + blockRows + capacity

@@ -109,7 +109,7 @@ type Store struct {
 	done chan struct{}
 	// trash empties <data>/trash in the background (see delete.go).
 	trash trashWorker
-	hooks storeHooks // tests make delete steps fail
+	hooks storeHooks // tests make delete steps fail, or write during checkpoints
 	// slotTails, set by tests, gives new memmap buffers tail files of
 	// format version 1 (a final observation at its row's slot, sparse for
 	// rows of a page or more), as builds before dense tail files made

@@ -312,6 +312,13 @@ func finishBlocksUpgrade(root, name string, uid uint64, crash *crasher) error {
 func (s *Store) openBlocksUpgradeState(b *Buffer) error {
 	stage := upgradeStage(s.dir, b.name)
 	if _, err := os.Stat(stage); err != nil {
+		if b.blk != nil && !s.readOnly {
+			// A kill after the stage took the buffer's name left its
+			// marker there.
+			if err := os.Remove(filepath.Join(b.dir, upgradeStageDone)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+		}
 		return nil
 	}
 	switch {
