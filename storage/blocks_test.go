@@ -61,6 +61,62 @@ func blocksWorkload(t testing.TB, b *Buffer, shape string, n, from int) {
 	}
 }
 
+// blocksRing is the version 3 buffer most tests here harm: capacity 300
+// (384 slots), 700 rows from a collector (the window [400, 700)).
+func blocksRing(t *testing.T, d Durability) (dir string, s *Store, b *Buffer) {
+	t.Helper()
+	dir = t.TempDir()
+	s = openStore(t, dir)
+	b = mustCreate(t, s, "b", blocksSpec(300, d))
+	blocksWorkload(t, b, "collector", 700, 0)
+	return dir, s, b
+}
+
+// eachPieceV3 calls fn with every valid version 3 run record of the
+// buffer dir bdir: its segment's path and offset, and the record.
+func eachPieceV3(t *testing.T, bdir string, fn func(path string, off int64, p pieceV3)) {
+	t.Helper()
+	nos, _ := runSegmentNumbers(bdir)
+	for _, no := range nos {
+		path := filepath.Join(bdir, runSegName(no))
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for off := segHeaderSize; off+runLogRecordSize <= len(data); off += runLogRecordSize {
+			if p, why := decodePieceV3(data[off:off+runLogRecordSize], -1); why == "" {
+				fn(path, int64(off), p)
+			}
+		}
+	}
+}
+
+// clearFileRange writes n zero bytes at off in the file at path.
+func clearFileRange(t *testing.T, path string, off, n int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteAt(make([]byte, n), off)
+	if err := errors.Join(err, f.Close()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkCheckpoint verifies the checkpoint in dest and checks that its
+// buffer "b" serves exactly want.
+func checkCheckpoint(t *testing.T, dest string, want map[int64]servedRow) {
+	t.Helper()
+	if rep, err := Verify(dest, nil); err != nil || !rep.OK() {
+		t.Fatalf("verify the checkpoint: %v %+v", err, rep)
+	}
+	_, cb := openBuffer(t, dest, "b")
+	if got := checkServed(t, cb, want); len(got) != len(want) {
+		t.Fatalf("the checkpoint serves %d rows, the buffer %d", len(got), len(want))
+	}
+}
+
 // TestBlocksRoundTrip: a version 3 buffer's rows read back the same after
 // a clean close and reopen (verify finds the dir clean), extends go on in
 // the block they left off in, and the files hold what version 3 says:
@@ -328,25 +384,19 @@ func TestBlocksDamageBelowWatermark(t *testing.T) {
 		}},
 		{"run record", func(t *testing.T, bdir string, b *Buffer, _ map[int64]RowMeta) damage {
 			seq := b.WriteCount() - 150
-			nos, _ := runSegmentNumbers(bdir)
-			for _, no := range nos {
-				path := filepath.Join(bdir, runSegName(no))
-				data, err := os.ReadFile(path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for off := segHeaderSize; off+runLogRecordSize <= len(data); off += runLogRecordSize {
-					p, why := decodePieceV3(data[off:off+runLogRecordSize], -1)
-					if _, ok := p.rowOf(seq); why == "" && ok {
-						powerLossFlip(t, path, int64(off)+rlStep)
-						may := map[int64]bool{}
-						for k := range int(p.Rows) {
-							s, _, _, _ := p.row(k)
-							may[s] = true
-						}
-						return damage{seq, may}
+			var may map[int64]bool
+			eachPieceV3(t, bdir, func(path string, off int64, p pieceV3) {
+				if _, ok := p.rowOf(seq); ok && may == nil {
+					powerLossFlip(t, path, off+rlStep)
+					may = map[int64]bool{}
+					for k := range int(p.Rows) {
+						s, _, _, _ := p.row(k)
+						may[s] = true
 					}
 				}
+			})
+			if may != nil {
+				return damage{seq, may}
 			}
 			t.Fatalf("no piece holds seq %d", seq)
 			return damage{}
@@ -429,23 +479,14 @@ func metasOf(t testing.TB, b *Buffer, seqs []int64) []RowMeta { return metas(t, 
 // checksums; an undamaged buffer's checkpoint verifies and serves the
 // same rows.
 func TestBlocksCheckpointRefusesDamage(t *testing.T) {
-	dir := t.TempDir()
-	s := openStore(t, dir)
+	_, s, b := blocksRing(t, DurabilityFsync)
 	defer s.Close()
-	b := mustCreate(t, s, "b", blocksSpec(300, DurabilityFsync))
-	blocksWorkload(t, b, "collector", 700, 0)
 	want := servedRows(t, b)
 	good := filepath.Join(t.TempDir(), "cp")
 	if _, err := b.Checkpoint(context.Background(), good, nil); err != nil {
 		t.Fatal(err)
 	}
-	if rep, err := Verify(good, nil); err != nil || !rep.OK() {
-		t.Fatalf("verify the checkpoint: %v %+v", err, rep)
-	}
-	_, cb := openBuffer(t, good, "b")
-	if got := checkServed(t, cb, want); len(got) != len(want) {
-		t.Fatalf("the checkpoint serves %d rows, the buffer %d", len(got), len(want))
-	}
+	checkCheckpoint(t, good, want)
 	seq := b.WriteCount() - 150
 	powerLossFlip(t, filepath.Join(b.dir, colFileName("observation")), headerSize+seq%b.slots*16+2)
 	bad := filepath.Join(t.TempDir(), "cp")
@@ -676,10 +717,7 @@ func TestBlocksTailLetGo(t *testing.T) {
 // as holes and copies every older live row (it once took them for
 // overwritten and left out every older row with them).
 func TestBlocksCheckpointSkipsDamaged(t *testing.T) {
-	dir := t.TempDir()
-	s := openStore(t, dir)
-	b := mustCreate(t, s, "b", blocksSpec(300, DurabilityFsync))
-	blocksWorkload(t, b, "collector", 700, 0)
+	dir, s, b := blocksRing(t, DurabilityFsync)
 	seq := b.WriteCount() - 150 // a block in the middle of the window
 	col := filepath.Join(b.dir, colFileName("observation"))
 	off := headerSize + seq%b.slots*16 + 2
@@ -715,11 +753,8 @@ func TestBlocksCheckpointSkipsDamaged(t *testing.T) {
 // damaged row kept by the copy fails the checkpoint. It was once copied
 // unchecked, and the copy's fresh checksum made the damage valid.
 func TestBlocksCheckpointEvictedWhileRead(t *testing.T) {
-	dir := t.TempDir()
-	s := openStore(t, dir)
+	_, s, b := blocksRing(t, DurabilityFlush)
 	defer s.Close()
-	b := mustCreate(t, s, "b", blocksSpec(300, DurabilityFlush))
-	blocksWorkload(t, b, "collector", 700, 0)
 	// W = 700, the window [400, 700); its bottom block is seqs 384-447.
 	seq := int64(440)
 	powerLossFlip(t, filepath.Join(b.dir, colFileName("observation")), headerSize+seq%b.slots*16+2)
@@ -750,10 +785,7 @@ func TestBlocksCheckpointEvictedWhileRead(t *testing.T) {
 // the watermark record on disk; the copy verifies and serves the same
 // rows. It once failed: "block records out of step with the write count".
 func TestBlocksCheckpointReadOnly(t *testing.T) {
-	dir := t.TempDir()
-	s := openStore(t, dir)
-	b := mustCreate(t, s, "b", blocksSpec(300, DurabilityFlush))
-	blocksWorkload(t, b, "collector", 700, 0)
+	dir, s, b := blocksRing(t, DurabilityFlush)
 	if b.WriteCount()%blockRows == 0 {
 		t.Fatalf("fixture: write count %d is a block boundary", b.WriteCount())
 	}
@@ -772,13 +804,7 @@ func TestBlocksCheckpointReadOnly(t *testing.T) {
 	if err != nil || res.Rows != int64(len(want)) {
 		t.Fatalf("checkpoint of a read-only store: %v (%+v), want %d rows", err, res, len(want))
 	}
-	if rep, err := Verify(dest, nil); err != nil || !rep.OK() {
-		t.Fatalf("verify the checkpoint: %v %+v", err, rep)
-	}
-	_, cb := openBuffer(t, dest, "b")
-	if got := checkServed(t, cb, want); len(got) != len(want) {
-		t.Fatalf("the checkpoint serves %d rows, the buffer %d", len(got), len(want))
-	}
+	checkCheckpoint(t, dest, want)
 	// Damage under the tip: refused, as in a writable store.
 	seq := rb.WriteCount() - 3
 	powerLossFlip(t, filepath.Join(rb.dir, colFileName("observation")), headerSize+seq%rb.slots*16+1)
@@ -830,31 +856,17 @@ func TestBlocksSnapshotCraftedSeqs(t *testing.T) {
 // record still counts those rows: an open reports them as damage. They
 // once vanished without a word, the window ending before them.
 func TestBlocksNewestRowsLost(t *testing.T) {
-	dir := t.TempDir()
-	s := openStore(t, dir)
-	b := mustCreate(t, s, "b", blocksSpec(300, DurabilityFsync))
-	blocksWorkload(t, b, "collector", 700, 0)
+	dir, s, b := blocksRing(t, DurabilityFsync)
 	w, slots, bdir := b.WriteCount(), b.slots, b.dir
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
 	from := w - 40
-	nos, _ := runSegmentNumbers(bdir)
-	for _, no := range nos {
-		path := filepath.Join(bdir, runSegName(no))
-		data, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
+	eachPieceV3(t, bdir, func(path string, off int64, p pieceV3) {
+		if p.lastSeq() >= from {
+			clearFileRange(t, path, off, runLogRecordSize)
 		}
-		for off := segHeaderSize; off+runLogRecordSize <= len(data); off += runLogRecordSize {
-			if p, why := decodePieceV3(data[off:off+runLogRecordSize], -1); why == "" && p.lastSeq() >= from {
-				clear(data[off : off+runLogRecordSize])
-			}
-		}
-		if err := os.WriteFile(path, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 	meta, err := os.ReadFile(metaFile(bdir))
 	if err != nil {
 		t.Fatal(err)
@@ -884,11 +896,8 @@ func TestBlocksNewestRowsLost(t *testing.T) {
 // with ErrCorrupt naming the row, as damaged fields do. It was once copied
 // as read, leaving the damage for the copy's open to find.
 func TestBlocksCheckpointRefusesTailDamage(t *testing.T) {
-	dir := t.TempDir()
-	s := openStore(t, dir)
+	_, s, b := blocksRing(t, DurabilityFlush)
 	defer s.Close()
-	b := mustCreate(t, s, "b", blocksSpec(300, DurabilityFlush))
-	blocksWorkload(t, b, "collector", 700, 0)
 	seqs := b.LiveSeqs(0, 300)
 	var done int64 = -1
 	for i, m := range metasOf(t, b, seqs) {
@@ -952,11 +961,8 @@ func TestBlocksWalkLetGoCounted(t *testing.T) {
 // succeeds. It read them after, found only the next pass's, and failed
 // with a false ErrCorrupt.
 func TestBlocksCheckpointOverwrittenAfterCheck(t *testing.T) {
-	dir := t.TempDir()
-	s := openStore(t, dir)
+	_, s, b := blocksRing(t, DurabilityFlush)
 	defer s.Close()
-	b := mustCreate(t, s, "b", blocksSpec(300, DurabilityFlush))
-	blocksWorkload(t, b, "collector", 700, 0)
 	// W = 700: the window [400, 700), its bottom block seqs 384-447 (slots
 	// 0-63 of 384); 132 more rows evict it and write slots 0-67 again.
 	moved := false
@@ -985,11 +991,8 @@ func TestBlocksCheckpointOverwrittenAfterCheck(t *testing.T) {
 // no stamp it sees: its checkpoint is refused (ErrReadOnly) instead of
 // copying rows the server overwrites, or failing with a false ErrCorrupt.
 func TestBlocksCheckpointRefusedOnSnapshot(t *testing.T) {
-	dir := t.TempDir()
-	s := openStore(t, dir)
+	dir, s, _ := blocksRing(t, DurabilityFlush)
 	defer s.Close()
-	b := mustCreate(t, s, "b", blocksSpec(300, DurabilityFlush))
-	blocksWorkload(t, b, "collector", 700, 0)
 	ro, err := Open(dir, &Options{ReadOnly: true, LockTimeout: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -1011,10 +1014,7 @@ func TestBlocksCheckpointRefusedOnSnapshot(t *testing.T) {
 // the catalog's seq reservation (damage: no writer syncs seqs it has not
 // reserved) is reported, and the open falls back to the catalog's count.
 func TestBlocksWatermarkPastReservation(t *testing.T) {
-	dir := t.TempDir()
-	s := openStore(t, dir)
-	b := mustCreate(t, s, "b", blocksSpec(300, DurabilityFsync))
-	blocksWorkload(t, b, "collector", 700, 0)
+	dir, s, b := blocksRing(t, DurabilityFsync)
 	w := b.WriteCount()
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
