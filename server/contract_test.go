@@ -448,17 +448,24 @@ func ctCases(t *testing.T) []ctCase {
 			body: []byte(strings.Replace(ctCartPole, `"storage": "memory"`, `"storage": "memory", "row_meta": "runs"`, 1)), want: 201},
 		{name: "create run records on memmap", method: "PUT", path: "/v1/buffers/runs_memmap", ctype: js,
 			body: []byte(strings.Replace(ctCartPole, `"storage": "memory"`, `"storage": "memmap", "row_meta": "runs"`, 1)), want: 201},
-		// A memmap spec without row_meta gets "blocks"; asked again without
-		// it, or with "blocks", the buffer is the same; with "runs", it is
-		// not.
+		// A memmap spec without row_meta gets "blocks" (from 1,024 rows, not
+		// fsync: defaultMemmapRowMeta); asked again without it, or with
+		// "blocks", the buffer is the same; with "runs", it is not. A
+		// smaller one gets "runs".
 		{name: "create memmap, row_meta left out", method: "PUT", path: "/v1/buffers/mm_default", ctype: js,
-			body: []byte(strings.Replace(ctCartPole, `"storage": "memory"`, `"storage": "memmap"`, 1)), want: 201},
+			body: []byte(strings.Replace(ctCartPole, `"capacity": 64, "storage": "memory"`, `"capacity": 2048, "storage": "memmap"`, 1)), want: 201},
 		{name: "create memmap again, row_meta left out", method: "PUT", path: "/v1/buffers/mm_default", ctype: js,
-			body: []byte(strings.Replace(ctCartPole, `"storage": "memory"`, `"storage": "memmap"`, 1)), want: 200},
+			body: []byte(strings.Replace(ctCartPole, `"capacity": 64, "storage": "memory"`, `"capacity": 2048, "storage": "memmap"`, 1)), want: 200},
 		{name: "create memmap again, row_meta blocks", method: "PUT", path: "/v1/buffers/mm_default", ctype: js,
-			body: []byte(strings.Replace(ctCartPole, `"storage": "memory"`, `"storage": "memmap", "row_meta": "blocks"`, 1)), want: 200},
+			body: []byte(strings.Replace(ctCartPole, `"capacity": 64, "storage": "memory"`, `"capacity": 2048, "storage": "memmap", "row_meta": "blocks"`, 1)), want: 200},
 		{name: "create memmap again, row_meta runs", method: "PUT", path: "/v1/buffers/mm_default", ctype: js,
-			body: []byte(strings.Replace(ctCartPole, `"storage": "memory"`, `"storage": "memmap", "row_meta": "runs"`, 1)), want: 409},
+			body: []byte(strings.Replace(ctCartPole, `"capacity": 64, "storage": "memory"`, `"capacity": 2048, "storage": "memmap", "row_meta": "runs"`, 1)), want: 409},
+		{name: "create small memmap, row_meta left out", method: "PUT", path: "/v1/buffers/mm_small", ctype: js,
+			body: []byte(strings.Replace(ctCartPole, `"storage": "memory"`, `"storage": "memmap"`, 1)), want: 201},
+		{name: "create small memmap again, row_meta runs", method: "PUT", path: "/v1/buffers/mm_small", ctype: js,
+			body: []byte(strings.Replace(ctCartPole, `"storage": "memory"`, `"storage": "memmap", "row_meta": "runs"`, 1)), want: 200},
+		{name: "create small memmap again, row_meta blocks", method: "PUT", path: "/v1/buffers/mm_small", ctype: js,
+			body: []byte(strings.Replace(ctCartPole, `"storage": "memory"`, `"storage": "memmap", "row_meta": "blocks"`, 1)), want: 409},
 		{name: "create blocks on memory", method: "PUT", path: "/v1/buffers/x", ctype: js,
 			body: []byte(strings.Replace(ctCartPole, `"storage": "memory"`, `"storage": "memory", "row_meta": "blocks"`, 1)), want: 400},
 		{name: "create run records on compressed", method: "PUT", path: "/v1/buffers/x", ctype: js,

@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"math"
@@ -40,16 +41,19 @@ func testSpec(kind Kind, capacity int64, compact bool) Spec {
 	return s
 }
 
-// testMemmapRowMeta is the row_meta of testSpec's memmap buffers: left
-// out, they get the default of new memmap buffers (rows.meta format version
-// 3: block records and a run log); RBD_TEST_MEMMAP_ROW_META=row runs every
+// testMemmapRowMeta is the row_meta of testSpec's memmap buffers: without
+// the variable, "blocks" (rows.meta format version 3: block records and a
+// run log), the default of new memmap buffers that are not fsync and hold
+// 1,024 rows or more (defaultMemmapRowMeta; test buffers are mostly smaller
+// and fsync, and run on version 3 whatever their size, as every new memmap
+// buffer did on the day version 3 became the default); RBD_TEST_MEMMAP_ROW_META=row runs every
 // test of a memmap buffer made by testSpec on rows.meta format version 1,
 // the layout of buffers made by older builds, RBD_TEST_MEMMAP_ROW_META=runs
 // on version 2 (the default of buffers made from 2026-11-27 to
 // 2026-11-29), and RBD_TEST_MEMMAP_ROW_META=strided on version 2 with
 // 8-byte strided memory records (.ci/run runs all three, after the default
 // run).
-var testMemmapRowMeta = RowMetaLayout(os.Getenv("RBD_TEST_MEMMAP_ROW_META"))
+var testMemmapRowMeta = cmp.Or(RowMetaLayout(os.Getenv("RBD_TEST_MEMMAP_ROW_META")), RowMetaBlocks)
 
 var kinds = []Kind{KindMemory, KindMemmap, KindCompressed}
 
@@ -190,7 +194,7 @@ func openBuffer(t testing.TB, dir, name string) (*Store, *Buffer) {
 // in format version 3: a memmap spec that asks for it or leaves row_meta
 // out (the default of new memmap buffers).
 func memmapBlocks(spec Spec) bool {
-	return spec.Storage == KindMemmap && (spec.RowMetaLayout == RowMetaBlocks || spec.RowMetaLayout == "")
+	return spec.Storage == KindMemmap && (spec.RowMetaLayout == RowMetaBlocks || spec.RowMetaLayout == "" && defaultMemmapRowMeta(spec) == RowMetaBlocks)
 }
 
 // memoryTwin is spec as a memory buffer, the reference a test compares a

@@ -266,8 +266,9 @@ type Spec struct {
 	Compression *CompressionOptions
 	// RowMetaLayout is a memory or memmap buffer's row metadata layout
 	// ("row_meta"). Left out (""): RowMetaPerRow for memory buffers;
-	// CreateBuffer makes it RowMetaBlocks for a new memmap buffer (it
-	// made RowMetaRuns from 2026-11-27 to 2026-11-29), and in a catalog
+	// CreateBuffer makes it RowMetaBlocks for a new memmap buffer, or
+	// RowMetaRuns for an fsync one or a ring under 1,024 rows (it made
+	// RowMetaRuns for all from 2026-11-27 to 2026-11-29), and in a catalog
 	// written before 2026-11-27 "" is RowMetaPerRow. Asked of an existing
 	// buffer, "" matches the layout it has.
 	RowMetaLayout RowMetaLayout

@@ -1065,6 +1065,7 @@ func TestCreateBufferRowMetaDefault(t *testing.T) {
 		conflicts RowMetaLayout // a layout the buffer refuses when asked again ("": none to try)
 	}{
 		{"memmap default", KindMemmap, "", RowMetaBlocks, 1, RowMetaRuns},
+		{"memmap default, small ring", KindMemmap, "", RowMetaRuns, 16, RowMetaPerRow},
 		{"memmap row", KindMemmap, RowMetaPerRow, RowMetaPerRow, 64, RowMetaRuns},
 		{"memmap runs", KindMemmap, RowMetaRuns, RowMetaRuns, 16, RowMetaPerRow},
 		{"memory default", KindMemory, "", "", 33, RowMetaRuns},
@@ -1074,7 +1075,11 @@ func TestCreateBufferRowMetaDefault(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			s := openStore(t, dir)
-			spec := testSpec(tc.kind, 64, false)
+			capacity := int64(64)
+			if tc.name == "memmap default" {
+				capacity = 1024 // version 3 from 1,024 rows (defaultMemmapRowMeta)
+			}
+			spec := testSpec(tc.kind, capacity, false)
 			spec.RowMetaLayout = tc.ask
 			b := mustCreate(t, s, "b", spec)
 			if got := b.Spec().RowMetaLayout; got != tc.wantSpec {

@@ -302,10 +302,33 @@ func validBufferName(name string) bool {
 	return true
 }
 
+// smallBlocksRing is the capacity below which a new memmap buffer that
+// leaves row_meta out gets version 2: an open after a crash leaves the
+// block being filled, evicting up to 63 of the oldest rows (blockRows -
+// 1), 6% of a ring of this size, every row of one under 64.
+const smallBlocksRing = 1024
+
+// defaultMemmapRowMeta is the row_meta a new memmap buffer of spec gets
+// when it leaves it out: RowMetaBlocks (format version 3), except for an
+// fsync buffer or a ring under smallBlocksRing rows, which get
+// RowMetaRuns (version 2): version 3's open after a crash evicts up to 63
+// of the oldest rows as it leaves the block being filled, where version 2
+// keeps every row an fsync writer acknowledged (and a flush or none ring
+// loses no more than its seq reservation, at most capacity/16 or
+// capacity/2 of the oldest rows, which small rings already pay).
+func defaultMemmapRowMeta(spec Spec) RowMetaLayout {
+	if spec.Durability == DurabilityFsync || spec.Capacity < smallBlocksRing {
+		return RowMetaRuns
+	}
+	return RowMetaBlocks
+}
+
 // CreateBuffer creates a buffer, or returns the existing one (created =
 // false) when its spec is identical after defaults. A different spec under
 // the same name is ErrSpecConflict. A memmap spec that leaves RowMetaLayout
-// out creates a buffer with RowMetaBlocks (the buffer's Spec says so); asked
+// out creates a buffer with RowMetaBlocks, or RowMetaRuns for an fsync
+// buffer or a ring under 1,024 rows (defaultMemmapRowMeta; the buffer's
+// Spec says which); asked
 // of an existing buffer, a spec that leaves it out matches the layout the
 // buffer has.
 func (s *Store) CreateBuffer(name string, spec Spec) (b *Buffer, created bool, err error) {
@@ -349,7 +372,7 @@ func (s *Store) createLocked(name string, spec Spec) (b *Buffer, created bool, e
 		// record a row, block checksums (RowMetaBlocks says what it
 		// costs). The spec in the catalog says so, so that the buffer
 		// opens in its layout whatever a later build's default is.
-		spec.RowMetaLayout = RowMetaBlocks
+		spec.RowMetaLayout = defaultMemmapRowMeta(spec)
 	}
 	// policy_version is a column rbd adds; buffers created before it
 	// existed may keep a field of that name (and extends then fill that

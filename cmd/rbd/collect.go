@@ -75,7 +75,7 @@ func (o *collectOptions) AddFlags(f *pflag.FlagSet) {
 	o.tlsClient.addFlags(f)
 	f.Int64Var(&o.capacity, "capacity", 100_000, "capacity in rows of a buffer this command creates")
 	f.StringVar(&o.storage, "storage", "memmap", "storage kind of a buffer this command creates: memmap, memory or compressed")
-	f.StringVar(&o.rowMeta, "row-meta", "", `row metadata layout of a memory or memmap buffer this command creates: "row", "runs", "strided" or, memmap only, "blocks" (left out: the storage kind's default, memory "row", memmap "blocks"; a memmap buffer with "row" opens in builds from before 2026-11-27, with "runs" or "strided" in builds from 2026-11-27)`)
+	f.StringVar(&o.rowMeta, "row-meta", "", `row metadata layout of a memory or memmap buffer this command creates: "row", "runs", "strided" or, memmap only, "blocks" (left out: the storage kind's default, memory "row", memmap "blocks", or "runs" for an fsync buffer or one under 1,024 rows; a memmap buffer with "row" opens in builds from before 2026-11-27, with "runs" or "strided" in builds from 2026-11-27)`)
 	f.BoolVar(&o.frameDedup, "frame-dedup", false, "compressed storage: store each stacked frame once (catch with --frame-stack > 1)")
 	f.IntVar(&o.chunkLen, "chunk-len", 0, "compressed storage: rows of one trajectory per chunk (0: 32)")
 	f.IntVar(&o.level, "level", 0, "compressed storage: zstd level 1-22 (0: 1)")

@@ -41,7 +41,7 @@ written. It prints the buffer's size, trajectories and bytes per field.`,
 	f.IntVar(&o.envs, "envs", 8, "CartPole envs stepped side by side")
 	f.Int64Var(&o.capacity, "capacity", 10000, "ring capacity in rows (the newest rows are kept)")
 	f.Uint64Var(&o.seed, "seed", 1, "seed of envs and policy")
-	f.StringVar(&o.rowMeta, "row-meta", "", `row metadata layout of the buffer: "blocks" (left out: the default of memmap buffers, rows.meta format version 3), "runs" (format version 2, which builds from 2026-11-27 open) or "row" (format version 1, which builds before 2026-11-27 open; "rbd upgrade" converts it to version 2)`)
+	f.StringVar(&o.rowMeta, "row-meta", "", `row metadata layout of the buffer: "blocks" (left out: the default of memmap buffers that are not fsync and hold 1,024 rows or more, rows.meta format version 3), "runs" (format version 2, which builds from 2026-11-27 open) or "row" (format version 1, which builds before 2026-11-27 open; "rbd upgrade" converts it to version 2)`)
 	return cmd
 }
 

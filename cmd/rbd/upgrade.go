@@ -37,7 +37,12 @@ the trash.
 
 --row-meta runs converts to version 2 instead, as builds from 2026-11-27
 to 2026-11-28 did (rows.meta version 2 and dense tail files): builds
-before 2026-11-29 cannot open version 3.
+before 2026-11-29 cannot open version 3. Every memmap buffer of the dir is
+converted, fsync buffers and rings under 1,024 rows too, which new buffers
+get in version 2 by default: in version 3 an open after a crash leaves the
+block being filled and evicts up to 63 of the oldest rows (every row of a
+ring under 64), where version 2 keeps every row an fsync writer
+acknowledged; use --row-meta runs for a dir that holds such buffers.
 
 It refuses, and changes nothing, a dir a running server holds, one of a
 newer format, one that verify finds damaged, and one with nothing to
