@@ -101,12 +101,39 @@ func Upgrade(dir string, opts *UpgradeOptions) (*UpgradeReport, error) {
 		}
 	}
 	switch o.RowMeta {
-	case "", RowMetaBlocks:
+	case RowMetaBlocks:
 		return upgradeBlocks(dir, o, say)
+	case "":
+		// Each buffer to what a new buffer of its spec gets: version 3,
+		// but version 2 for fsync buffers and rings under 1,024 rows
+		// (defaultMemmapRowMeta). Two steps, each safe to kill.
+		v3, err3 := upgradeBlocks(dir, o, say)
+		if err3 != nil && !errors.Is(err3, ErrNothingToUpgrade) {
+			return nil, err3
+		}
+		v2, err2 := upgradeRuns(dir, o, say)
+		if err2 != nil && !errors.Is(err2, ErrNothingToUpgrade) {
+			return nil, err2
+		}
+		if err3 != nil && err2 != nil {
+			return nil, fmt.Errorf("upgrade %s: no memmap buffer to convert: none in rows.meta format version 1 or 2 that a new buffer would get in version 3, none in version 1 or with final observations at the slot (fsync buffers and rings under 1,024 rows stay in version 2; --row-meta blocks converts them to version 3): %w", dir, ErrNothingToUpgrade)
+		}
+		out := &UpgradeReport{Dir: dir}
+		for _, r := range []*UpgradeReport{v3, v2} {
+			if r != nil {
+				out.Buffers = append(out.Buffers, r.Buffers...)
+			}
+		}
+		slices.SortFunc(out.Buffers, func(a, b UpgradedBuffer) int { return strings.Compare(a.Name, b.Name) })
+		return out, nil
 	case RowMetaRuns:
-	default:
-		return nil, fmt.Errorf("upgrade %s: row_meta %q: want %q (version 3) or %q (version 2)", dir, o.RowMeta, RowMetaBlocks, RowMetaRuns)
+		return upgradeRuns(dir, o, say)
 	}
+	return nil, fmt.Errorf("upgrade %s: row_meta %q: want %q (version 3) or %q (version 2)", dir, o.RowMeta, RowMetaBlocks, RowMetaRuns)
+}
+
+// upgradeRuns is Upgrade to rows.meta version 2 and dense tail files.
+func upgradeRuns(dir string, o UpgradeOptions, say func(string, ...any)) (*UpgradeReport, error) {
 	metaTo, tailsTo := map[string]bool{}, map[string]bool{}
 	s, ro, targets, err := openUpgradeSource(dir, o, func(b *Buffer) bool {
 		if b.spec.Storage != KindMemmap {

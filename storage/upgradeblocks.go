@@ -385,8 +385,11 @@ func upgradeBlocks(dir string, o UpgradeOptions, say func(string, ...any)) (*Upg
 		}
 		return nil, fmt.Errorf("upgrade %s: %w", dir, err)
 	}
-	s, ro, targets, err := openUpgradeSource(dir, o, func(b *Buffer) bool { return b.spec.Storage == KindMemmap && b.blk == nil },
-		"rows.meta in format version 1 or 2 (every one is version 3 already, or there is none)")
+	// Asked for version 3, every memmap buffer; by default, those a new
+	// buffer of their spec would have in version 3.
+	s, ro, targets, err := openUpgradeSource(dir, o, func(b *Buffer) bool {
+		return b.spec.Storage == KindMemmap && b.blk == nil && (o.RowMeta == RowMetaBlocks || defaultMemmapRowMeta(b.spec) == RowMetaBlocks)
+	}, "rows.meta in format version 1 or 2 (every one is version 3 already, or there is none)")
 	if err != nil {
 		return nil, err
 	}

@@ -106,7 +106,7 @@ func TestUpgradeBlocks(t *testing.T) {
 				t.Fatalf("verify before: %v %+v", err, before)
 			}
 			var said []string
-			rep, err := Upgrade(dir, &UpgradeOptions{Progress: func(m string) { said = append(said, m) }})
+			rep, err := Upgrade(dir, &UpgradeOptions{RowMeta: RowMetaBlocks, Progress: func(m string) { said = append(said, m) }})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -195,7 +195,7 @@ func TestUpgradeBlocks(t *testing.T) {
 			if rep, err := Verify(dir, nil); err != nil || !rep.OK() {
 				t.Fatalf("verify after writes: %v %+v", err, rep)
 			}
-			if _, err := Upgrade(dir, nil); !errors.Is(err, ErrNothingToUpgrade) {
+			if _, err := Upgrade(dir, &UpgradeOptions{RowMeta: RowMetaBlocks}); !errors.Is(err, ErrNothingToUpgrade) {
 				t.Fatalf("a second upgrade: %v, want ErrNothingToUpgrade", err)
 			}
 		})
@@ -261,7 +261,7 @@ func TestUpgradeBlocksCrash(t *testing.T) {
 				t.Fatalf("layouts after an open following a kill at %s: %v, want %v", tc.point, got, tc.layouts)
 			}
 			done := !slices.ContainsFunc(slices.Collect(maps.Values(tc.layouts)), func(l RowMetaLayout) bool { return l != v3 })
-			if _, err := Upgrade(dir, nil); err != nil && !(done && errors.Is(err, ErrNothingToUpgrade)) {
+			if _, err := Upgrade(dir, &UpgradeOptions{RowMeta: RowMetaBlocks}); err != nil && !(done && errors.Is(err, ErrNothingToUpgrade)) {
 				t.Fatalf("upgrade after the kill: %v", err)
 			}
 			if got := upLayouts(t, dir); got["a"] != v3 || got["b"] != v3 || got["c"] != v3 {
@@ -291,7 +291,7 @@ func TestUpgradeBlocksAgainAfterKill(t *testing.T) {
 			if out, err := cmd.CombinedOutput(); err == nil {
 				t.Fatalf("the child was not killed at %s\n%s", point, out)
 			}
-			if _, err := Upgrade(dir, nil); err != nil {
+			if _, err := Upgrade(dir, &UpgradeOptions{RowMeta: RowMetaBlocks}); err != nil {
 				t.Fatal(err)
 			}
 			if left := upLeftovers(t, dir); len(left) > 0 {
@@ -388,4 +388,62 @@ func TestUpgradeBlocksStageWithoutMarker(t *testing.T) {
 			t.Errorf("%s: %v", d, err)
 		}
 	}
+}
+
+// TestUpgradeDefaultPerBuffer: left to its default, Upgrade takes each
+// memmap buffer to what a new buffer of its spec gets: version 3 for a
+// flush ring of 2,048 rows, version 2 for an fsync one and for rings under
+// 1,024 rows (from version 1, and its final observations to dense files);
+// run again it finds nothing; asked for version 3, it converts the rest.
+func TestUpgradeDefaultPerBuffer(t *testing.T) {
+	dir := t.TempDir()
+	upBuild(t, dir)
+	s := openStore(t, dir)
+	for _, bc := range []struct {
+		name   string
+		dur    Durability
+		layout RowMetaLayout
+	}{{"L", DurabilityFlush, RowMetaRuns}, {"F", DurabilityFsync, RowMetaPerRow}} {
+		spec := testSpec(KindMemmap, 2048, true)
+		spec.Durability, spec.RowMetaLayout = bc.dur, bc.layout
+		b := mustCreate(t, s, bc.name, spec)
+		rows := make([]row, 700)
+		for j := range rows {
+			rows[j] = row{env: int64(j % 4), val: float32(j), terminated: j%30 == 29, final: float32(-j)}
+		}
+		mustExtend(t, b, "s", makeBatch(spec, rows, true))
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	want := upRows(t, dir)
+	rep, err := Upgrade(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	versions := map[string]int{}
+	for _, ub := range rep.Buffers {
+		versions[ub.Name] = ub.FormatVersion
+	}
+	if !maps.Equal(versions, map[string]int{"F": 2, "L": 3, "a": 2, "b": 2, "c": 2}) {
+		t.Fatalf("format versions upgraded to: %v", versions)
+	}
+	wantLayouts := map[string]RowMetaLayout{"F": RowMetaRuns, "L": RowMetaBlocks, "a": RowMetaRuns, "b": RowMetaRuns, "c": RowMetaRuns}
+	if got := upLayouts(t, dir); !maps.Equal(got, wantLayouts) {
+		t.Fatalf("layouts after the default upgrade: %v, want %v", got, wantLayouts)
+	}
+	if _, err := Upgrade(dir, nil); !errors.Is(err, ErrNothingToUpgrade) {
+		t.Fatalf("a second default upgrade: %v, want ErrNothingToUpgrade", err)
+	}
+	if _, err := Upgrade(dir, &UpgradeOptions{RowMeta: RowMetaBlocks}); err != nil {
+		t.Fatal(err)
+	}
+	for name, l := range upLayouts(t, dir) {
+		if l != RowMetaBlocks {
+			t.Errorf("buffer %q is %q after an upgrade asked for version 3", name, l)
+		}
+	}
+	s = openStore(t, dir)
+	defer s.Close()
+	upServedAll(t, s, want, "after the upgrades")
 }

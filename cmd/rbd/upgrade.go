@@ -21,11 +21,12 @@ func newUpgradeCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "upgrade DIR",
 		Short: "Convert a data dir's memmap buffers to rows.meta format version 3 (or 2) (exit 0 upgraded, 1 refused or failed)",
-		Long: `upgrade converts every memmap buffer of a stopped data dir whose rows.meta is
+		Long: `upgrade converts the memmap buffers of a stopped data dir whose rows.meta is
 format version 1 (a 64-byte record per slot) or 2 (16 bytes a slot and a run
 log) to version 3 (no record per row: block checksums, a run log and dense
 tail files; the buffer's spec gets "row_meta": "blocks", the default of new
-memmap buffers). Rows, links, streams and counters stay as they are, and the
+memmap buffers that are not fsync and hold 1,024 rows or more; see
+--row-meta for the others). Rows, links, streams and counters stay as they are, and the
 dir is read back at the end: every live row's fields, metadata, final
 observation and priority must read as before.
 
@@ -37,12 +38,12 @@ the trash.
 
 --row-meta runs converts to version 2 instead, as builds from 2026-11-27
 to 2026-11-28 did (rows.meta version 2 and dense tail files): builds
-before 2026-11-29 cannot open version 3. Every memmap buffer of the dir is
-converted, fsync buffers and rings under 1,024 rows too, which new buffers
-get in version 2 by default: in version 3 an open after a crash leaves the
-block being filled and evicts up to 63 of the oldest rows (every row of a
-ring under 64), where version 2 keeps every row an fsync writer
-acknowledged; use --row-meta runs for a dir that holds such buffers.
+before 2026-11-29 cannot open version 3. Left out, --row-meta converts each
+buffer to what a new buffer of its spec gets: fsync buffers and rings under
+1,024 rows go to (or stay in) version 2, since in version 3 an open after a
+crash leaves the block being filled and evicts up to 63 of the oldest rows
+(every row of a ring under 64), where version 2 keeps every row an fsync
+writer acknowledged; --row-meta blocks converts them to version 3 anyway.
 
 It refuses, and changes nothing, a dir a running server holds, one of a
 newer format, one that verify finds damaged, and one with nothing to
@@ -55,7 +56,7 @@ doing, and upgrade run again does the rest.`,
 		},
 	}
 	cmd.Flags().BoolVar(&o.json, "json", false, "print the report as JSON")
-	cmd.Flags().StringVar(&o.rowMeta, "row-meta", "blocks", `the layout to convert to: "blocks" (rows.meta format version 3) or "runs" (version 2)`)
+	cmd.Flags().StringVar(&o.rowMeta, "row-meta", "", `the layout to convert to: "blocks" (rows.meta format version 3, every memmap buffer) or "runs" (version 2); left out, each buffer to what a new buffer of its spec gets (version 3, version 2 for fsync buffers and rings under 1,024 rows)`)
 	return cmd
 }
 
