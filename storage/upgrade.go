@@ -23,10 +23,12 @@ type UpgradeOptions struct {
 	// Store is passed to the opens Upgrade makes (nil: defaults).
 	Store *Options
 	// RowMeta is the layout memmap buffers are upgraded to: RowMetaBlocks
-	// (rows.meta format version 3, the default of new memmap buffers;
-	// the zero value means it) or RowMetaRuns (version 2 and dense tail
-	// files, which builds from 2026-11-27 on open; builds before
-	// 2026-11-29 cannot open version 3).
+	// (rows.meta format version 3, every memmap buffer) or RowMetaRuns
+	// (version 2 and dense tail files, which builds from 2026-11-27 on
+	// open; builds before 2026-11-29 cannot open version 3). The zero
+	// value takes each buffer to what a new buffer of its spec gets
+	// (defaultMemmapRowMeta): version 3, but version 2 for fsync buffers
+	// and rings under 1,024 rows.
 	RowMeta RowMetaLayout
 	// Progress, when set, is told what Upgrade is doing.
 	Progress func(msg string)
@@ -66,7 +68,8 @@ type UpgradeReport struct {
 // Upgrade converts the memmap buffers of a data dir to the layout
 // opts.RowMeta names, keeping every row, link, stream and counter:
 //
-//   - RowMetaBlocks (the default): every memmap buffer whose rows.meta is
+//   - RowMetaBlocks (for the zero value, the buffers defaultMemmapRowMeta
+//     gives version 3, then RowMetaRuns for the others): every memmap buffer whose rows.meta is
 //     format version 1 or 2 to version 3 ("row_meta": "blocks",
 //     docs/format.md), with version 3 dense tail files. The new files are
 //     written as a whole buffer dir beside the buffer's, the stage, and
