@@ -754,13 +754,7 @@ func TestBlocksCheckpointSkipsDamaged(t *testing.T) {
 	if res.Rows != int64(len(live)) || res.Overwritten != 0 {
 		t.Fatalf("checkpoint of %d rows (%d overwritten), the buffer serves %d", res.Rows, res.Overwritten, len(live))
 	}
-	if rep, err := Verify(dest, nil); err != nil || !rep.OK() {
-		t.Fatalf("verify the checkpoint: %v %+v", err, rep)
-	}
-	_, cb := openBuffer(t, dest, "b")
-	if got := checkServed(t, cb, live); len(got) != len(live) {
-		t.Fatalf("the checkpoint serves %d rows, the buffer %d", len(got), len(live))
-	}
+	checkCheckpoint(t, dest, live)
 }
 
 // TestBlocksCheckpointEvictedWhileRead: a block the writer began to evict

@@ -287,6 +287,20 @@ func TestUpgradeRefuses(t *testing.T) {
 	}
 }
 
+// killUpgradeChild runs Upgrade to layout to on dir in a child process
+// (TestUpgradeCrash's) that kills itself at the after-th pass of crash
+// point, and fails the test if the child was not killed there.
+func killUpgradeChild(t *testing.T, dir string, to RowMetaLayout, point string, after int) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestUpgradeCrash$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "RBD_TEST_UPGRADE_CHILD="+dir, "RBD_TEST_UPGRADE_TO="+string(to),
+		"RBD_CRASH_AT="+point, fmt.Sprintf("RBD_CRASH_AFTER=%d", after))
+	out, err := cmd.CombinedOutput()
+	if err == nil || strings.Contains(string(out), "rbd-child upgrade") {
+		t.Fatalf("the child was not killed at %s (pass %d): %v\n%s", point, after, err, out)
+	}
+}
+
 // TestUpgradeCrash kills a process upgrading the store at each step
 // (RBD_CRASH_AT: after the version 2 files are written, after a buffer's
 // spec is switched, after its rows.meta is replaced) and checks that each
@@ -321,12 +335,7 @@ func TestUpgradeCrash(t *testing.T) {
 		t.Run(fmt.Sprintf("%s/%d", tc.point, tc.after), func(t *testing.T) {
 			dir := t.TempDir()
 			writeTree(t, dir, files)
-			cmd := exec.Command(os.Args[0], "-test.run=^TestUpgradeCrash$", "-test.count=1")
-			cmd.Env = append(os.Environ(), "RBD_TEST_UPGRADE_CHILD="+dir, "RBD_TEST_UPGRADE_TO=runs", "RBD_CRASH_AT="+tc.point, fmt.Sprintf("RBD_CRASH_AFTER=%d", tc.after))
-			out, err := cmd.CombinedOutput()
-			if err == nil || strings.Contains(string(out), "rbd-child upgrade") {
-				t.Fatalf("the child was not killed at %s: %v\n%s", tc.point, err, out)
-			}
+			killUpgradeChild(t, dir, RowMetaRuns, tc.point, tc.after)
 			// Read-only first: nothing is cleaned up or finished yet.
 			if got := upLayouts(t, dir); !maps.Equal(got, tc.layouts) {
 				t.Fatalf("layouts after a kill at %s: %v, want %v", tc.point, got, tc.layouts)

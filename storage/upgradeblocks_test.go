@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -231,12 +230,7 @@ func TestUpgradeBlocksCrash(t *testing.T) {
 		t.Run(fmt.Sprintf("%s/%d", tc.point, tc.after), func(t *testing.T) {
 			dir := t.TempDir()
 			writeTree(t, dir, files)
-			cmd := exec.Command(os.Args[0], "-test.run=^TestUpgradeCrash$", "-test.count=1")
-			cmd.Env = append(os.Environ(), "RBD_TEST_UPGRADE_CHILD="+dir, "RBD_TEST_UPGRADE_TO=blocks", "RBD_CRASH_AT="+tc.point, fmt.Sprintf("RBD_CRASH_AFTER=%d", tc.after))
-			out, err := cmd.CombinedOutput()
-			if err == nil || strings.Contains(string(out), "rbd-child upgrade") {
-				t.Fatalf("the child was not killed at %s: %v\n%s", tc.point, err, out)
-			}
+			killUpgradeChild(t, dir, RowMetaBlocks, tc.point, tc.after)
 			// Read-only first: nothing is cleaned up or finished yet.
 			if got := upLayouts(t, dir); !maps.Equal(got, tc.layouts) {
 				t.Fatalf("layouts after a kill at %s: %v, want %v", tc.point, got, tc.layouts)
@@ -286,11 +280,7 @@ func TestUpgradeBlocksAgainAfterKill(t *testing.T) {
 		t.Run(point, func(t *testing.T) {
 			dir := t.TempDir()
 			writeTree(t, dir, files)
-			cmd := exec.Command(os.Args[0], "-test.run=^TestUpgradeCrash$", "-test.count=1")
-			cmd.Env = append(os.Environ(), "RBD_TEST_UPGRADE_CHILD="+dir, "RBD_TEST_UPGRADE_TO=blocks", "RBD_CRASH_AT="+point)
-			if out, err := cmd.CombinedOutput(); err == nil {
-				t.Fatalf("the child was not killed at %s\n%s", point, out)
-			}
+			killUpgradeChild(t, dir, RowMetaBlocks, point, 1)
 			if _, err := Upgrade(dir, &UpgradeOptions{RowMeta: RowMetaBlocks}); err != nil {
 				t.Fatal(err)
 			}
@@ -371,11 +361,7 @@ func TestUpgradeBlocksDiskFull(t *testing.T) {
 func TestUpgradeBlocksStageWithoutMarker(t *testing.T) {
 	dir := t.TempDir()
 	upBuild(t, dir)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestUpgradeCrash$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "RBD_TEST_UPGRADE_CHILD="+dir, "RBD_TEST_UPGRADE_TO=blocks", "RBD_CRASH_AT=upgrade-v3-commit")
-	if out, err := cmd.CombinedOutput(); err == nil {
-		t.Fatalf("the child was not killed\n%s", out)
-	}
+	killUpgradeChild(t, dir, RowMetaBlocks, "upgrade-v3-commit", 1)
 	stage := upgradeStage(dir, "a")
 	if err := os.Remove(filepath.Join(stage, upgradeStageDone)); err != nil {
 		t.Fatal(err)
