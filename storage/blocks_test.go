@@ -229,6 +229,7 @@ func TestBlocksMemmapOnly(t *testing.T) {
 // returns W and how many rows it destroyed.
 func powerLossScrambleV3(t *testing.T, dir, buf, variant string, rng *rand.Rand) (int64, int) {
 	t.Helper()
+	powerLossReboot(t, dir)
 	bdir := bufferDir(dir, buf)
 	path := metaFile(bdir)
 	meta, err := os.ReadFile(path)
@@ -318,7 +319,7 @@ func TestBlocksPowerLoss(t *testing.T) {
 	if testing.Short() {
 		rounds = 1
 	}
-	bufs := []string{crashFsyncBlocks, crashFlushBlocks}
+	bufs := []string{crashFsyncBlocks, crashFlushBlocks, crashNone}
 	for vi, variant := range []string{"random", "zeros", "crc"} {
 		t.Run(variant, func(t *testing.T) {
 			dir := t.TempDir()

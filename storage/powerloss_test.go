@@ -28,6 +28,7 @@ import (
 // returns the watermark and how many slots it destroyed.
 func powerLossScramble(t *testing.T, dir, buf, variant string, rng *rand.Rand) (int64, int) {
 	t.Helper()
+	powerLossReboot(t, dir)
 	bdir := bufferDir(dir, buf)
 	path := metaFile(bdir)
 	data, err := os.ReadFile(path)
@@ -95,6 +96,15 @@ func powerLossScramble(t *testing.T, dir, buf, variant string, rng *rand.Rand) (
 
 // powerLossColumns rewrites every column file of the buffer dir bdir with
 // what fn makes of its bytes (fn gets the file's header).
+// powerLossReboot leaves the dir as a power loss does on top of its
+// files: every buffer was last opened under a kernel that is gone (a boot
+// id not the running one's), so recovery cannot count on the page cache
+// having kept a crashed writer's writes (crashKeptPageCache).
+func powerLossReboot(t testing.TB, dir string) {
+	t.Helper()
+	upEditStates(t, dir, func(_ string, st *bufferState) { st.Boot = "a-boot-before-the-power-loss" })
+}
+
 func powerLossColumns(t *testing.T, bdir string, fn func(ch colHeader, data []byte)) {
 	t.Helper()
 	cols, err := filepath.Glob(filepath.Join(bdir, "*.col"))

@@ -133,11 +133,15 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		// Read next to a running server: it has not crashed; its
 		// reservation is ahead of what it wrote.
 	case b.spec.Durability != DurabilityFsync:
-		// After a crash, seqs up to the reservation may have been handed
-		// out — and acknowledged, then lost with unsynced pages on a power
-		// loss. Resuming past them keeps seqs unique; the oldest rows
-		// (at most capacity/16) leave the window early in exchange.
-		wc = max(wc, st.SeqReserved)
+		// After a power loss, seqs up to the reservation may have been
+		// handed out — and acknowledged, then lost with unsynced pages.
+		// Resuming past them keeps seqs unique; the oldest rows (up to a
+		// reservation block) leave the window early in exchange. After a
+		// crash of the process alone the records read above name every
+		// seq it wrote (markers included): nothing moves.
+		if !b.crashKeptPageCache(st) {
+			wc = max(wc, st.SeqReserved)
+		}
 	default:
 		// fsync: every acknowledged row is on disk, so the window stays
 		// where the rows are. Only rows at its bottom that an unfinished

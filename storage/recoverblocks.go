@@ -260,7 +260,12 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 	case b.spec.Durability != DurabilityFsync:
 		// Seqs up to the reservation may have been handed out and
 		// acknowledged, then lost with unsynced pages: resume past them.
-		wc = max(wc, st.SeqReserved)
+		// Unless no page was lost: after a crash of the process alone the
+		// pieces read above (written before any row) name every seq it
+		// wrote.
+		if !b.crashKeptPageCache(st) {
+			wc = max(wc, st.SeqReserved)
+		}
 	default:
 		// fsync: the window stays where the rows are, except that a
 		// block at its bottom that does not verify may have been

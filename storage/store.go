@@ -94,6 +94,9 @@ type Store struct {
 	readOnly bool
 	crash    *crasher  // nil unless RBD_CRASH_AT is set
 	snapAt   time.Time // set when opened read-only from a running store's snapshot
+	// boot is the running kernel's boot id (see crashKeptPageCache),
+	// committed with every buffer's state.
+	boot string
 
 	mu      sync.Mutex // guards buffers and closed
 	buffers map[string]*Buffer
@@ -136,7 +139,7 @@ func Open(dir string, opts *Options) (_ *Store, retErr error) {
 	if err := checkComplete(dir); err != nil {
 		return nil, fmt.Errorf("open %s: %w", dir, err)
 	}
-	s := &Store{dir: dir, opts: o, log: o.Logger, readOnly: o.ReadOnly, buffers: map[string]*Buffer{}, crash: newCrasher()}
+	s := &Store{dir: dir, opts: o, log: o.Logger, readOnly: o.ReadOnly, buffers: map[string]*Buffer{}, crash: newCrasher(), boot: currentBoot()}
 	if !o.ReadOnly {
 		if err := os.MkdirAll(filepath.Join(dir, "buffers"), 0o755); err != nil {
 			return nil, fmt.Errorf("open %s: %w", dir, err)

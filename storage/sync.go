@@ -162,16 +162,25 @@ func (b *Buffer) state(clean bool) bufferState {
 		MaxPriority: maxPrio,
 		Holes:       append([][2]int64(nil), b.holes...),
 		CreatedAt:   b.createdAt,
+		Boot:        b.store.boot,
 	}
 }
 
 // seqBlock is how many seqs one catalog commit reserves. For persistent
-// buffers it is also the most a crash can move the ring forward on reopen
-// (the unused part of the reservation becomes holes, and as many of the
-// oldest rows leave the window, for flush and none buffers): a sixteenth of
-// the ring trades that loss against one catalog commit per block.
+// buffers it is also the most a power loss can move the ring forward on
+// reopen (the unused part of the reservation becomes holes, and as many
+// of the oldest rows leave the window, for flush and none buffers): a
+// sixteenth of the ring trades that loss against one catalog commit per
+// block. A crash of the process alone moves no memmap ring
+// (crashKeptPageCache).
 func (b *Buffer) seqBlock() int64 {
-	if !b.persistent {
+	if !b.persistent || b.spec.Durability == DurabilityNone && b.spec.Storage == KindMemmap {
+		// Memory buffers lose their rows at a restart anyway. A none
+		// memmap buffer promises no row written since its open past a
+		// power loss, so it reserves as they do: a lap at a time, a
+		// catalog commit (two fdatasyncs) per capacity rows instead of
+		// per sixteenth, which at 10^5 rows cost writers a third of
+		// their time (docs/performance.md).
 		return max(b.capacity, 1<<16)
 	}
 	// Small rings would commit too often at capacity/16; they reserve up
@@ -266,7 +275,7 @@ func (b *Buffer) commitStateLocked(clean bool, streams map[string]map[int64]stre
 
 func sameState(a, b bufferState) bool {
 	return a.UID == b.UID && a.WriteCount == b.WriteCount && a.SeqReserved == b.SeqReserved &&
-		a.Clean == b.Clean && a.MaxPriority == b.MaxPriority && a.CreatedAt.Equal(b.CreatedAt) &&
+		a.Clean == b.Clean && a.MaxPriority == b.MaxPriority && a.CreatedAt.Equal(b.CreatedAt) && a.Boot == b.Boot &&
 		slices.Equal(a.Holes, b.Holes)
 }
 

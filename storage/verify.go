@@ -80,7 +80,7 @@ func Verify(dir string, opts *Options) (*VerifyReport, error) {
 	if cat != nil {
 		defer cat.close()
 	}
-	s := &Store{dir: dir, opts: o, log: o.Logger, cat: cat, readOnly: true, buffers: map[string]*Buffer{}, snapAt: snapAt}
+	s := &Store{dir: dir, opts: o, log: o.Logger, cat: cat, readOnly: true, buffers: map[string]*Buffer{}, snapAt: snapAt, boot: currentBoot()}
 	rep := &VerifyReport{Dir: dir, SnapshotAt: snapAt}
 	for _, e := range entries {
 		br := BufferReport{Name: e.name, Storage: e.spec.Storage, RowMeta: cmp.Or(e.spec.RowMetaLayout, RowMetaPerRow), WriteCount: e.state.WriteCount}
