@@ -516,37 +516,47 @@ func TestBlocksCheckpointRefusesDamage(t *testing.T) {
 	}
 }
 
-// TestBlocksCheckpointAfterCrash: after an unclean close, a writable open
-// writes final records of fewer than 64 rows for the blocks it leaves
-// early or finds torn (their rows past the prefix are holes); a hot
-// checkpoint then checks those blocks against those records, and the copy
-// verifies and serves the same rows (a checkpoint once took such a block
-// for damage).
+// TestBlocksCheckpointAfterCrash: after an unclean close and a reboot, a
+// writable open writes final records of fewer than 64 rows for the blocks
+// it leaves early or finds torn (their rows past the prefix are holes); a
+// hot checkpoint then checks those blocks against those records, and the
+// copy verifies and serves the same rows (a checkpoint once took such a
+// block for damage). Without the reboot the open may go on filling the
+// block instead (a kill between extends), and the same must hold.
 func TestBlocksCheckpointAfterCrash(t *testing.T) {
 	for _, buf := range []string{crashFsyncBlocks, crashFlushBlocks} {
-		t.Run(buf, func(t *testing.T) {
-			dir := t.TempDir()
-			crashRunChild(t, crashChildCfg{dir: dir, seed: 3, tokenBase: 1 << 32, bufs: []string{buf},
-				intervalMS: 20, killAfter: 150 * time.Millisecond})
-			s, b := openBuffer(t, dir, buf)
-			_ = s
-			if wc := b.WriteCount(); wc%blockRows != 0 {
-				t.Fatalf("write count %d after an unclean open: the block being filled was not left", wc)
-			}
-			want := servedRows(t, b)
-			dest := filepath.Join(t.TempDir(), "cp")
-			res, err := b.Checkpoint(context.Background(), dest, nil)
-			if err != nil {
-				t.Fatalf("checkpoint after a crash: %v", err)
-			}
-			if rep, err := Verify(dest, nil); err != nil || !rep.OK() {
-				t.Fatalf("verify the checkpoint: %v %+v", err, rep)
-			}
-			_, cb := openBuffer(t, dest, buf)
-			if got := checkServed(t, cb, want); int64(len(got)) != res.Rows || len(got) != len(want) {
-				t.Fatalf("the checkpoint serves %d rows, says %d, the buffer %d", len(got), res.Rows, len(want))
-			}
-		})
+		for _, reboot := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/reboot=%v", buf, reboot), func(t *testing.T) {
+				checkpointAfterCrash(t, buf, reboot)
+			})
+		}
+	}
+}
+
+func checkpointAfterCrash(t *testing.T, buf string, reboot bool) {
+	dir := t.TempDir()
+	crashRunChild(t, crashChildCfg{dir: dir, seed: 3, tokenBase: 1 << 32, bufs: []string{buf},
+		intervalMS: 20, killAfter: 150 * time.Millisecond})
+	if reboot {
+		powerLossReboot(t, dir)
+	}
+	s, b := openBuffer(t, dir, buf)
+	_ = s
+	if wc := b.WriteCount(); reboot && wc%blockRows != 0 {
+		t.Fatalf("write count %d after an unclean open: the block being filled was not left", wc)
+	}
+	want := servedRows(t, b)
+	dest := filepath.Join(t.TempDir(), "cp")
+	res, err := b.Checkpoint(context.Background(), dest, nil)
+	if err != nil {
+		t.Fatalf("checkpoint after a crash: %v", err)
+	}
+	if rep, err := Verify(dest, nil); err != nil || !rep.OK() {
+		t.Fatalf("verify the checkpoint: %v %+v", err, rep)
+	}
+	_, cb := openBuffer(t, dest, buf)
+	if got := checkServed(t, cb, want); int64(len(got)) != res.Rows || len(got) != len(want) {
+		t.Fatalf("the checkpoint serves %d rows, says %d, the buffer %d", len(got), res.Rows, len(want))
 	}
 }
 
@@ -1038,5 +1048,65 @@ func TestBlocksWatermarkPastReservation(t *testing.T) {
 	want := fmt.Sprintf("watermark %d past the seq reservation 640", w)
 	if br := rep.Buffers[0]; !slices.ContainsFunc(br.Problems, func(p string) bool { return strings.Contains(p, want) }) {
 		t.Fatalf("verify: %+v; want %q", br, want)
+	}
+}
+
+// TestBlocksKillBetweenExtendsKeepsBlock: a writer killed between two
+// extends (here right after the 9th wrote its block records, before it
+// returned: rows and records in the page cache only) leaves its block
+// being filled with rows its records cover up to the write count. Under the same kernel the
+// reopen goes on filling that block: the write count stays where the rows
+// end (a version 3 open used to leave the block, making holes of up to 63
+// seqs and evicting as many of the oldest rows), every acknowledged row is
+// there, and rows written after it, across the block's end, verify.
+func TestBlocksKillBetweenExtendsKeepsBlock(t *testing.T) {
+	for i, buf := range []string{crashFlushBlocks, crashNone} {
+		t.Run(buf, func(t *testing.T) {
+			dir := t.TempDir()
+			m := newCrashModel(buf)
+			run := crashRunChild(t, crashChildCfg{
+				dir: dir, seed: uint64(40 + i), tokenBase: 1 << 32, bufs: []string{buf}, writers: 1,
+				maxExt: 20, intervalMS: 3600_000, crashAt: "after-meta", crashAfter: 9,
+			})
+			m.absorb(t, 0, run)
+			if acks, inflight := run.acksOf(buf), run.inFlight(buf); len(acks) != 8 || len(inflight) != 1 {
+				t.Fatalf("%d extends acknowledged, %d in flight; want 8 and 1", len(acks), len(inflight))
+			}
+			end := run.maxWriteCount(buf, 0)
+			if end%blockRows == 0 {
+				t.Fatalf("the child's rows end at %d, a block boundary: pick another seed", end)
+			}
+			st := m.check(t, dir, 0, run, crashCheckOpts{})[buf]
+			if st == nil {
+				t.Fatal("buffer missing after the crash")
+			}
+			if st.info.WriteCount != end {
+				t.Fatalf("write count %d after the reopen, the rows end at %d: the block being filled was left", st.info.WriteCount, end)
+			}
+			m.writeAfter(t, dir, 1)
+			s, b := openBuffer(t, dir, buf)
+			tokens := make([]int64, blockRows+5)
+			for j := range tokens {
+				tokens[j] = 9<<40 + int64(j)
+			}
+			mustExtend(t, b, "after", crashBatch(b.Spec(), tokens, false))
+			want := servedRows(t, b)
+			for seq := range st.tok {
+				if _, ok := want[seq]; !ok && seq >= b.WriteCount()-b.Capacity() {
+					t.Errorf("row %d, live after the reopen and in the window, is gone", seq)
+				}
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if rep, err := Verify(dir, nil); err != nil || !rep.OK() || rep.Buffers[0].Holes != 0 {
+				t.Fatalf("verify after writing on: %v %+v", err, rep)
+			}
+			_, b = openBuffer(t, dir, buf)
+			checkServed(t, b, want)
+			if got := b.liveRows(); got != int64(len(want)) {
+				t.Fatalf("%d live rows after a clean reopen, %d before the close", got, len(want))
+			}
+		})
 	}
 }

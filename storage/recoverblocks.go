@@ -566,21 +566,26 @@ func (b *Buffer) resumeBlocks(st bufferState, wr watermarkRecord, bv *blockVerif
 	wc := b.writeCount.Load()
 	lo := max(0, wc-b.capacity)
 	base := wc - wc%blockRows
+	// The writer continues the block being filled when its rows verify
+	// up to the write count and nothing may change their bytes under
+	// the running CRC: after a clean close that synced them, or after a
+	// crash of the process alone (the page cache kept them; the next
+	// sync makes them durable before its watermark names them) that came
+	// between two extends. A crash inside an extend leaves rows its
+	// records do not cover: the block is left, as after a power loss.
+	keep := -1
+	if wc%blockRows != 0 {
+		if v := bv.prefix(base); int64(v) == wc-base && (st.Clean && wr.Seq == wc || !st.Clean && b.crashKeptPageCache(st)) {
+			keep = v
+		}
+	}
 	if wc%blockRows == 0 {
 		w.filling = false
 		if st.Clean && wr.Seq == wc {
 			return nil
 		}
-	} else if v := bv.prefix(base); st.Clean && wr.Seq == wc && int64(v) == wc-base {
-		// The block's rows below the window are still in its slots: a
-		// slot is written again only a ring of slots later.
-		w.readCopies(b, base)
-		w.sums = *b.prefixSums(base, v)
-		for i := range 2 {
-			c := w.copies[i]
-			w.mine[i] = w.valid[i] && c.Base == base && c.Rows <= v && w.sums.at[c.Rows] == c.CRC
-		}
-		w.filling = true
+	} else if keep >= 0 && st.Clean {
+		w.continueBlock(b, base, keep)
 		return nil
 	}
 	// The blocks whose records a crash may have left claiming more than
@@ -594,7 +599,11 @@ func (b *Buffer) resumeBlocks(st bufferState, wr watermarkRecord, bv *blockVerif
 	}
 	from = max(from, lo)
 	from -= from % blockRows
-	for kb := from; kb < wc; kb += blockRows {
+	upTo := wc
+	if keep >= 0 {
+		upTo = base // the block being filled keeps its records
+	}
+	for kb := from; kb < upTo; kb += blockRows {
 		v := bv.prefix(kb)
 		c, ok := bv.copies(b.blockOf(kb))
 		newer := 0
@@ -615,6 +624,10 @@ func (b *Buffer) resumeBlocks(st bufferState, wr watermarkRecord, bv *blockVerif
 	if wc%blockRows == 0 {
 		return nil
 	}
+	if keep >= 0 {
+		w.continueBlock(b, base, keep)
+		return nil
+	}
 	// Leave the block early: [wc, end) become holes, the write count
 	// moves to end, evicting what an extend of that length would.
 	end := base + blockRows
@@ -626,6 +639,21 @@ func (b *Buffer) resumeBlocks(st bufferState, wr watermarkRecord, bv *blockVerif
 	b.holes = mergeRanges(append(b.holes, [2]int64{wc, end}))
 	b.stateMu.Unlock()
 	return nil
+}
+
+// continueBlock sets the writer up to go on filling the block at base,
+// whose first v rows verify: its running CRC recomputed from the rows,
+// and which of its record copies this pass wrote. The block's rows below
+// the window are still in its slots: a slot is written again only a ring
+// of slots later.
+func (w *blockWriter) continueBlock(b *Buffer, base int64, v int) {
+	w.readCopies(b, base)
+	w.sums = *b.prefixSums(base, v)
+	for i := range 2 {
+		c := w.copies[i]
+		w.mine[i] = w.valid[i] && c.Base == base && c.Rows <= v && w.sums.at[c.Rows] == c.CRC
+	}
+	w.filling = true
 }
 
 // blockRecordsBytes is what a version 3 rows.meta keeps a row: two
