@@ -153,6 +153,9 @@ type Buffer struct {
 	// (reserveAhead), 0 when none: the state committed carries it, but
 	// writers may not use it until it is durable and in seqRes.
 	seqResNext atomic.Int64
+	// syncFailed is set once a sync of the buffer's files failed: its
+	// state no longer records the boot id (bootForState).
+	syncFailed atomic.Bool
 	// reservingAhead is set while a reserveAhead goroutine runs.
 	reservingAhead atomic.Bool
 	recScratch     [recordSize]byte // a record being built, guarded by wmu

@@ -137,6 +137,9 @@ type storeHooks struct {
 	// checkpointChecked runs after a version 3 checkpoint has checked the
 	// stamps of the block at base.
 	checkpointChecked func(base int64)
+	// syncFails, when set, makes every sync of a buffer's files fail
+	// with what it returns (an msync's EIO).
+	syncFails func(buffer string) error
 }
 
 func (h *storeHooks) rename(from, to string) error {

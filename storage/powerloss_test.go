@@ -94,8 +94,6 @@ func powerLossScramble(t *testing.T, dir, buf, variant string, rng *rand.Rand) (
 	return durable, len(slots)
 }
 
-// powerLossColumns rewrites every column file of the buffer dir bdir with
-// what fn makes of its bytes (fn gets the file's header).
 // powerLossReboot leaves the dir as a power loss does on top of its
 // files: every buffer was last opened under a kernel that is gone (a boot
 // id not the running one's), so recovery cannot count on the page cache
@@ -105,6 +103,8 @@ func powerLossReboot(t testing.TB, dir string) {
 	upEditStates(t, dir, func(_ string, st *bufferState) { st.Boot = "a-boot-before-the-power-loss" })
 }
 
+// powerLossColumns rewrites every column file of the buffer dir bdir with
+// what fn makes of its bytes (fn gets the file's header).
 func powerLossColumns(t *testing.T, bdir string, fn func(ch colHeader, data []byte)) {
 	t.Helper()
 	cols, err := filepath.Glob(filepath.Join(bdir, "*.col"))

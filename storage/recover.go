@@ -168,7 +168,7 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 			wc = s + capacity + 1
 		}
 	}
-	b.seqRes.Store(max(st.SeqReserved, wc))
+	b.seqRes.Store(b.resumedReservation(st, wc))
 	lo := max(0, wc-capacity)
 	durable = min(durable, wc)
 	inOldHole := func(seq int64) bool {

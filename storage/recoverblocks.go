@@ -303,7 +303,7 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 			wc = base + blockRows + capacity
 		}
 	}
-	b.seqRes.Store(max(st.SeqReserved, wc))
+	b.seqRes.Store(b.resumedReservation(st, wc))
 	lo := max(0, wc-capacity)
 	durable = min(durable, wc)
 

@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -55,5 +56,134 @@ func TestSeqsAreReservedAheadOfWriters(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestNoneReservesALapOnlyPastItsSyncedRows: a none memmap buffer reserves
+// seqs a lap at a time once its window holds no row a sync made durable,
+// and a block at a time while it does: after a clean close and a reopen,
+// or an explicit checkpoint, a power loss that makes the next open resume
+// at the reservation takes no more of the synced rows than a flush
+// buffer's block (a lap reservation took them all).
+func TestNoneReservesALapOnlyPastItsSyncedRows(t *testing.T) {
+	for _, layout := range []RowMetaLayout{RowMetaPerRow, RowMetaRuns, RowMetaBlocks} {
+		for _, how := range []string{"reopened", "checkpoint"} {
+			t.Run(fmt.Sprintf("%s/%s", layout, how), func(t *testing.T) {
+				const capacity = 4096
+				dir := t.TempDir()
+				s := openStore(t, dir)
+				spec := testSpec(KindMemmap, capacity, false)
+				spec.Durability, spec.RowMetaLayout = DurabilityNone, layout
+				b := mustCreate(t, s, "n", spec)
+				write := func(n int) {
+					rows := make([]row, n)
+					for i := range rows {
+						rows[i] = row{env: int64(i % 4), val: float32(i)}
+					}
+					mustExtend(t, b, "s", makeBatch(spec, rows, false))
+				}
+				for range 2 * capacity / 256 {
+					write(256)
+				}
+				settle := func() {
+					for deadline := time.Now().Add(10 * time.Second); b.reservingAhead.Load(); time.Sleep(time.Millisecond) {
+						if time.Now().After(deadline) {
+							t.Fatal("a reservation ahead never finished")
+						}
+					}
+				}
+				settle()
+				if ahead := b.seqRes.Load() - b.WriteCount(); ahead <= b.seqBlock() {
+					t.Fatalf("two laps past its durable watermark (0), the buffer reserves %d seqs ahead, not a lap", ahead)
+				}
+				switch how {
+				case "reopened":
+					if err := s.Close(); err != nil {
+						t.Fatal(err)
+					}
+					s = openStore(t, dir)
+					b = mustBuffer(t, s, "n")
+				case "checkpoint":
+					if err := s.Checkpoint(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				synced := b.Durable()
+				write(1)
+				settle()
+				res := b.seqRes.Load()
+				if err := s.Close(); err != nil {
+					t.Fatal(err)
+				}
+				// The power loss: the files as the close left them (so
+				// every row is there), the catalog as the last commit
+				// before it, under another boot.
+				upEditStates(t, dir, func(_ string, st *bufferState) {
+					st.Clean, st.SeqReserved, st.Boot = false, res, "a-boot-before-the-power-loss"
+				})
+				s = openStore(t, dir)
+				defer s.Close()
+				b = mustBuffer(t, s, "n")
+				lost := 0
+				for seq := max(0, synced-capacity); seq < synced; seq++ {
+					if !b.Live(seq) {
+						lost++
+					}
+				}
+				if limit := int(b.seqBlock()) + 64; lost > limit {
+					t.Fatalf("a power loss took %d of the %d rows synced (reservation %d, write count %d): more than a block (%d)", lost, capacity, res, synced+1, limit)
+				}
+			})
+		}
+	}
+}
+
+// TestFailedSyncForgetsTheBoot: once a sync of a buffer's files fails
+// (an msync's EIO leaves its pages clean, free to be dropped), the
+// catalog at once stops naming the running kernel's boot, so an open
+// after a crash of the process resumes at the seq reservation, as after a
+// power loss, instead of trusting a page cache that may have lost writes.
+func TestFailedSyncForgetsTheBoot(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	spec := testSpec(KindMemmap, 1024, false)
+	spec.Durability = DurabilityFlush
+	b := mustCreate(t, s, "f", spec)
+	rows := make([]row, 100)
+	for i := range rows {
+		rows[i] = row{env: int64(i % 2), val: float32(i)}
+	}
+	mustExtend(t, b, "s", makeBatch(spec, rows, false))
+	stateBoot := func() string {
+		t.Helper()
+		b.catMu.Lock()
+		defer b.catMu.Unlock()
+		if b.committed == nil {
+			t.Fatal("nothing committed")
+		}
+		return b.committed.Boot
+	}
+	if got := stateBoot(); got == "" || got != currentBoot() {
+		t.Fatalf("the catalog names boot %q, the kernel's is %q", got, currentBoot())
+	}
+	eio := errors.New("msync: input/output error")
+	s.hooks.syncFails = func(string) error { return eio }
+	if err := s.Checkpoint(); !errors.Is(err, eio) {
+		t.Fatalf("checkpoint with a failing sync: %v", err)
+	}
+	if got := stateBoot(); got != "" {
+		t.Fatalf("after a failed sync the catalog still names boot %q", got)
+	}
+	res := b.seqRes.Load()
+	// The process dies; its close fails to sync too and commits an
+	// unclean state. The next open, under the same kernel, must resume at
+	// the reservation.
+	if err := s.Close(); err == nil {
+		t.Fatal("close with a failing sync reported nothing")
+	}
+	s = openStore(t, dir)
+	defer s.Close()
+	if wc := mustBuffer(t, s, "f").WriteCount(); wc != res {
+		t.Fatalf("write count %d after the reopen, want the reservation %d", wc, res)
 	}
 }

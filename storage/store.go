@@ -317,8 +317,9 @@ const smallBlocksRing = 1024
 // RowMetaRuns (version 2): version 3's open after a crash evicts up to 63
 // of the oldest rows as it leaves the block being filled, where version 2
 // keeps every row an fsync writer acknowledged (and a flush or none ring
-// loses no more than its seq reservation, at most capacity/16 or
-// capacity/2 of the oldest rows, which small rings already pay).
+// loses no more than its seq reservation after a power loss, at most
+// capacity/16 or capacity/2 of the oldest synced rows, which small rings
+// already pay; after a kill of the process alone, nothing).
 func defaultMemmapRowMeta(spec Spec) RowMetaLayout {
 	if spec.Durability == DurabilityFsync || spec.Capacity < smallBlocksRing {
 		return RowMetaRuns

@@ -47,6 +47,9 @@ func (b *Buffer) syncTo(target int64) error {
 		s.mu.Unlock()
 		b.store.crash.at("before-sync")
 		goal, err := b.syncFiles(goal)
+		if err != nil {
+			b.syncFailed.Store(true)
+		}
 		b.store.crash.at("after-sync")
 		s.mu.Lock()
 		s.rounds++
@@ -69,6 +72,11 @@ func (b *Buffer) syncFiles(goal int64) (_ int64, err error) {
 	// Recovered here, not by the caller: syncTo drops its lock around
 	// this call, and a panic through it would unlock twice.
 	defer b.recoverFault(&err, debug.SetPanicOnFault(true))
+	if h := b.store.hooks.syncFails; h != nil {
+		if err := h(b.name); err != nil {
+			return 0, err
+		}
+	}
 	if b.blk != nil {
 		return b.syncBlocks()
 	}
@@ -162,7 +170,7 @@ func (b *Buffer) state(clean bool) bufferState {
 		MaxPriority: maxPrio,
 		Holes:       append([][2]int64(nil), b.holes...),
 		CreatedAt:   b.createdAt,
-		Boot:        b.store.boot,
+		Boot:        b.bootForState(),
 	}
 }
 
@@ -172,20 +180,79 @@ func (b *Buffer) state(clean bool) bufferState {
 // of the oldest rows leave the window, for flush and none buffers): a
 // sixteenth of the ring trades that loss against one catalog commit per
 // block. A crash of the process alone moves no memmap ring
-// (crashKeptPageCache).
+// (crashKeptPageCache). See seqBlockTo for the blocks of a lap.
 func (b *Buffer) seqBlock() int64 {
-	if !b.persistent || b.spec.Durability == DurabilityNone && b.spec.Storage == KindMemmap {
-		// Memory buffers lose their rows at a restart anyway. A none
-		// memmap buffer promises no row written since its open past a
-		// power loss, so it reserves as they do: a lap at a time, a
-		// catalog commit (two fdatasyncs) per capacity rows instead of
-		// per sixteenth, which at 10^5 rows cost writers a third of
-		// their time (docs/performance.md).
-		return max(b.capacity, 1<<16)
+	if !b.persistent {
+		return lapBlock(b.capacity)
 	}
 	// Small rings would commit too often at capacity/16; they reserve up
 	// to half the ring (at most 4096) at a time instead.
 	return max(b.capacity/16, min(b.capacity/2, 4096), 1)
+}
+
+// lapBlock is the reservation block of buffers that lose their rows with
+// the process anyway (memory buffers): a lap, at least 65536 seqs.
+func lapBlock(capacity int64) int64 { return max(capacity, 1<<16) }
+
+// seqBlockTo is how far past end a reservation for a writer reaching end
+// reaches. A none memmap buffer whose window at end holds no row a sync
+// made durable (it writes a lap past its durable watermark, which only a
+// close or an explicit checkpoint raises) has nothing a power loss must
+// keep: it reserves a lap at a time, as memory buffers do, a catalog
+// commit (two fdatasyncs) per capacity rows instead of per sixteenth,
+// which at 10^5 rows cost writers a third of their time
+// (docs/performance.md). Until then a power loss keeps the window's
+// synced rows but for the block it moves the ring (checkpoint lowers a
+// lap reservation again when it raises the watermark).
+func (b *Buffer) seqBlockTo(end int64) int64 {
+	if b.lapsAhead() && end-b.capacity >= b.Durable() {
+		return lapBlock(b.capacity)
+	}
+	return b.seqBlock()
+}
+
+// resumedReservation is the seq reservation an open resumes with once
+// recovery has put the write count wc past every seq ever handed out
+// (after a clean close, a crash of the process alone, or a jump to the
+// reservation). A none buffer's lap reservation, which a clean close
+// keeps, is cut back to a block past wc: until the writer has written a
+// lap, the window holds the rows the close synced (seqBlockTo).
+func (b *Buffer) resumedReservation(st bufferState, wc int64) int64 {
+	if b.lapsAhead() && b.store.snapAt.IsZero() {
+		return max(wc, min(st.SeqReserved, b.roundReservation(wc+b.seqBlock())))
+	}
+	return max(st.SeqReserved, wc)
+}
+
+// bootForState is the boot id a commit of the buffer's state records:
+// none once a sync failed. An msync that fails with EIO leaves its pages
+// clean, free to be dropped, so a crash of the process after it may lose
+// writes the page cache no longer has; the next open must then resume at
+// the reservation, as after a power loss.
+func (b *Buffer) bootForState() string {
+	if b.syncFailed.Load() {
+		return ""
+	}
+	return b.store.boot
+}
+
+// forgetBoot commits the state without the boot id after a failed sync
+// (bootForState), at once: a crash before the next commit would find the
+// old one. Best effort: the sync's error is what the caller reports.
+func (b *Buffer) forgetBoot() {
+	if !b.persistent || b.store.readOnly {
+		return
+	}
+	b.syncFailed.Store(true)
+	if err := b.commitState(false, nil, false); err != nil {
+		b.log.Error("recording a failed sync in the catalog", "buffer", b.name, "err", err)
+	}
+}
+
+// lapsAhead reports whether the buffer may reserve seqs a lap ahead once
+// its window holds no synced row (seqBlockTo).
+func (b *Buffer) lapsAhead() bool {
+	return b.spec.Storage == KindMemmap && b.spec.Durability == DurabilityNone
 }
 
 // reserveSeqs commits a new seq reservation that covers end, unless one
@@ -197,7 +264,7 @@ func (b *Buffer) reserveSeqs(end int64) error {
 		return nil
 	}
 	old := b.seqRes.Load()
-	b.seqRes.Store(b.roundReservation(end + b.seqBlock()))
+	b.seqRes.Store(b.roundReservation(end + b.seqBlockTo(end)))
 	if _, err := b.commitStateLocked(false, nil, false, false); err != nil {
 		b.seqRes.Store(old)
 		return fmt.Errorf("reserve seqs: %w", err)
@@ -213,17 +280,21 @@ func (b *Buffer) reserveSeqs(end int64) error {
 // no further than before. A writer that runs out before it lands commits
 // one itself (reserveSeqs), after it. Called with wmu held.
 func (b *Buffer) maybeReserveAhead(end int64) {
-	block := b.seqBlock()
-	if b.seqRes.Load()-end >= block/2 || !b.reservingAhead.CompareAndSwap(false, true) {
+	left := b.seqRes.Load() - end
+	if left >= b.seqBlock()/2 && (!b.lapsAhead() || left >= lapBlock(b.capacity)/2) {
+		return // the common case, without the watermark's lock
+	}
+	block := b.seqBlockTo(end)
+	if left >= block/2 || !b.reservingAhead.CompareAndSwap(false, true) {
 		return
 	}
-	go b.reserveAhead(b.roundReservation(end + block))
+	go b.reserveAhead(end, b.roundReservation(end+block))
 }
 
 // reserveAhead commits a reservation up to target (see maybeReserveAhead).
 // A failure is not reported here: the writer that needs the seqs commits
 // its own reservation and reports what fails then.
-func (b *Buffer) reserveAhead(target int64) {
+func (b *Buffer) reserveAhead(end, target int64) {
 	defer b.reservingAhead.Store(false)
 	// Its own enter: Close and Delete wait for the commit, or it sees them
 	// and does nothing. (The writer that started it may have left.)
@@ -234,6 +305,11 @@ func (b *Buffer) reserveAhead(target int64) {
 	b.catMu.Lock()
 	defer b.catMu.Unlock()
 	if target <= b.seqRes.Load() {
+		return
+	}
+	if b.seqBlockTo(end) < target-end {
+		// A checkpoint raised the durable watermark since: a lap block
+		// would let a power loss take the rows it synced.
 		return
 	}
 	b.seqResNext.Store(target)
@@ -289,11 +365,28 @@ func (b *Buffer) checkpoint() error {
 		return nil
 	}
 	if err := b.syncTo(b.writeCount.Load()); err != nil {
+		b.forgetBoot()
 		return fmt.Errorf("checkpoint %q: %w", b.name, err)
 	}
 	b.pruneHoles()
 	b.store.crash.at("before-commit")
+	if b.lapsAhead() {
+		// No writer may be past what the commit reserves: the lowering
+		// below and the writers' checks take wmu.
+		b.wmu.Lock()
+		defer b.wmu.Unlock()
+	}
 	b.catMu.Lock()
+	if b.lapsAhead() {
+		// The rows just synced are in the window: a lap reservation
+		// would let a power loss take them all. Back to a block past
+		// every seq handed out (writers wait on wmu, and a reservation
+		// ahead checks the watermark under catMu before it commits).
+		wc := b.writeCount.Load()
+		if lim := b.roundReservation(wc + b.seqBlockTo(wc)); b.seqRes.Load() > lim {
+			b.seqRes.Store(lim)
+		}
+	}
 	_, err := b.commitStateLocked(false, nil, false, true)
 	b.catMu.Unlock()
 	if err != nil {
@@ -338,6 +431,7 @@ func (b *Buffer) close() error {
 	}
 	if b.persistent && !failed {
 		if _, err := b.syncFiles(b.writeCount.Load()); err != nil {
+			b.syncFailed.Store(true)
 			errs = append(errs, err)
 		}
 	}

@@ -293,6 +293,7 @@ func (b *Buffer) ExtendContext(ctx context.Context, stream string, batch *Batch,
 	}
 	if b.spec.Durability == DurabilityFsync {
 		if err := b.syncTo(res.WriteCount); err != nil {
+			b.forgetBoot()
 			return ExtendResult{}, fmt.Errorf("extend %q: rows written but not durable: %w", b.name, err)
 		}
 	}
