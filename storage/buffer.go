@@ -156,6 +156,9 @@ type Buffer struct {
 	// syncFailed is set once a sync of the buffer's files failed: its
 	// state no longer records the boot id (bootForState).
 	syncFailed atomic.Bool
+	// lapsHeld counts syncs under way that keep a none buffer from
+	// reserving a lap (cutLapReservation).
+	lapsHeld atomic.Int32
 	// reservingAhead is set while a reserveAhead goroutine runs.
 	reservingAhead atomic.Bool
 	recScratch     [recordSize]byte // a record being built, guarded by wmu

@@ -187,3 +187,105 @@ func TestFailedSyncForgetsTheBoot(t *testing.T) {
 		t.Fatalf("write count %d after the reopen, want the reservation %d", wc, res)
 	}
 }
+
+// TestReservationsAheadLand: a writer whose extends leave it time finds
+// every next block reserved in the background, for every memmap layout
+// and durability, with batches that end between multiples of 64 (version
+// 3 rounds reservations up to a block of rows: a reservation ahead once
+// gave up on every such target, and the writer committed each one itself,
+// two fdatasyncs long); a none buffer's blocks are laps once it is a lap
+// past its durable watermark.
+func TestReservationsAheadLand(t *testing.T) {
+	for _, dur := range []Durability{DurabilityNone, DurabilityFlush} {
+		for _, layout := range []RowMetaLayout{RowMetaPerRow, RowMetaRuns, RowMetaBlocks} {
+			t.Run(fmt.Sprintf("%s/%s", dur, layout), func(t *testing.T) {
+				const capacity, n = 4096, 37
+				s := openStore(t, t.TempDir())
+				defer s.Close()
+				spec := testSpec(KindMemmap, capacity, false)
+				spec.Durability, spec.RowMetaLayout = dur, layout
+				b := mustCreate(t, s, "r", spec)
+				rows := make([]row, n)
+				for i := range rows {
+					rows[i] = row{env: int64(i % 4), val: float32(i)}
+				}
+				byWriter := 0
+				maxAhead := int64(0)
+				for k := 0; k < 3*capacity/n; k++ {
+					if b.WriteCount()+n > b.seqRes.Load() {
+						byWriter++ // this extend must commit a reservation itself
+					}
+					mustExtend(t, b, "s", makeBatch(spec, rows, false))
+					for deadline := time.Now().Add(10 * time.Second); b.reservingAhead.Load(); time.Sleep(100 * time.Microsecond) {
+						if time.Now().After(deadline) {
+							t.Fatal("a reservation ahead never finished")
+						}
+					}
+					maxAhead = max(maxAhead, b.seqRes.Load()-b.WriteCount())
+				}
+				if byWriter > 1 { // the first extend of a new buffer reserves for itself
+					t.Errorf("the writer committed %d reservations itself: the reservations ahead did not land", byWriter)
+				}
+				if lap := dur == DurabilityNone; lap != (maxAhead > 2*b.seqBlock()) {
+					t.Errorf("reserved at most %d seqs ahead (a block is %d, a lap %d): want a lap %v", maxAhead, b.seqBlock(), lapBlock(capacity), lap)
+				}
+			})
+		}
+	}
+}
+
+// TestNoneCheckpointCutsTheLapBeforeItsSync: a checkpoint of a none
+// buffer that holds a lap reservation commits the cut reservation before
+// its sync makes the window's rows durable: a power loss between the sync
+// and the checkpoint's own commit must not find a lap in the catalog (the
+// next open would resume there and drop every row the sync kept); and no
+// lap is reserved while the sync runs.
+func TestNoneCheckpointCutsTheLapBeforeItsSync(t *testing.T) {
+	for _, layout := range []RowMetaLayout{RowMetaRuns, RowMetaBlocks} {
+		t.Run(string(layout), func(t *testing.T) {
+			const capacity = 4096
+			s := openStore(t, t.TempDir())
+			defer s.Close()
+			spec := testSpec(KindMemmap, capacity, false)
+			spec.Durability, spec.RowMetaLayout = DurabilityNone, layout
+			b := mustCreate(t, s, "n", spec)
+			rows := make([]row, 256)
+			for i := range rows {
+				rows[i] = row{env: int64(i % 4), val: float32(i)}
+			}
+			for range 3 * capacity / len(rows) {
+				mustExtend(t, b, "s", makeBatch(spec, rows, false))
+			}
+			for deadline := time.Now().Add(10 * time.Second); b.reservingAhead.Load(); time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("a reservation ahead never finished")
+				}
+			}
+			if ahead := b.seqRes.Load() - b.WriteCount(); ahead <= 2*b.seqBlock() {
+				t.Fatalf("three laps in, %d seqs reserved ahead: no lap to cut", ahead)
+			}
+			var inSync []string
+			s.hooks.syncFails = func(string) error {
+				entries, err := s.cat.entries()
+				if err != nil {
+					return err
+				}
+				wc := b.WriteCount()
+				if res := entries[0].state.SeqReserved; res > wc+b.seqBlock()+blockRows {
+					inSync = append(inSync, fmt.Sprintf("the catalog reserves %d with %d written", res, wc))
+				}
+				if b.seqBlockTo(wc) != b.seqBlock() {
+					inSync = append(inSync, "a lap may be reserved during the sync")
+				}
+				return nil
+			}
+			if err := s.Checkpoint(); err != nil {
+				t.Fatal(err)
+			}
+			s.hooks.syncFails = nil
+			if len(inSync) > 0 {
+				t.Fatalf("while the checkpoint synced: %q", inSync)
+			}
+		})
+	}
+}

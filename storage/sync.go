@@ -205,10 +205,42 @@ func lapBlock(capacity int64) int64 { return max(capacity, 1<<16) }
 // synced rows but for the block it moves the ring (checkpoint lowers a
 // lap reservation again when it raises the watermark).
 func (b *Buffer) seqBlockTo(end int64) int64 {
-	if b.lapsAhead() && end-b.capacity >= b.Durable() {
+	if b.lapsAhead() && b.lapsHeld.Load() == 0 && end-b.capacity >= b.Durable() {
 		return lapBlock(b.capacity)
 	}
 	return b.seqBlock()
+}
+
+// cutLapReservation prepares a sync of a none buffer, which makes the
+// rows of its window durable: no lap reservation is taken until the
+// returned func runs (seqBlockTo), and one the buffer holds is cut back
+// to a block past the write count and committed first, so that a power
+// loss after the sync and before the next commit finds no lap in the
+// catalog to resume at. Writers wait on wmu meanwhile, so none is past
+// the cut; a reservation ahead checks again under catMu before it
+// commits. Other buffers: nothing to do.
+func (b *Buffer) cutLapReservation() (func(), error) {
+	if !b.lapsAhead() || b.store.readOnly {
+		return func() {}, nil
+	}
+	b.lapsHeld.Add(1)
+	release := func() { b.lapsHeld.Add(-1) }
+	b.wmu.Lock()
+	defer b.wmu.Unlock()
+	b.catMu.Lock()
+	defer b.catMu.Unlock()
+	lim := b.roundReservation(b.writeCount.Load() + b.seqBlock())
+	if b.seqRes.Load() <= lim {
+		return release, nil
+	}
+	// Lower in memory even if the commit fails: the catalog's higher
+	// reservation still bounds every seq below it.
+	b.seqRes.Store(lim)
+	if _, err := b.commitStateLocked(false, nil, false, false); err != nil {
+		release()
+		return nil, fmt.Errorf("cut the seq reservation back: %w", err)
+	}
+	return release, nil
 }
 
 // resumedReservation is the seq reservation an open resumes with once
@@ -307,9 +339,9 @@ func (b *Buffer) reserveAhead(end, target int64) {
 	if target <= b.seqRes.Load() {
 		return
 	}
-	if b.seqBlockTo(end) < target-end {
-		// A checkpoint raised the durable watermark since: a lap block
-		// would let a power loss take the rows it synced.
+	if b.roundReservation(end+b.seqBlockTo(end)) < target {
+		// A checkpoint raised the durable watermark since, or is making
+		// rows durable: a lap block would let a power loss take them.
 		return
 	}
 	b.seqResNext.Store(target)
@@ -364,30 +396,19 @@ func (b *Buffer) checkpoint() error {
 	if b.store.readOnly {
 		return nil
 	}
+	release, err := b.cutLapReservation()
+	if err != nil {
+		return fmt.Errorf("checkpoint %q: %w", b.name, err)
+	}
+	defer release()
 	if err := b.syncTo(b.writeCount.Load()); err != nil {
 		b.forgetBoot()
 		return fmt.Errorf("checkpoint %q: %w", b.name, err)
 	}
 	b.pruneHoles()
 	b.store.crash.at("before-commit")
-	if b.lapsAhead() {
-		// No writer may be past what the commit reserves: the lowering
-		// below and the writers' checks take wmu.
-		b.wmu.Lock()
-		defer b.wmu.Unlock()
-	}
 	b.catMu.Lock()
-	if b.lapsAhead() {
-		// The rows just synced are in the window: a lap reservation
-		// would let a power loss take them all. Back to a block past
-		// every seq handed out (writers wait on wmu, and a reservation
-		// ahead checks the watermark under catMu before it commits).
-		wc := b.writeCount.Load()
-		if lim := b.roundReservation(wc + b.seqBlockTo(wc)); b.seqRes.Load() > lim {
-			b.seqRes.Store(lim)
-		}
-	}
-	_, err := b.commitStateLocked(false, nil, false, true)
+	_, err = b.commitStateLocked(false, nil, false, true)
 	b.catMu.Unlock()
 	if err != nil {
 		return fmt.Errorf("checkpoint %q: %w", b.name, err)
@@ -430,6 +451,11 @@ func (b *Buffer) close() error {
 		b.wmu.Unlock()
 	}
 	if b.persistent && !failed {
+		if release, err := b.cutLapReservation(); err != nil {
+			errs = append(errs, err)
+		} else {
+			defer release()
+		}
 		if _, err := b.syncFiles(b.writeCount.Load()); err != nil {
 			b.syncFailed.Store(true)
 			errs = append(errs, err)
