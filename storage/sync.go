@@ -197,15 +197,15 @@ func lapBlock(capacity int64) int64 { return max(capacity, 1<<16) }
 // seqBlockTo is how far past end a reservation for a writer reaching end
 // reaches. A none memmap buffer whose window at end holds no row a sync
 // made durable (it writes a lap past its durable watermark, which only a
-// close or an explicit checkpoint raises) has nothing a power loss must
-// keep: it reserves a lap at a time, as memory buffers do, a catalog
+// close or an explicit checkpoint raises, or nothing was ever synced: a
+// new buffer fills its first lap so) has nothing a power loss must keep: it reserves a lap at a time, as memory buffers do, a catalog
 // commit (two fdatasyncs) per capacity rows instead of per sixteenth,
 // which at 10^5 rows cost writers a third of their time
 // (docs/performance.md). Until then a power loss keeps the window's
-// synced rows but for the block it moves the ring (checkpoint lowers a
-// lap reservation again when it raises the watermark).
+// synced rows but for the block it moves the ring (cutLapReservation
+// lowers a lap reservation again before a sync raises the watermark).
 func (b *Buffer) seqBlockTo(end int64) int64 {
-	if b.lapsAhead() && b.lapsHeld.Load() == 0 && end-b.capacity >= b.Durable() {
+	if b.lapsAhead() && b.lapsHeld.Load() == 0 && max(0, end-b.capacity) >= b.Durable() {
 		return lapBlock(b.capacity)
 	}
 	return b.seqBlock()
