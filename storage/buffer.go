@@ -153,9 +153,12 @@ type Buffer struct {
 	// (reserveAhead), 0 when none: the state committed carries it, but
 	// writers may not use it until it is durable and in seqRes.
 	seqResNext atomic.Int64
-	// syncFailed is set once a sync of the buffer's files failed: its
-	// state no longer records the boot id (bootForState).
-	syncFailed atomic.Bool
+	// wit is the seq witness a memmap buffer's writer raises (nil: none,
+	// or not writable); witnessEnd is what the open found in it, when
+	// witnessed (witness.go).
+	wit        *seqWitness
+	witnessEnd int64
+	witnessed  bool
 	// lapsHeld counts syncs under way that keep a none buffer from
 	// reserving a lap (cutLapReservation).
 	lapsHeld atomic.Int32
@@ -732,6 +735,9 @@ func (b *Buffer) interleaveSmallFields(copyOld bool) error {
 
 func (b *Buffer) unmap() error {
 	var errs []error
+	// The witness stays: a crash's next open reads it (dropWitness).
+	errs = append(errs, b.wit.close(false))
+	b.wit = nil
 	for _, c := range b.allColumns() {
 		if c.region != nil {
 			errs = append(errs, c.region.Close())

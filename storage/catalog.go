@@ -51,12 +51,6 @@ type bufferState struct {
 	// them as damage; ranges that fall out of the ring are dropped.
 	Holes     [][2]int64 `json:"holes,omitempty"`
 	CreatedAt time.Time  `json:"created_at"`
-	// Boot is the boot id of the kernel whose process made this commit
-	// (empty from builds before the night of 2026-11-29, where there is
-	// none, and after a sync of the buffer failed: its pages may be gone
-	// from the cache): an unclean memmap buffer whose Boot is the running
-	// kernel's lost nothing in the page cache (crashKeptPageCache).
-	Boot string `json:"boot,omitempty"`
 }
 
 // streamPos is where an open trajectory of one (stream, env) stands.

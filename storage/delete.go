@@ -82,6 +82,9 @@ func (s *Store) DeleteBuffer(name string) (retErr error) {
 		return err
 	}
 	s.crash.at("delete-after-catalog")
+	if err := b.dropWitness(); err != nil {
+		s.log.Warn("remove a deleted buffer's seq witness", "buffer", name, "err", err)
+	}
 	if err := b.unmap(); err != nil {
 		s.log.Warn("unmap a deleted buffer", "buffer", name, "err", err)
 	}
@@ -137,9 +140,9 @@ type storeHooks struct {
 	// checkpointChecked runs after a version 3 checkpoint has checked the
 	// stamps of the block at base.
 	checkpointChecked func(base int64)
-	// syncFails, when set, makes every sync of a buffer's files fail
-	// with what it returns (an msync's EIO).
-	syncFails func(buffer string) error
+	// beforeSync, when set, runs as every sync of a buffer's files
+	// begins; what it returns fails the sync.
+	beforeSync func(buffer string) error
 }
 
 func (h *storeHooks) rename(from, to string) error {

@@ -151,18 +151,6 @@ func (b *Buffer) recoverFault(errp *error, old bool) {
 	err := fmt.Errorf("buffer %q: memory fault at %#x reading or writing its files (%v): a file was truncated or its disk failed; the buffer refuses calls until the store is reopened: %w",
 		b.name, addr.Addr(), re, ErrIO)
 	b.failed.CompareAndSwap(nil, &err)
-	// The mapping's pages may not be what the process stored: the next
-	// open must not trust the page cache (bootForState). Committed from
-	// a goroutine of its own: the faulting call may hold catMu.
-	b.syncFailed.Store(true)
-	go func() {
-		// Not enter: it refuses a failed buffer.
-		b.life.RLock()
-		defer b.life.RUnlock()
-		if !b.closed.Load() { // else the close commits it
-			b.forgetBoot()
-		}
-	}()
 	b.log.Error("buffer failed", "err", err)
 	*errp = err
 }

@@ -121,6 +121,7 @@ func obsOf(b []byte) float32 { return math.Float32frombits(binary.LittleEndian.U
 
 func openStore(t testing.TB, dir string) *Store {
 	t.Helper()
+	t.Cleanup(func() { removeWitnessesUnder(t, dir) }) // after the store's own cleanups: registered first
 	s, err := Open(dir, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ package storage
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -94,14 +95,41 @@ func powerLossScramble(t *testing.T, dir, buf, variant string, rng *rand.Rand) (
 	return durable, len(slots)
 }
 
-// powerLossReboot leaves the dir as a power loss does on top of its
-// files: every buffer was last opened under a kernel that is gone (a boot
-// id not the running one's), so recovery cannot count on the page cache
-// having kept a crashed writer's writes (crashKeptPageCache).
+// powerLossReboot leaves the dir as a reboot does: no buffer has a seq
+// witness (a tmpfs does not outlive the kernel), so recovery cannot know
+// how far a crashed writer handed seqs out (witness.go).
 func powerLossReboot(t testing.TB, dir string) {
 	t.Helper()
-	upEditStates(t, dir, func(_ string, st *bufferState) { st.Boot = "a-boot-before-the-power-loss" })
+	upEditStates(t, dir, func(name string, st *bufferState) {
+		abs, err := filepath.Abs(bufferDir(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(witnessFile(defaultWitnessDir, abs, st.UID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+	})
 }
+
+// removeWitnessesUnder removes the seq witnesses that killed writers of
+// buffers under dir left in defaultWitnessDir (a clean close removes its
+// own): tests kill thousands, and the tmpfs lasts until a reboot.
+func removeWitnessesUnder(t testing.TB, dir string) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return
+	}
+	for f, w := range witnessFiles(defaultWitnessDir) {
+		if strings.HasPrefix(w.dir, abs+string(filepath.Separator)) {
+			os.Remove(f)
+		}
+	}
+}
+
+// witnessesHere reports whether this machine keeps seq witnesses (a boot
+// id and a tmpfs at defaultWitnessDir): without them every crash counts
+// as a power loss.
+func witnessesHere() bool { return currentBoot() != "" && onTmpfs(defaultWitnessDir) }
 
 // powerLossColumns rewrites every column file of the buffer dir bdir with
 // what fn makes of its bytes (fn gets the file's header).

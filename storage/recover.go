@@ -137,9 +137,13 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		// handed out — and acknowledged, then lost with unsynced pages.
 		// Resuming past them keeps seqs unique; the oldest rows (up to a
 		// reservation block) leave the window early in exchange. After a
-		// crash of the process alone the records read above name every
-		// seq it wrote (markers included): nothing moves.
-		if !b.crashKeptPageCache(st) {
+		// crash of the process alone its seq witness names the end of
+		// every seq it handed out (witness.go): nothing moves, unless
+		// its files lost writes (restored, or pages an I/O error
+		// dropped), whose seqs are then skipped.
+		if b.witnessed {
+			wc = max(wc, b.witnessEnd)
+		} else {
 			wc = max(wc, st.SeqReserved)
 		}
 	default:

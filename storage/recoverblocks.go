@@ -260,10 +260,12 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 	case b.spec.Durability != DurabilityFsync:
 		// Seqs up to the reservation may have been handed out and
 		// acknowledged, then lost with unsynced pages: resume past them.
-		// Unless no page was lost: after a crash of the process alone the
-		// pieces read above (written before any row) name every seq it
-		// wrote.
-		if !b.crashKeptPageCache(st) {
+		// After a crash of the process alone, past what its seq witness
+		// names instead (witness.go), which the pieces read above reach
+		// unless its files lost writes.
+		if b.witnessed {
+			wc = max(wc, b.witnessEnd)
+		} else {
 			wc = max(wc, st.SeqReserved)
 		}
 	default:
@@ -569,13 +571,14 @@ func (b *Buffer) resumeBlocks(st bufferState, wr watermarkRecord, bv *blockVerif
 	// The writer continues the block being filled when its rows verify
 	// up to the write count and nothing may change their bytes under
 	// the running CRC: after a clean close that synced them, or after a
-	// crash of the process alone (the page cache kept them; the next
-	// sync makes them durable before its watermark names them) that came
-	// between two extends. A crash inside an extend leaves rows its
-	// records do not cover: the block is left, as after a power loss.
+	// crash of the process alone (a witness was found; the rows are what
+	// the page cache holds, and the next sync makes them durable before
+	// its watermark names them) that came between two extends. A crash
+	// inside an extend leaves rows its records do not cover: the block
+	// is left, as after a power loss.
 	keep := -1
 	if wc%blockRows != 0 {
-		if v := bv.prefix(base); int64(v) == wc-base && (st.Clean && wr.Seq == wc || !st.Clean && b.crashKeptPageCache(st)) {
+		if v := bv.prefix(base); int64(v) == wc-base && (st.Clean && wr.Seq == wc || !st.Clean && b.witnessed) {
 			keep = v
 		}
 	}

@@ -94,8 +94,7 @@ type Store struct {
 	readOnly bool
 	crash    *crasher  // nil unless RBD_CRASH_AT is set
 	snapAt   time.Time // set when opened read-only from a running store's snapshot
-	// boot is the running kernel's boot id (see crashKeptPageCache),
-	// committed with every buffer's state.
+	// boot is the running kernel's boot id (seq witnesses name it).
 	boot string
 
 	mu      sync.Mutex // guards buffers and closed
@@ -199,6 +198,7 @@ func Open(dir string, opts *Options) (_ *Store, retErr error) {
 			return nil, fmt.Errorf("open %s: %w", dir, err)
 		}
 		s.dropRestoredFiles()
+		s.dropOrphanWitnesses()
 		removeSnapshotTemps(dir, s.log)
 		s.publishSnapshot()
 		s.stop, s.done = make(chan struct{}), make(chan struct{})
@@ -251,7 +251,13 @@ func (s *Store) openBuffer(e catalogEntry) (*Buffer, int64, error) {
 	if err := b.openFiles(!s.readOnly); err != nil {
 		return nil, 0, err
 	}
+	if e.spec.Storage == KindMemmap && s.snapAt.IsZero() {
+		b.witnessEnd, b.witnessed = readWitness(defaultWitnessDir, b.witnessKey(), b.uid, s.boot)
+	}
 	maxTraj, err := b.recover(e.state, e.streams)
+	if err == nil && e.spec.Storage == KindMemmap && !s.readOnly {
+		b.startWitness(b.writeCount.Load())
+	}
 	if err != nil {
 		return nil, 0, errors.Join(err, b.unmap())
 	}
@@ -417,11 +423,14 @@ func (s *Store) createLocked(name string, spec Spec) (b *Buffer, created bool, e
 	} else {
 		err = b.mapMemory()
 	}
+	if err == nil && spec.Storage == KindMemmap {
+		b.startWitness(0)
+	}
 	if err != nil {
 		return nil, false, s.asNoSpace(fmt.Sprintf("create buffer %q", name), fmt.Errorf("create buffer %q: %w", name, err))
 	}
 	if err := s.cat.createBuffer(name, spec, b.state(false)); err != nil {
-		err = errors.Join(err, b.unmap())
+		err = errors.Join(err, b.dropWitness(), b.unmap())
 		if b.persistent {
 			err = errors.Join(err, os.RemoveAll(b.dir))
 		}

@@ -47,9 +47,6 @@ func (b *Buffer) syncTo(target int64) error {
 		s.mu.Unlock()
 		b.store.crash.at("before-sync")
 		goal, err := b.syncFiles(goal)
-		if err != nil {
-			b.syncFailed.Store(true)
-		}
 		b.store.crash.at("after-sync")
 		s.mu.Lock()
 		s.rounds++
@@ -72,7 +69,7 @@ func (b *Buffer) syncFiles(goal int64) (_ int64, err error) {
 	// Recovered here, not by the caller: syncTo drops its lock around
 	// this call, and a panic through it would unlock twice.
 	defer b.recoverFault(&err, debug.SetPanicOnFault(true))
-	if h := b.store.hooks.syncFails; h != nil {
+	if h := b.store.hooks.beforeSync; h != nil {
 		if err := h(b.name); err != nil {
 			return 0, err
 		}
@@ -170,7 +167,6 @@ func (b *Buffer) state(clean bool) bufferState {
 		MaxPriority: maxPrio,
 		Holes:       append([][2]int64(nil), b.holes...),
 		CreatedAt:   b.createdAt,
-		Boot:        b.bootForState(),
 	}
 }
 
@@ -180,7 +176,7 @@ func (b *Buffer) state(clean bool) bufferState {
 // of the oldest rows leave the window, for flush and none buffers): a
 // sixteenth of the ring trades that loss against one catalog commit per
 // block. A crash of the process alone moves no memmap ring
-// (crashKeptPageCache). See seqBlockTo for the blocks of a lap.
+// (witness.go). See seqBlockTo for the blocks of a lap.
 func (b *Buffer) seqBlock() int64 {
 	if !b.persistent {
 		return lapBlock(b.capacity)
@@ -254,31 +250,6 @@ func (b *Buffer) resumedReservation(st bufferState, wc int64) int64 {
 		return max(wc, min(st.SeqReserved, b.roundReservation(wc+b.seqBlock())))
 	}
 	return max(st.SeqReserved, wc)
-}
-
-// bootForState is the boot id a commit of the buffer's state records:
-// none once a sync failed. An msync that fails with EIO leaves its pages
-// clean, free to be dropped, so a crash of the process after it may lose
-// writes the page cache no longer has; the next open must then resume at
-// the reservation, as after a power loss.
-func (b *Buffer) bootForState() string {
-	if b.syncFailed.Load() {
-		return ""
-	}
-	return b.store.boot
-}
-
-// forgetBoot commits the state without the boot id after a failed sync
-// (bootForState), at once: a crash before the next commit would find the
-// old one. Best effort: the sync's error is what the caller reports.
-func (b *Buffer) forgetBoot() {
-	if !b.persistent || b.store.readOnly {
-		return
-	}
-	b.syncFailed.Store(true)
-	if err := b.commitState(false, nil, false); err != nil {
-		b.log.Error("recording a failed sync in the catalog", "buffer", b.name, "err", err)
-	}
 }
 
 // lapsAhead reports whether the buffer may reserve seqs a lap ahead once
@@ -383,7 +354,7 @@ func (b *Buffer) commitStateLocked(clean bool, streams map[string]map[int64]stre
 
 func sameState(a, b bufferState) bool {
 	return a.UID == b.UID && a.WriteCount == b.WriteCount && a.SeqReserved == b.SeqReserved &&
-		a.Clean == b.Clean && a.MaxPriority == b.MaxPriority && a.CreatedAt.Equal(b.CreatedAt) && a.Boot == b.Boot &&
+		a.Clean == b.Clean && a.MaxPriority == b.MaxPriority && a.CreatedAt.Equal(b.CreatedAt) &&
 		slices.Equal(a.Holes, b.Holes)
 }
 
@@ -402,7 +373,6 @@ func (b *Buffer) checkpoint() error {
 	}
 	defer release()
 	if err := b.syncTo(b.writeCount.Load()); err != nil {
-		b.forgetBoot()
 		return fmt.Errorf("checkpoint %q: %w", b.name, err)
 	}
 	b.pruneHoles()
@@ -457,7 +427,6 @@ func (b *Buffer) close() error {
 			defer release()
 		}
 		if _, err := b.syncFiles(b.writeCount.Load()); err != nil {
-			b.syncFailed.Store(true)
 			errs = append(errs, err)
 		}
 	}
@@ -475,7 +444,14 @@ func (b *Buffer) close() error {
 		}
 		b.wmu.Unlock()
 	}
-	errs = append(errs, b.commitState(clean, streams, true), b.unmap())
+	cerr := b.commitState(clean, streams, true)
+	errs = append(errs, cerr)
+	if clean && cerr == nil {
+		// The catalog names every seq now; a witness would only outlive
+		// the buffer's use of it.
+		errs = append(errs, b.dropWitness())
+	}
+	errs = append(errs, b.unmap())
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("close buffer %q: %w", b.name, err)
 	}

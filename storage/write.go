@@ -293,7 +293,6 @@ func (b *Buffer) ExtendContext(ctx context.Context, stream string, batch *Batch,
 	}
 	if b.spec.Durability == DurabilityFsync {
 		if err := b.syncTo(res.WriteCount); err != nil {
-			b.forgetBoot()
 			return ExtendResult{}, fmt.Errorf("extend %q: rows written but not durable: %w", b.name, err)
 		}
 	}
@@ -332,6 +331,11 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 		}
 	}
 	b.maybeReserveAhead(end)
+	if b.wit != nil {
+		// Before any byte of the extend reaches the files: the witness
+		// names every seq a crash may have handed out.
+		b.wit.raise(end)
+	}
 
 	// Assign trajectories on copies of the positions of the envs the
 	// extend writes (edits), applied to the stream only once nothing can

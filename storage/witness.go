@@ -1,0 +1,256 @@
+package storage
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"unsafe"
+
+	mmap "github.com/edsrzf/mmap-go"
+	"golang.org/x/sys/unix"
+)
+
+// A seq witness is a page in a tmpfs outside the data dir (by default
+// /dev/shm) where a memmap buffer's writer stores, before any byte of an
+// extend reaches the buffer's files, the end of the seqs it hands out. A
+// tmpfs outlives the process and not the kernel: after a crash of the
+// process the witness names every seq the writer may have handed out,
+// whatever its files hold, so recovery resumes there instead of at the
+// seq reservation (which costs up to a block of the oldest rows). Files
+// restored from a snapshot of a running dir, or pages an I/O error made
+// the kernel drop, leave the witness ahead of the files: the seqs the
+// writer handed out are still skipped, never given out again. After a
+// reboot there is no witness, and recovery resumes at the reservation.
+// docs/format.md, "Seq witness".
+
+const (
+	witnessMagic = "rbdwit01"
+	witnessSize  = 4096
+	// witnessEndOff is the u64 the writer raises: 8-byte aligned, so its
+	// stores are never torn.
+	witnessEndOff  = 16
+	witnessBootOff = 24 // 40 bytes: the boot id, zero-padded
+	witnessDirOff  = 64 // u16 length, then the buffer dir's absolute path
+)
+
+// defaultWitnessDir is where witnesses live: the tmpfs Linux keeps for
+// shared memory.
+const defaultWitnessDir = "/dev/shm"
+
+// seqWitness is a writer's mapping of its buffer's witness.
+type seqWitness struct {
+	path string
+	m    mmap.MMap
+}
+
+// witnessFile names the witness of the buffer whose dir is bufDir and
+// whose uid is uid: a copy of the data dir elsewhere has a witness of its
+// own, a dir restored in place finds the one its writer left.
+func witnessFile(witnessDir, bufDir string, uid uint64) string {
+	h := fnv.New64a()
+	h.Write([]byte(bufDir))
+	return filepath.Join(witnessDir, fmt.Sprintf("rbd-seq-%016x-%016x", uid, h.Sum64()))
+}
+
+// witnessHeader is the witness's first bytes but its end: magic, uid,
+// boot id and dir. Errors: the dir's path does not fit.
+func witnessHeader(uid uint64, boot, bufDir string) ([]byte, error) {
+	if len(bufDir) > witnessSize-witnessDirOff-2 || len(boot) > witnessDirOff-witnessBootOff {
+		return nil, fmt.Errorf("seq witness: buffer dir path of %d bytes is too long", len(bufDir))
+	}
+	h := make([]byte, witnessDirOff+2+len(bufDir))
+	copy(h, witnessMagic)
+	binary.LittleEndian.PutUint64(h[8:], uid)
+	copy(h[witnessBootOff:], boot)
+	binary.LittleEndian.PutUint16(h[witnessDirOff:], uint16(len(bufDir)))
+	copy(h[witnessDirOff+2:], bufDir)
+	return h, nil
+}
+
+// onTmpfs reports whether dir is a tmpfs: a witness on a disk would
+// outlive a reboot and name seqs a power loss took the reservation of.
+func onTmpfs(dir string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(dir, &st) == nil && st.Type == unix.TMPFS_MAGIC
+}
+
+// readWitness returns the end a witness names for the buffer, and false
+// when there is none to trust: no file, not a tmpfs, no boot id, or a
+// file of another buffer, dir or boot.
+func readWitness(witnessDir, bufDir string, uid uint64, boot string) (int64, bool) {
+	if boot == "" || !onTmpfs(witnessDir) {
+		return 0, false
+	}
+	b, err := os.ReadFile(witnessFile(witnessDir, bufDir, uid))
+	if err != nil {
+		return 0, false
+	}
+	w, ok := parseWitness(b)
+	if !ok || w.uid != uid || w.dir != bufDir || w.boot != boot {
+		return 0, false
+	}
+	return w.end, true
+}
+
+// parsedWitness is what a witness file says.
+type parsedWitness struct {
+	witnessOwner
+	boot string
+	end  int64
+}
+
+// parseWitness decodes a witness file's bytes (outside bytes: any file
+// in the tmpfs may be there), false unless they are one.
+func parseWitness(b []byte) (parsedWitness, bool) {
+	if len(b) != witnessSize || string(b[:len(witnessMagic)]) != witnessMagic {
+		return parsedWitness{}, false
+	}
+	n := int(binary.LittleEndian.Uint16(b[witnessDirOff:]))
+	end := int64(binary.LittleEndian.Uint64(b[witnessEndOff:]))
+	if witnessDirOff+2+n > len(b) || end < 0 {
+		return parsedWitness{}, false
+	}
+	return parsedWitness{
+		witnessOwner: witnessOwner{dir: string(b[witnessDirOff+2 : witnessDirOff+2+n]), uid: binary.LittleEndian.Uint64(b[8:])},
+		boot:         string(bytes.TrimRight(b[witnessBootOff:witnessDirOff], "\x00")),
+		end:          end,
+	}, true
+}
+
+// startWitness gives the buffer's writer its witness, naming end. A
+// witness that cannot be made (a full /dev/shm, say) is logged and left
+// out, not an error: the buffer then recovers from a crash as after a
+// power loss, as where there can be none (no tmpfs, no boot id).
+func (b *Buffer) startWitness(end int64) {
+	w, err := openWitness(defaultWitnessDir, b.witnessKey(), b.uid, b.store.boot, end)
+	if err != nil {
+		b.log.Warn("no seq witness: a crash will cost the oldest rows a power loss costs", "buffer", b.name, "err", err)
+	}
+	b.wit = w
+}
+
+// openWitness makes the buffer's witness, naming end, and maps it for
+// the writer. Nil, without an error, where there can be none (no tmpfs,
+// no boot id). On an error it removes the file: a witness left from
+// before would name an end the writer is about to pass.
+func openWitness(witnessDir, bufDir string, uid uint64, boot string, end int64) (_ *seqWitness, retErr error) {
+	if boot == "" || !onTmpfs(witnessDir) {
+		return nil, nil
+	}
+	h, err := witnessHeader(uid, boot, bufDir)
+	if err != nil {
+		return nil, err
+	}
+	path := witnessFile(witnessDir, bufDir, uid)
+	defer func() {
+		if retErr != nil {
+			os.Remove(path)
+		}
+	}()
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("seq witness: %w", err)
+	}
+	defer f.Close()
+	if err := f.Truncate(witnessSize); err != nil {
+		return nil, fmt.Errorf("seq witness %s: %w", path, err)
+	}
+	m, err := mmap.MapRegion(f, witnessSize, mmap.RDWR, 0, 0)
+	if err != nil {
+		return nil, fmt.Errorf("seq witness %s: %w", path, err)
+	}
+	w := &seqWitness{path: path, m: m}
+	// End first, then the header that makes it valid: a kill between
+	// them leaves a witness no open trusts, not a wrong end.
+	w.raise(end)
+	copy(m[witnessEndOff+8:], h[witnessEndOff+8:])
+	copy(m, h[:witnessEndOff])
+	return w, nil
+}
+
+// raise stores end as the end of the seqs handed out. One writer at a
+// time (wmu), ends only grow.
+func (w *seqWitness) raise(end int64) {
+	atomic.StoreUint64((*uint64)(unsafe.Pointer(&w.m[witnessEndOff])), uint64(end))
+}
+
+// witnessKey is the path the buffer's witness is named after: its dir's.
+func (b *Buffer) witnessKey() string {
+	if abs, err := filepath.Abs(b.dir); err == nil {
+		return abs
+	}
+	return b.dir
+}
+
+// dropWitness unmaps and removes the buffer's witness: after a clean
+// close (its catalog state then names every seq) or a delete, or a create
+// that failed. A buffer without one (memory, read-only): nothing.
+func (b *Buffer) dropWitness() error {
+	w := b.wit
+	b.wit = nil
+	return w.close(true)
+}
+
+// witnessOwner is the buffer a witness file names.
+type witnessOwner struct {
+	dir string
+	uid uint64
+}
+
+// witnessFiles reads the witness files in witnessDir: file -> the buffer
+// it names (files that are not witnesses are left out).
+func witnessFiles(witnessDir string) map[string]witnessOwner {
+	out := map[string]witnessOwner{}
+	files, _ := filepath.Glob(filepath.Join(witnessDir, "rbd-seq-*"))
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil {
+			if w, ok := parseWitness(b); ok {
+				out[f] = w.witnessOwner
+			}
+		}
+	}
+	return out
+}
+
+// dropOrphanWitnesses removes the witnesses of this data dir's buffers
+// that are no longer its buffers (a writer killed while it deleted one),
+// so that they do not stay in the tmpfs until a reboot.
+func (s *Store) dropOrphanWitnesses() {
+	wdir := defaultWitnessDir
+	abs, err := filepath.Abs(filepath.Join(s.dir, "buffers"))
+	if err != nil || !onTmpfs(wdir) {
+		return
+	}
+	for f, w := range witnessFiles(wdir) {
+		if filepath.Dir(w.dir) != abs {
+			continue // another data dir's
+		}
+		s.mu.Lock()
+		buf, ok := s.buffers[filepath.Base(w.dir)]
+		s.mu.Unlock()
+		if !ok || buf.uid != w.uid {
+			if err := os.Remove(f); err == nil {
+				s.log.Info("removed the seq witness of a deleted buffer", "file", f, "dir", w.dir)
+			}
+		}
+	}
+}
+
+// close unmaps the witness, and removes its file if remove is set.
+func (w *seqWitness) close(remove bool) error {
+	if w == nil {
+		return nil
+	}
+	err := w.m.Unmap()
+	if remove {
+		if rerr := os.Remove(w.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			err = errors.Join(err, rerr)
+		}
+	}
+	return err
+}
