@@ -14,6 +14,7 @@ package storage
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
@@ -479,8 +480,10 @@ type crashChildCfg struct {
 	crashAt    string
 	crashAfter int
 	// killAfter > 0: SIGKILL the child that long after it is READY.
-	// 0: wait for it to kill itself at its crash point.
+	// 0: wait for it to kill itself at its crash point, or, with
+	// cleanExit, to finish its maxExt extends and close the store.
 	killAfter time.Duration
+	cleanExit bool
 }
 
 type crashExt struct {
@@ -512,6 +515,7 @@ type crashRun struct {
 	begins []*crashExt
 	acks   []*crashExt
 	ready  bool
+	done   bool // the child finished its extends (then it closes the store)
 	stderr string
 }
 
@@ -624,6 +628,7 @@ func crashRunChild(t *testing.T, cfg crashChildCfg) *crashRun {
 			e.first, e.wc, e.acked = num(3), num(6), true
 			run.acks = append(run.acks, e)
 		case len(f) == 1 && f[0] == "DONE":
+			run.done = true
 		default:
 			// go test's own output (e.g. "PASS") is not ours.
 		}
@@ -651,7 +656,11 @@ loop:
 	werr := cmd.Wait()
 	run.stderr = stderr.String()
 	ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
-	if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+	if cfg.cleanExit {
+		if werr != nil || !run.done {
+			t.Fatalf("the child did not finish and close cleanly: %v; stderr:\n%s", werr, run.stderr)
+		}
+	} else if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
 		if cfg.crashAt != "" && werr == nil {
 			t.Fatalf("crash point %s (pass %d) was never reached: the child finished its %d extends per writer; stderr:\n%s",
 				cfg.crashAt, cfg.crashAfter, cfg.maxExt, run.stderr)
@@ -1383,39 +1392,105 @@ func TestCrashPoints(t *testing.T) {
 // TestWitnessSkipsSeqsOfRestoredFiles: a data dir restored in place from
 // a copy taken while it was written (a block-level snapshot, rolled back
 // on the same machine: no reboot) holds fewer rows than its writer handed
-// out before it crashed. The buffers' seq witnesses still name how far
-// the writer went, so the reopen resumes past every seq it acknowledged
-// (clients may hold them) instead of handing them out again; without a
-// witness the open would trust what the files hold.
+// out, whether the writer was killed or stopped cleanly afterwards (its
+// catalog then says clean, and so does the copy's if it was taken
+// clean). The buffers' seq witnesses still name how far the writer went,
+// so the reopen resumes past every seq it acknowledged (clients may hold
+// them) instead of handing them out again. The catalog's reservation,
+// what an open without a witness resumes at, is checked to be short of
+// that, or the test would prove nothing.
 func TestWitnessSkipsSeqsOfRestoredFiles(t *testing.T) {
 	if !witnessesHere() {
 		t.Skip("no seq witnesses here (a boot id and a tmpfs at " + defaultWitnessDir + ")")
 	}
-	bufs := []string{crashFlush, crashFlushBlocks, crashNone}
-	dir := filepath.Join(t.TempDir(), "data")
-	crashRunChild(t, crashChildCfg{dir: dir, seed: 9, tokenBase: 1 << 32, bufs: bufs, intervalMS: 20, killAfter: 150 * time.Millisecond})
-	snapshot := filepath.Join(t.TempDir(), "snapshot")
-	if out, err := exec.Command("cp", "-a", dir, snapshot).CombinedOutput(); err != nil {
-		t.Fatalf("copy the dir: %v %s", err, out)
+	for _, stop := range []string{"killed", "closed"} {
+		t.Run(stop, func(t *testing.T) {
+			bufs := []string{crashFlush, crashFlushBlocks, crashNone, crashFsyncBlocks}
+			dir := filepath.Join(t.TempDir(), "data")
+			crashRunChild(t, crashChildCfg{dir: dir, seed: 9, tokenBase: 1 << 32, bufs: bufs, intervalMS: 20, killAfter: 150 * time.Millisecond})
+			snapshot := filepath.Join(t.TempDir(), "snapshot")
+			if out, err := exec.Command("cp", "-a", dir, snapshot).CombinedOutput(); err != nil {
+				t.Fatalf("copy the dir: %v %s", err, out)
+			}
+			reserved := map[string]int64{}
+			upEditStates(t, snapshot, func(name string, st *bufferState) { reserved[name] = st.SeqReserved })
+			m := newCrashModel(bufs...)
+			cfg := crashChildCfg{dir: dir, seed: 10, tokenBase: 2 << 32, bufs: bufs, intervalMS: 20, killAfter: 200 * time.Millisecond}
+			if stop == "closed" {
+				cfg.killAfter, cfg.maxExt, cfg.writers, cfg.cleanExit = 0, 150, 1, true // then a clean close
+			}
+			run := crashRunChild(t, cfg)
+			m.absorb(t, 1, run)
+			if m.maxAckEnd[crashFlush] <= reserved[crashFlush] {
+				t.Fatalf("the writer acknowledged seqs up to %d only, within the copy's reservation %d: nothing to skip", m.maxAckEnd[crashFlush]-1, reserved[crashFlush])
+			}
+			if err := os.RemoveAll(dir); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := exec.Command("cp", "-a", snapshot, dir).CombinedOutput(); err != nil {
+				t.Fatalf("restore the dir: %v %s", err, out)
+			}
+			if rep, err := Verify(dir, nil); err != nil || !rep.OK() {
+				t.Fatalf("verify the restored dir: %v %+v", err, rep)
+			}
+			s := openStore(t, dir)
+			for _, name := range bufs {
+				b := mustBuffer(t, s, name)
+				if wc := b.WriteCount(); wc < m.maxAckEnd[name] {
+					t.Errorf("buffer %q: write count %d after the restore, but the writer had acknowledged seqs up to %d: they would be handed out again", name, wc, m.maxAckEnd[name]-1)
+				}
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if rep, err := Verify(dir, nil); err != nil || !rep.OK() {
+				t.Fatalf("verify after the reopen: %v %+v", err, rep)
+			}
+		})
 	}
-	m := newCrashModel(bufs...)
-	run := crashRunChild(t, crashChildCfg{dir: dir, seed: 10, tokenBase: 2 << 32, bufs: bufs, intervalMS: 20, killAfter: 200 * time.Millisecond})
-	m.absorb(t, 1, run)
+}
+
+// TestWitnessSkipsSeqsOfARestoredCheckpoint: a hot checkpoint restored in
+// place of its buffer's dir after the buffer went on writing comes with a
+// clean catalog of fewer rows; the witness makes the reopen resume past
+// every seq the buffer handed out since, and not continue its streams.
+func TestWitnessSkipsSeqsOfARestoredCheckpoint(t *testing.T) {
+	if !witnessesHere() {
+		t.Skip("no seq witnesses here (a boot id and a tmpfs at " + defaultWitnessDir + ")")
+	}
+	dir := filepath.Join(t.TempDir(), "data")
+	s := openStore(t, dir)
+	spec := testSpec(KindMemmap, 4096, false)
+	b := mustCreate(t, s, "b", spec)
+	rows := make([]row, 250)
+	for i := range rows {
+		rows[i] = row{env: int64(i % 2), val: float32(i)}
+	}
+	mustExtend(t, b, "s", makeBatch(spec, rows, false))
+	cp := filepath.Join(t.TempDir(), "cp")
+	if _, err := b.Checkpoint(context.Background(), cp, nil); err != nil {
+		t.Fatal(err)
+	}
+	var last int64
+	for range 30 {
+		last = mustExtend(t, b, "s", makeBatch(spec, rows, false)).WriteCount
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command("cp", "-a", snapshot, dir).CombinedOutput(); err != nil {
-		t.Fatalf("restore the dir: %v %s", err, out)
+	if err := os.Rename(cp, dir); err != nil {
+		t.Fatal(err)
 	}
-	if rep, err := Verify(dir, nil); err != nil || !rep.OK() {
-		t.Fatalf("verify the restored dir: %v %+v", err, rep)
-	}
-	s := openStore(t, dir)
+	s = openStore(t, dir)
 	defer s.Close()
-	for _, name := range bufs {
-		b := mustBuffer(t, s, name)
-		if wc := b.WriteCount(); wc < m.maxAckEnd[name] {
-			t.Errorf("buffer %q: write count %d after the restore, but the writer had acknowledged seqs up to %d: they would be handed out again", name, wc, m.maxAckEnd[name]-1)
-		}
+	b = mustBuffer(t, s, "b")
+	if wc := b.WriteCount(); wc < last {
+		t.Fatalf("write count %d after the checkpoint was restored, but seqs up to %d were handed out", wc, last-1)
+	}
+	if info, _ := b.Info(); info.OpenTrajectories != 0 {
+		t.Fatalf("%d trajectories continue across the skipped seqs", info.OpenTrajectories)
 	}
 }

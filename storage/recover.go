@@ -127,6 +127,7 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		return -1, err
 	}
 	wc := max(st.WriteCount, maxSeq+1)
+	st = b.witnessSaysUnclean(st, wc)
 	switch {
 	case st.Clean:
 	case !b.store.snapAt.IsZero():
@@ -171,6 +172,9 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 			}
 			wc = s + capacity + 1
 		}
+	}
+	if b.witnessed {
+		wc = max(wc, b.witnessEnd) // every kind of buffer, fsync too
 	}
 	b.seqRes.Store(b.resumedReservation(st, wc))
 	lo := max(0, wc-capacity)

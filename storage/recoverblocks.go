@@ -253,6 +253,9 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 		return i < len(known) && known[i][0] <= seq
 	}
 	letGo := false // the fsync exception: rows an unacknowledged write may have reached
+	if !live {
+		st = b.witnessSaysUnclean(st, wc)
+	}
 	switch {
 	case st.Clean, live:
 		// live: the writer has not crashed; its reservation is ahead of
@@ -304,6 +307,9 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 			}
 			wc = base + blockRows + capacity
 		}
+	}
+	if b.witnessed {
+		wc = max(wc, b.witnessEnd) // every kind of buffer, fsync too
 	}
 	b.seqRes.Store(b.resumedReservation(st, wc))
 	lo := max(0, wc-capacity)

@@ -444,13 +444,7 @@ func (b *Buffer) close() error {
 		}
 		b.wmu.Unlock()
 	}
-	cerr := b.commitState(clean, streams, true)
-	errs = append(errs, cerr)
-	if clean && cerr == nil {
-		// The catalog names every seq now; a witness would only outlive
-		// the buffer's use of it.
-		errs = append(errs, b.dropWitness())
-	}
+	errs = append(errs, b.commitState(clean, streams, true))
 	errs = append(errs, b.unmap())
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("close buffer %q: %w", b.name, err)

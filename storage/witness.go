@@ -50,9 +50,14 @@ type seqWitness struct {
 
 // witnessFile names the witness of the buffer whose dir is bufDir and
 // whose uid is uid: a copy of the data dir elsewhere has a witness of its
-// own, a dir restored in place finds the one its writer left.
+// own, a dir restored in place finds the one its writer left. The host
+// name counts too: containers that share a /dev/shm (--ipc=host) and
+// mount their data dirs at the same path keep apart.
 func witnessFile(witnessDir, bufDir string, uid uint64) string {
 	h := fnv.New64a()
+	host, _ := os.Hostname()
+	h.Write([]byte(host))
+	h.Write([]byte{0})
 	h.Write([]byte(bufDir))
 	return filepath.Join(witnessDir, fmt.Sprintf("rbd-seq-%016x-%016x", uid, h.Sum64()))
 }
@@ -157,6 +162,11 @@ func openWitness(witnessDir, bufDir string, uid uint64, boot string, end int64) 
 		return nil, fmt.Errorf("seq witness: %w", err)
 	}
 	defer f.Close()
+	// Allocated, not only sized: a store into a page a full tmpfs cannot
+	// give is a SIGBUS, which no Go code recovers from.
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, witnessSize); err != nil {
+		return nil, fmt.Errorf("seq witness %s: %w", path, err)
+	}
 	if err := f.Truncate(witnessSize); err != nil {
 		return nil, fmt.Errorf("seq witness %s: %w", path, err)
 	}
@@ -165,18 +175,38 @@ func openWitness(witnessDir, bufDir string, uid uint64, boot string, end int64) 
 		return nil, fmt.Errorf("seq witness %s: %w", path, err)
 	}
 	w := &seqWitness{path: path, m: m}
-	// End first, then the header that makes it valid: a kill between
-	// them leaves a witness no open trusts, not a wrong end.
-	w.raise(end)
+	// End first (stored, not raised: a file that was no witness of this
+	// buffer may hold anything there), then the header that makes it
+	// valid: a kill between them leaves a witness no open trusts.
+	atomic.StoreUint64((*uint64)(unsafe.Pointer(&m[witnessEndOff])), uint64(end))
 	copy(m[witnessEndOff+8:], h[witnessEndOff+8:])
 	copy(m, h[:witnessEndOff])
 	return w, nil
 }
 
-// raise stores end as the end of the seqs handed out. One writer at a
-// time (wmu), ends only grow.
+// raise makes end the end of the seqs handed out, unless the witness
+// names a larger one (an extend that failed after its raise). One writer
+// at a time (wmu).
 func (w *seqWitness) raise(end int64) {
-	atomic.StoreUint64((*uint64)(unsafe.Pointer(&w.m[witnessEndOff])), uint64(end))
+	p := (*uint64)(unsafe.Pointer(&w.m[witnessEndOff]))
+	if uint64(end) > atomic.LoadUint64(p) {
+		atomic.StoreUint64(p, uint64(end))
+	}
+}
+
+// witnessSaysUnclean returns st as recovery must take it once it found
+// the files to reach wc: not clean if the buffer's witness names seqs past
+// wc, which the writer handed out and the files no longer hold (a copy of
+// the dir, or a hot checkpoint, restored in place after it went on
+// writing; both come with a catalog that may say clean). Recovery then
+// resumes past the witness, and the saved streams are not continued.
+func (b *Buffer) witnessSaysUnclean(st bufferState, wc int64) bufferState {
+	if st.Clean && b.witnessed && b.witnessEnd > wc {
+		b.log.Warn("the buffer's files hold fewer rows than its writer handed out (restored from a copy?): resuming past every seq it handed out",
+			"files_end", wc, "witness_end", b.witnessEnd)
+		st.Clean = false
+	}
+	return st
 }
 
 // witnessKey is the path the buffer's witness is named after: its dir's.
@@ -187,9 +217,10 @@ func (b *Buffer) witnessKey() string {
 	return b.dir
 }
 
-// dropWitness unmaps and removes the buffer's witness: after a clean
-// close (its catalog state then names every seq) or a delete, or a create
-// that failed. A buffer without one (memory, read-only): nothing.
+// dropWitness unmaps and removes the buffer's witness: after a delete,
+// or a create that failed. (A clean close keeps it: a copy of the dir
+// restored in place later must still find how far the writer went.) A
+// buffer without one (memory, read-only): nothing.
 func (b *Buffer) dropWitness() error {
 	w := b.wit
 	b.wit = nil
@@ -227,8 +258,8 @@ func (s *Store) dropOrphanWitnesses() {
 		return
 	}
 	for f, w := range witnessFiles(wdir) {
-		if filepath.Dir(w.dir) != abs {
-			continue // another data dir's
+		if filepath.Dir(w.dir) != abs || witnessFile(wdir, w.dir, w.uid) != f {
+			continue // another data dir's, or another host's
 		}
 		s.mu.Lock()
 		buf, ok := s.buffers[filepath.Base(w.dir)]

@@ -1,9 +1,12 @@
 package storage
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/rbdb/rbd/internal/testbin"
 )
 
 // TestWitnessReadsOnlyItsOwn: a witness names the end its writer raised
@@ -25,6 +28,7 @@ func TestWitnessReadsOnlyItsOwn(t *testing.T) {
 	}
 	w.raise(4242)
 	path := witnessFile(defaultWitnessDir, dir, uid)
+	t.Cleanup(func() { os.Remove(path) }) // the last case leaves no witness removeWitnessesUnder reads
 	good, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +104,8 @@ func TestWitnessReadsOnlyItsOwn(t *testing.T) {
 
 // TestOrphanWitnessesDropped: the witness of a buffer the data dir no
 // longer has (its writer killed while it deleted it) is removed at the
-// next open; a live buffer's, and another data dir's, stay.
+// next open; a live buffer's, and another data dir's, stay, and a clean
+// close keeps its own (a copy restored in place later must find it).
 func TestOrphanWitnessesDropped(t *testing.T) {
 	if !witnessesHere() {
 		t.Skip("no seq witnesses here (a boot id and a tmpfs at " + defaultWitnessDir + ")")
@@ -140,12 +145,33 @@ func TestOrphanWitnessesDropped(t *testing.T) {
 			t.Errorf("%s: there %v, want %v", c.path, err == nil, c.want)
 		}
 	}
-	// A clean close removes the live buffer's too.
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(liveWitness); err == nil {
-		t.Error("a clean close left the buffer's witness")
+	if _, err := os.Stat(liveWitness); err != nil {
+		t.Errorf("a clean close removed the buffer's witness: %v", err)
+	}
+}
+
+// TestWitnessOnAFullTmpfs: a witness that a full tmpfs cannot hold is an
+// error, not a SIGBUS at its first store (a mapped page the tmpfs cannot
+// give), and leaves no file; a buffer created there still works, without
+// a witness.
+func TestWitnessOnAFullTmpfs(t *testing.T) {
+	if currentBoot() == "" {
+		t.Skip("no boot id here: no witness is ever made")
+	}
+	full := testbin.MountTmpfs(t, 8<<10)
+	if err := os.WriteFile(filepath.Join(full, "filler"), make([]byte, 8<<10), 0o600); err != nil {
+		t.Logf("filling the tmpfs: %v", err) // full is what is wanted
+	}
+	dir := filepath.Join(t.TempDir(), "buffers", "b")
+	w, err := openWitness(full, dir, 1, currentBoot(), 10)
+	if err == nil || w != nil {
+		t.Fatalf("a witness on a full tmpfs: %v, %v; want an error", w, err)
+	}
+	if _, err := os.Stat(witnessFile(full, dir, 1)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the failed witness left its file: %v", err)
 	}
 }
 

@@ -331,11 +331,6 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 		}
 	}
 	b.maybeReserveAhead(end)
-	if b.wit != nil {
-		// Before any byte of the extend reaches the files: the witness
-		// names every seq a crash may have handed out.
-		b.wit.raise(end)
-	}
 
 	// Assign trajectories on copies of the positions of the envs the
 	// extend writes (edits), applied to the stream only once nothing can
@@ -396,6 +391,13 @@ func (b *Buffer) write(stream string, p *plan) (ExtendResult, error) {
 		// written are at most capacity + blockRows - 1, fewer than the
 		// slots, so no two share one.
 		written = max(first, (end-capacity)/blockRows*blockRows)
+	}
+
+	if b.wit != nil {
+		// Before any byte of the extend reaches the files (and after
+		// the checks that refuse it): the witness names every seq a
+		// crash may have handed out.
+		b.wit.raise(end)
 	}
 
 	// Compressed fields go into chunks first, so that a row whose record
