@@ -15,8 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// A seq witness is a page in a tmpfs outside the data dir (by default
-// /dev/shm) where a memmap buffer's writer stores, before any byte of an
+// A seq witness is a page in a tmpfs outside the data dir (/dev/shm,
+// defaultWitnessDir) where a memmap buffer's writer stores, before any byte of an
 // extend reaches the buffer's files, the end of the seqs it hands out. A
 // tmpfs outlives the process and not the kernel: after a crash of the
 // process the witness names every seq the writer may have handed out,
