@@ -234,23 +234,33 @@ type witnessOwner struct {
 }
 
 // witnessFiles reads the witness files in witnessDir: file -> the buffer
-// it names (files that are not witnesses are left out).
+// it names (files that are not witnesses are left out). One page buffer
+// for them all: an open reads every witness of the machine.
 func witnessFiles(witnessDir string) map[string]witnessOwner {
 	out := map[string]witnessOwner{}
 	files, _ := filepath.Glob(filepath.Join(witnessDir, "rbd-seq-*"))
+	page := make([]byte, witnessSize)
 	for _, f := range files {
-		if b, err := os.ReadFile(f); err == nil {
-			if w, ok := parseWitness(b); ok {
-				out[f] = w.witnessOwner
-			}
+		fd, err := os.Open(f)
+		if err != nil {
+			continue
+		}
+		n, _ := fd.ReadAt(page, 0)
+		fd.Close()
+		if w, ok := parseWitness(page[:n]); ok {
+			out[f] = w.witnessOwner
 		}
 	}
 	return out
 }
 
-// dropOrphanWitnesses removes the witnesses of this data dir's buffers
-// that are no longer its buffers (a writer killed while it deleted one),
-// so that they do not stay in the tmpfs until a reboot.
+// dropOrphanWitnesses removes this host's witnesses that no buffer will
+// read: those of this data dir's buffers that are no longer its buffers
+// (a writer killed while it deleted one), and those whose buffer dir is
+// gone (a data dir removed, as tests and temporary dirs are), so that
+// they do not pile up in the tmpfs until a reboot (a clean close keeps
+// its witness). A dir that is only unmounted loses its witness too: its
+// next crash then costs what a power loss costs.
 func (s *Store) dropOrphanWitnesses() {
 	wdir := defaultWitnessDir
 	abs, err := filepath.Abs(filepath.Join(s.dir, "buffers"))
@@ -258,13 +268,19 @@ func (s *Store) dropOrphanWitnesses() {
 		return
 	}
 	for f, w := range witnessFiles(wdir) {
-		if filepath.Dir(w.dir) != abs || witnessFile(wdir, w.dir, w.uid) != f {
-			continue // another data dir's, or another host's
+		if witnessFile(wdir, w.dir, w.uid) != f {
+			continue // another host's
 		}
-		s.mu.Lock()
-		buf, ok := s.buffers[filepath.Base(w.dir)]
-		s.mu.Unlock()
-		if !ok || buf.uid != w.uid {
+		orphan := false
+		if filepath.Dir(w.dir) == abs {
+			s.mu.Lock()
+			buf, ok := s.buffers[filepath.Base(w.dir)]
+			s.mu.Unlock()
+			orphan = !ok || buf.uid != w.uid
+		} else if _, err := os.Stat(w.dir); errors.Is(err, os.ErrNotExist) {
+			orphan = true
+		}
+		if orphan {
 			if err := os.Remove(f); err == nil {
 				s.log.Info("removed the seq witness of a deleted buffer", "file", f, "dir", w.dir)
 			}

@@ -103,9 +103,11 @@ func TestWitnessReadsOnlyItsOwn(t *testing.T) {
 }
 
 // TestOrphanWitnessesDropped: the witness of a buffer the data dir no
-// longer has (its writer killed while it deleted it) is removed at the
-// next open; a live buffer's, and another data dir's, stay, and a clean
-// close keeps its own (a copy restored in place later must find it).
+// longer has (its writer killed while it deleted it), and one whose
+// buffer dir is gone (a data dir removed), are removed at the next open;
+// a live buffer's, and another data dir's whose dir is there, stay, and a
+// clean close keeps its own (a copy restored in place later must find
+// it).
 func TestOrphanWitnessesDropped(t *testing.T) {
 	if !witnessesHere() {
 		t.Skip("no seq witnesses here (a boot id and a tmpfs at " + defaultWitnessDir + ")")
@@ -126,11 +128,16 @@ func TestOrphanWitnessesDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	gone.close(false)
-	foreign, err := openWitness(defaultWitnessDir, abs(bufferDir(other, "deleted")), 78, currentBoot(), 5)
-	if err != nil || foreign == nil {
+	if err := os.MkdirAll(bufferDir(other, "there"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	foreign.close(false)
+	for _, name := range []string{"there", "gone"} {
+		w, err := openWitness(defaultWitnessDir, abs(bufferDir(other, name)), 78, currentBoot(), 5)
+		if err != nil || w == nil {
+			t.Fatal(err)
+		}
+		w.close(false)
+	}
 	t.Cleanup(func() { removeWitnessesUnder(t, other) })
 	s.dropOrphanWitnesses()
 	for _, c := range []struct {
@@ -139,7 +146,8 @@ func TestOrphanWitnessesDropped(t *testing.T) {
 	}{
 		{liveWitness, true},
 		{witnessFile(defaultWitnessDir, abs(bufferDir(dir, "deleted")), 77), false},
-		{witnessFile(defaultWitnessDir, abs(bufferDir(other, "deleted")), 78), true},
+		{witnessFile(defaultWitnessDir, abs(bufferDir(other, "there")), 78), true},
+		{witnessFile(defaultWitnessDir, abs(bufferDir(other, "gone")), 78), false},
 	} {
 		if _, err := os.Stat(c.path); (err == nil) != c.want {
 			t.Errorf("%s: there %v, want %v", c.path, err == nil, c.want)
