@@ -194,8 +194,9 @@ func lapBlock(capacity int64) int64 { return max(capacity, 1<<16) }
 // reaches. A none memmap buffer whose window at end holds no row a sync
 // made durable (it writes a lap past its durable watermark, which only a
 // close or an explicit checkpoint raises, or nothing was ever synced: a
-// new buffer fills its first lap so) has nothing a power loss must keep: it reserves a lap at a time, as memory buffers do, a catalog
-// commit (two fdatasyncs) per capacity rows instead of per sixteenth,
+// new buffer fills its first lap so) has nothing a power loss must keep:
+// it reserves a lap at a time, as memory buffers do, a catalog commit
+// (two fdatasyncs) per capacity rows instead of per sixteenth,
 // which at 10^5 rows cost writers a third of their time
 // (docs/performance.md). Until then a power loss keeps the window's
 // synced rows but for the block it moves the ring (cutLapReservation
