@@ -483,7 +483,11 @@ type crashChildCfg struct {
 	// 0: wait for it to kill itself at its crash point, or, with
 	// cleanExit, to finish its maxExt extends and close the store.
 	killAfter time.Duration
-	cleanExit bool
+	// killAtAcks > 0: SIGKILL the child once it has acknowledged that
+	// many extends of bufs[0] (an event, not a time: a busy machine
+	// writes less in a given time).
+	killAtAcks int
+	cleanExit  bool
 }
 
 type crashExt struct {
@@ -596,6 +600,7 @@ func crashRunChild(t *testing.T, cfg crashChildCfg) *crashRun {
 	}()
 	run := &crashRun{start: map[string]int64{}}
 	byToken := map[int64]*crashExt{}
+	acked := 0 // extends of cfg.bufs[0] acknowledged (killAtAcks)
 	var kill <-chan time.Time
 	deadline := time.After(90 * time.Second)
 	killed := false
@@ -627,6 +632,11 @@ func crashRunChild(t *testing.T, cfg crashChildCfg) *crashRun {
 			}
 			e.first, e.wc, e.acked = num(3), num(6), true
 			run.acks = append(run.acks, e)
+			if e.buf == cfg.bufs[0] {
+				if acked++; acked == cfg.killAtAcks {
+					kill = time.After(0)
+				}
+			}
 		case len(f) == 1 && f[0] == "DONE":
 			run.done = true
 		default:
@@ -1415,7 +1425,9 @@ func TestWitnessSkipsSeqsOfRestoredFiles(t *testing.T) {
 			reserved := map[string]int64{}
 			upEditStates(t, snapshot, func(name string, st *bufferState) { reserved[name] = st.SeqReserved })
 			m := newCrashModel(bufs...)
-			cfg := crashChildCfg{dir: dir, seed: 10, tokenBase: 2 << 32, bufs: bufs, intervalMS: 20, killAfter: 200 * time.Millisecond}
+			// Killed once it has acknowledged 300 extends of the flush
+			// buffer: past the copy's reservation, whatever the load.
+			cfg := crashChildCfg{dir: dir, seed: 10, tokenBase: 2 << 32, bufs: bufs, intervalMS: 20, killAtAcks: 300}
 			if stop == "closed" {
 				cfg.killAfter, cfg.maxExt, cfg.writers, cfg.cleanExit = 0, 150, 1, true // then a clean close
 			}

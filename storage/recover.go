@@ -142,9 +142,7 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 		// every seq it handed out (witness.go): nothing moves, unless
 		// its files lost writes (restored, or pages an I/O error
 		// dropped), whose seqs are then skipped.
-		if b.witnessed {
-			wc = max(wc, b.witnessEnd)
-		} else {
+		if !b.witnessed { // else past the witness, below
 			wc = max(wc, st.SeqReserved)
 		}
 	default:
@@ -173,9 +171,7 @@ func (b *Buffer) recover(st bufferState, streams map[string]map[int64]streamPos)
 			wc = s + capacity + 1
 		}
 	}
-	if b.witnessed {
-		wc = max(wc, b.witnessEnd) // every kind of buffer, fsync too
-	}
+	wc = b.pastWitness(wc)
 	b.seqRes.Store(b.resumedReservation(st, wc))
 	lo := max(0, wc-capacity)
 	durable = min(durable, wc)

@@ -266,9 +266,7 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 		// After a crash of the process alone, past what its seq witness
 		// names instead (witness.go), which the pieces read above reach
 		// unless its files lost writes.
-		if b.witnessed {
-			wc = max(wc, b.witnessEnd)
-		} else {
+		if !b.witnessed { // else past the witness, below
 			wc = max(wc, st.SeqReserved)
 		}
 	default:
@@ -308,9 +306,7 @@ func (b *Buffer) recoverBlocks(st bufferState, streams map[string]map[int64]stre
 			wc = base + blockRows + capacity
 		}
 	}
-	if b.witnessed {
-		wc = max(wc, b.witnessEnd) // every kind of buffer, fsync too
-	}
+	wc = b.pastWitness(wc)
 	b.seqRes.Store(b.resumedReservation(st, wc))
 	lo := max(0, wc-capacity)
 	durable = min(durable, wc)

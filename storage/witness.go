@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"unsafe"
 
@@ -37,6 +38,21 @@ const (
 	witnessBootOff = 24 // 40 bytes: the boot id, zero-padded
 	witnessDirOff  = 64 // u16 length, then the buffer dir's absolute path
 )
+
+// bootIDFile names the kernel's boot: a fresh random UUID at every boot
+// (Linux). Other systems have none, and rbd then assumes every crash may
+// have been a power loss (no seq witness: witness.go).
+const bootIDFile = "/proc/sys/kernel/random/boot_id"
+
+// currentBoot returns the running kernel's boot id, or "" when there is
+// none to read.
+func currentBoot() string {
+	b, err := os.ReadFile(bootIDFile)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
 
 // defaultWitnessDir is where witnesses live: the tmpfs Linux keeps for
 // shared memory.
@@ -207,6 +223,16 @@ func (b *Buffer) witnessSaysUnclean(st bufferState, wc int64) bufferState {
 		st.Clean = false
 	}
 	return st
+}
+
+// pastWitness is the write count recovery ends at, found wc: past every
+// seq the buffer's witness names, for every durability (a restored copy
+// of an fsync buffer lost acknowledged rows too).
+func (b *Buffer) pastWitness(wc int64) int64 {
+	if b.witnessed {
+		return max(wc, b.witnessEnd)
+	}
+	return wc
 }
 
 // witnessKey is the path the buffer's witness is named after: its dir's.
