@@ -1051,65 +1051,149 @@ func TestBlocksWatermarkPastReservation(t *testing.T) {
 	}
 }
 
-// TestBlocksKillBetweenExtendsKeepsBlock: a writer killed between two
-// extends (here right after the 9th wrote its block records, before it
-// returned: rows and records in the page cache only) leaves its block
-// being filled with rows its records cover up to the write count. Under the same kernel the
-// reopen goes on filling that block: the write count stays where the rows
-// end (a version 3 open used to leave the block, making holes of up to 63
-// seqs and evicting as many of the oldest rows), every acknowledged row is
-// there, and rows written after it, across the block's end, verify.
-func TestBlocksKillBetweenExtendsKeepsBlock(t *testing.T) {
+// TestBlocksKillKeepsBlock: a writer killed under the same kernel (its
+// seq witness kept) leaves the block it was filling, and the reopen goes on
+// filling it, wherever the kill came: between two extends (right after the
+// 9th wrote its block records, before it returned: rows and records in the
+// page cache only), or inside one (after its pieces, before any of its
+// rows' bytes; after its rows' bytes, before its block records). The write
+// count stays where the witness says the writer got to: no seq is skipped
+// to the block's end, so none of the oldest rows leaves the window (a
+// version 3 open used to leave the block, evicting up to 63 of them, and
+// still does after a power loss); the rows of an extend cut off are holes,
+// never served, whose bytes the block's running checksum goes over as
+// they are. Every acknowledged row is there; rows written after it, across
+// the block's end, verify; and a later kill followed by a power loss (no
+// witness: the page cache lost past the last sync) still finds the cut-off
+// rows holes, though records now cover their slots.
+func TestBlocksKillKeepsBlock(t *testing.T) {
 	if !witnessesHere() {
 		t.Skip("no seq witnesses here (a boot id and a tmpfs at " + defaultWitnessDir + "): every unclean open leaves the block")
 	}
-	for i, buf := range []string{crashFlushBlocks, crashNone} {
-		t.Run(buf, func(t *testing.T) {
-			dir := t.TempDir()
-			m := newCrashModel(buf)
-			run := crashRunChild(t, crashChildCfg{
-				dir: dir, seed: uint64(40 + i), tokenBase: 1 << 32, bufs: []string{buf}, writers: 1,
-				maxExt: 20, intervalMS: 3600_000, crashAt: "after-meta", crashAfter: 9,
-			})
-			m.absorb(t, 0, run)
-			if acks, inflight := run.acksOf(buf), run.inFlight(buf); len(acks) != 8 || len(inflight) != 1 {
-				t.Fatalf("%d extends acknowledged, %d in flight; want 8 and 1", len(acks), len(inflight))
-			}
-			end := run.maxWriteCount(buf, 0)
-			if end%blockRows == 0 {
-				t.Fatalf("the child's rows end at %d, a block boundary: pick another seed", end)
-			}
-			st := m.check(t, dir, 0, run, crashCheckOpts{})[buf]
-			if st == nil {
-				t.Fatal("buffer missing after the crash")
-			}
-			if st.info.WriteCount != end {
-				t.Fatalf("write count %d after the reopen, the rows end at %d: the block being filled was left", st.info.WriteCount, end)
-			}
-			m.writeAfter(t, dir, 1)
-			s, b := openBuffer(t, dir, buf)
-			tokens := make([]int64, blockRows+5)
-			for j := range tokens {
-				tokens[j] = 9<<40 + int64(j)
-			}
-			mustExtend(t, b, "after", crashBatch(b.Spec(), tokens, false))
-			want := servedRows(t, b)
-			for seq := range st.tok {
-				if _, ok := want[seq]; !ok && seq >= b.WriteCount()-b.Capacity() {
-					t.Errorf("row %d, live after the reopen and in the window, is gone", seq)
+	cases := []struct {
+		name, point string
+		inside      bool // the kill cut an extend off
+		bufs        []string
+	}{
+		{"between extends", "after-meta", false, []string{crashFlushBlocks, crashNone}},
+		{"inside an extend, its rows written", "after-data", true, []string{crashFlushBlocks, crashNone, crashFsyncBlocks}},
+		{"inside an extend, only its pieces", "after-runs", true, []string{crashFlushBlocks, crashFsyncBlocks}},
+	}
+	for ci, tc := range cases {
+		for i, buf := range tc.bufs {
+			t.Run(tc.name+"/"+buf, func(t *testing.T) {
+				dir := t.TempDir()
+				m := newCrashModel(buf)
+				run := crashRunChild(t, crashChildCfg{
+					dir: dir, seed: uint64(40 + i), tokenBase: 1 << 32, bufs: []string{buf}, writers: 1,
+					maxExt: 20, intervalMS: 3600_000, crashAt: tc.point, crashAfter: 9,
+				})
+				m.absorb(t, 0, run)
+				acks, inflight := run.acksOf(buf), run.inFlight(buf)
+				if len(acks) != 8 || len(inflight) != 1 {
+					t.Fatalf("%d extends acknowledged, %d in flight; want 8 and 1", len(acks), len(inflight))
 				}
-			}
-			if err := s.Close(); err != nil {
-				t.Fatal(err)
-			}
-			if rep, err := Verify(dir, nil); err != nil || !rep.OK() || rep.Buffers[0].Holes != 0 {
-				t.Fatalf("verify after writing on: %v %+v", err, rep)
-			}
-			_, b = openBuffer(t, dir, buf)
-			checkServed(t, b, want)
-			if got := b.liveRows(); got != int64(len(want)) {
-				t.Fatalf("%d live rows after a clean reopen, %d before the close", got, len(want))
-			}
-		})
+				end := run.maxWriteCount(buf, 0)
+				cut := end // the first seq of the extend cut off, if any
+				if tc.inside {
+					cut = end - int64(inflight[0].rows)
+				}
+				if end%blockRows == 0 || cut%blockRows == 0 {
+					t.Fatalf("the child's rows end at %d (the cut-off extend's at %d), a block boundary: pick another seed", end, cut)
+				}
+				st := m.check(t, dir, 0, run, crashCheckOpts{})[buf]
+				if st == nil {
+					t.Fatal("buffer missing after the crash")
+				}
+				if st.info.WriteCount != end {
+					t.Fatalf("write count %d after the reopen, the writer handed out seqs up to %d: the block being filled was left", st.info.WriteCount, end)
+				}
+				for seq := cut; seq < end; seq++ {
+					if _, ok := st.live[seq]; ok {
+						t.Errorf("row %d of the extend the kill cut off is live", seq)
+					}
+				}
+				m.writeAfter(t, dir, 1)
+				s, b := openBuffer(t, dir, buf)
+				tokens := make([]int64, blockRows+5)
+				for j := range tokens {
+					tokens[j] = 9<<40 + int64(j)
+					m.begun[tokens[j]] = true
+				}
+				mustExtend(t, b, "after", crashBatch(b.Spec(), tokens, false))
+				want := servedRows(t, b)
+				for seq := range st.tok {
+					if _, ok := want[seq]; !ok && seq >= b.WriteCount()-b.Capacity() {
+						t.Errorf("row %d, live after the reopen and in the window, is gone", seq)
+					}
+				}
+				if err := s.Close(); err != nil {
+					t.Fatal(err)
+				}
+				rep, err := Verify(dir, nil)
+				if err != nil || !rep.OK() || rep.Buffers[0].Holes != end-cut {
+					t.Fatalf("verify after writing on: %v %+v; want %d holes (the cut-off extend's rows)", err, rep, end-cut)
+				}
+				s, b = openBuffer(t, dir, buf)
+				checkServed(t, b, want)
+				if got := b.liveRows(); got != int64(len(want)) {
+					t.Fatalf("%d live rows after a clean reopen, %d before the close", got, len(want))
+				}
+				if err := s.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if !tc.inside {
+					return
+				}
+				// A power loss after more writes: the cut-off rows'
+				// slots are under block records now; the catalog's
+				// holes keep them out.
+				run2 := crashRunChild(t, crashChildCfg{
+					dir: dir, seed: uint64(60 + ci), tokenBase: 2 << 32, bufs: []string{buf}, writers: 1,
+					maxExt: 20, intervalMS: 3600_000, crashAt: "after-meta", crashAfter: 3,
+				})
+				m.absorb(t, 1, run2)
+				durable, _ := powerLossScrambleV3(t, dir, buf, "random", rand.New(rand.NewPCG(uint64(ci), 5)))
+				st = m.check(t, dir, 1, run2, crashCheckOpts{powerLoss: true, durable: map[string]int64{buf: durable}})[buf]
+				for seq := cut; seq < end; seq++ {
+					if _, ok := st.live[seq]; ok {
+						t.Errorf("row %d of the extend the first kill cut off is live after a power loss", seq)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestHolesCover: the check that lets an open go on filling a block past
+// rows an extend cut off (resumeBlocks) says yes only when one merged
+// hole holds every seq of the range.
+func TestHolesCover(t *testing.T) {
+	holes := [][2]int64{{10, 20}, {30, 31}, {40, 64}}
+	cases := []struct {
+		from, to int64
+		want     bool
+	}{
+		{5, 5, true}, // nothing to cover
+		{10, 20, true},
+		{12, 15, true},
+		{9, 12, false},
+		{15, 21, false},
+		{20, 21, false},
+		{30, 31, true},
+		{30, 32, false},
+		{19, 31, false}, // spans a gap
+		{40, 64, true},
+		{63, 64, true},
+		{64, 65, false},
+		{0, 1, false},
+	}
+	for _, tc := range cases {
+		if got := holesCover(holes, tc.from, tc.to); got != tc.want {
+			t.Errorf("holesCover(%v, %d, %d) = %v, want %v", holes, tc.from, tc.to, got, tc.want)
+		}
+	}
+	if holesCover(nil, 3, 4) {
+		t.Error("no holes cover [3, 4)")
 	}
 }

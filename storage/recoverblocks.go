@@ -559,12 +559,14 @@ func (b *Buffer) prefixSums(base int64, n int) *blockSums {
 // resumeBlocks sets up the writer of a version 3 buffer opened for
 // writing (format-v3.md, "The writer after Open"). After a clean close
 // whose watermark is the write count, it continues the block being
-// filled if that block verifies up to the write count. Otherwise it
-// writes a final record for every block from the tip block up whose
-// records do not already say what recovery verified, and leaves the
-// block being filled early: the seqs to the next block boundary become
-// holes (reserved and committed with the open's recovery), so that a
-// block's running checksum never passes bytes no published row wrote.
+// filled if that block verifies up to the write count; after a crash of
+// the process alone (a seq witness), if it verifies up to the write count
+// but for holes. Otherwise it writes a final record for every block from
+// the tip block up whose records do not already say what recovery
+// verified, and leaves the block being filled early: the seqs to the
+// next block boundary become holes (reserved and committed with the
+// open's recovery), so that a block's running checksum passes no bytes
+// but rows' (format-v3.md, "The writer after Open").
 func (b *Buffer) resumeBlocks(st bufferState, wr watermarkRecord, bv *blockVerifier) error {
 	w := b.blk
 	wc := b.writeCount.Load()
@@ -575,13 +577,27 @@ func (b *Buffer) resumeBlocks(st bufferState, wr watermarkRecord, bv *blockVerif
 	// the running CRC: after a clean close that synced them, or after a
 	// crash of the process alone (a witness was found; the rows are what
 	// the page cache holds, and the next sync makes them durable before
-	// its watermark names them) that came between two extends. A crash
-	// inside an extend leaves rows its records do not cover: the block
-	// is left, as after a power loss.
+	// its watermark names them). A crash of the process inside an extend
+	// leaves rows its records do not cover, up to the write count the
+	// witness names: when every one of them is a hole now (above the
+	// durable watermark, none of them damage), the running CRC goes over
+	// their bytes as they are, which nothing writes again before the
+	// block's next pass (holes are never rewritten, and the catalog
+	// names them from the open's commit on, before any record covers
+	// them). Leaving the block instead skipped seqs to its end, which
+	// took up to 63 of the oldest rows out of the window. Without a
+	// witness (a power loss, a reboot) the block is still left, as the
+	// format's design has it: only fsync buffers lose rows to that
+	// (flush and none ones resume at their reservation, a block
+	// boundary), and those are version 2 unless asked otherwise.
 	keep := -1
 	if wc%blockRows != 0 {
-		if v := bv.prefix(base); int64(v) == wc-base && (st.Clean && wr.Seq == wc || !st.Clean && b.witnessed) {
+		v := bv.prefix(base)
+		switch {
+		case int64(v) == wc-base && (st.Clean && wr.Seq == wc || !st.Clean && b.witnessed):
 			keep = v
+		case !st.Clean && b.witnessed && holesCover(b.holes, base+int64(v), wc):
+			keep = int(wc - base)
 		}
 	}
 	if wc%blockRows == 0 {
@@ -644,6 +660,16 @@ func (b *Buffer) resumeBlocks(st bufferState, wr watermarkRecord, bv *blockVerif
 	b.holes = mergeRanges(append(b.holes, [2]int64{wc, end}))
 	b.stateMu.Unlock()
 	return nil
+}
+
+// holesCover reports whether the merged, sorted ranges holes hold every
+// seq in [from, to).
+func holesCover(holes [][2]int64, from, to int64) bool {
+	if from >= to {
+		return true
+	}
+	i, _ := slices.BinarySearchFunc(holes, from, func(h [2]int64, s int64) int { return cmp.Compare(h[1], s+1) })
+	return i < len(holes) && holes[i][0] <= from && holes[i][1] >= to
 }
 
 // continueBlock sets the writer up to go on filling the block at base,

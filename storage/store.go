@@ -312,15 +312,15 @@ func validBufferName(name string) bool {
 }
 
 // smallBlocksRing is the capacity below which a new memmap buffer that
-// leaves row_meta out gets version 2: an open after a crash leaves the
-// block being filled, evicting up to 63 of the oldest rows (blockRows -
+// leaves row_meta out gets version 2: an open after a power loss (or a
+// crash with no seq witness) leaves the block being filled, evicting up to 63 of the oldest rows (blockRows -
 // 1), 6% of a ring of this size, every row of one under 64.
 const smallBlocksRing = 1024
 
 // defaultMemmapRowMeta is the row_meta a new memmap buffer of spec gets
 // when it leaves it out: RowMetaBlocks (format version 3), except for an
 // fsync buffer or a ring under smallBlocksRing rows, which get
-// RowMetaRuns (version 2): version 3's open after a crash evicts up to 63
+// RowMetaRuns (version 2): version 3's open after a power loss evicts up to 63
 // of the oldest rows as it leaves the block being filled, where version 2
 // keeps every row an fsync writer acknowledged (and a flush or none ring
 // loses no more than its seq reservation after a power loss, at most

@@ -41,7 +41,7 @@ to 2026-11-28 did (rows.meta version 2 and dense tail files): builds
 before 2026-11-29 cannot open version 3. Left out, --row-meta converts each
 buffer to what a new buffer of its spec gets: fsync buffers and rings under
 1,024 rows go to (or stay in) version 2, since in version 3 an open after a
-crash leaves the block being filled and evicts up to 63 of the oldest rows
+power loss leaves the block being filled and evicts up to 63 of the oldest rows
 (every row of a ring under 64), where version 2 keeps every row an fsync
 writer acknowledged; --row-meta blocks converts them to version 3 anyway.
 
