@@ -1197,3 +1197,133 @@ func TestHolesCover(t *testing.T) {
 		t.Error("no holes cover [3, 4)")
 	}
 }
+
+// killInsideAnExtend runs a child writer of buf in a new dir that is
+// killed inside its 9th extend (at point: after its rows' bytes, or after
+// its pieces only), and returns the dir, the cut-off extend's first seq and
+// the end of what the writer handed out; both inside one block, not on its
+// boundary, and past the block's first row.
+func killInsideAnExtend(t *testing.T, buf, point string) (dir string, m *crashModel, cut, end int64) {
+	t.Helper()
+	for seed := uint64(40); seed < 80; seed++ {
+		dir = t.TempDir()
+		m = newCrashModel(buf)
+		run := crashRunChild(t, crashChildCfg{
+			dir: dir, seed: seed, tokenBase: 1 << 32, bufs: []string{buf}, writers: 1,
+			maxExt: 20, intervalMS: 3600_000, crashAt: point, crashAfter: 9,
+		})
+		m.absorb(t, 0, run)
+		inflight := run.inFlight(buf)
+		if len(inflight) != 1 {
+			t.Fatalf("%d extends in flight, want 1", len(inflight))
+		}
+		end = run.maxWriteCount(buf, 0)
+		cut = end - int64(inflight[0].rows)
+		if cut%blockRows != 0 && end%blockRows != 0 && cut/blockRows == end/blockRows {
+			return dir, m, cut, end
+		}
+	}
+	t.Fatal("no seed left an extend cut off inside one block")
+	return
+}
+
+// TestBlocksSnapshotOpenAfterKillInsideAnExtend: the reopen that goes on
+// filling the block past an extend a kill cut off (TestBlocksKillKeepsBlock)
+// makes its rows holes in the catalog and in the run log. A snapshot open
+// next to the writer whose catalog copy predates that reopen (a publish that
+// failed, or one read while the writer restarted) must still take them for
+// holes once the writer's block records cover their slots: they come from
+// the run log's hole record.
+func TestBlocksSnapshotOpenAfterKillInsideAnExtend(t *testing.T) {
+	if !witnessesHere() {
+		t.Skip("no seq witnesses here: every unclean open leaves the block")
+	}
+	for _, point := range []string{"after-data", "after-runs"} {
+		t.Run(point, func(t *testing.T) {
+			buf := crashFlushBlocks
+			dir, m, cut, end := killInsideAnExtend(t, buf, point)
+			stale, err := os.ReadFile(filepath.Join(dir, snapshotFile))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, b := openBuffer(t, dir, buf)
+			if b.WriteCount() != end {
+				t.Fatalf("write count %d after the reopen, want %d: the block was left", b.WriteCount(), end)
+			}
+			tokens := []int64{9 << 40, 9<<40 + 1, 9<<40 + 2}
+			for _, tok := range tokens {
+				m.begun[tok] = true
+			}
+			mustExtend(t, b, "after", crashBatch(b.Spec(), tokens, false))
+			if err := os.WriteFile(filepath.Join(dir, snapshotFile), stale, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			rs, err := Open(dir, &Options{ReadOnly: true, LockTimeout: 50 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rs.Close()
+			if _, ok := rs.SnapshotTime(); !ok {
+				t.Fatal("not a snapshot open")
+			}
+			rb, err := rs.Buffer(buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for seq := cut; seq < end; seq++ {
+				if rb.Live(seq) {
+					t.Errorf("row %d of the extend the kill cut off is live in a snapshot open", seq)
+				}
+			}
+			if info, err := rb.Info(); err != nil || info.Damaged != 0 {
+				t.Errorf("snapshot open: %+v, %v; want no damage", info, err)
+			}
+			for seq := end; seq < end+int64(len(tokens)); seq++ {
+				if !rb.Live(seq) {
+					t.Errorf("row %d, written after the reopen, is not live in the snapshot open", seq)
+				}
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestBlocksDamageInTheBlockBeingFilled: when a synced row of the block
+// being filled no longer verifies (damage below the durable watermark)
+// and a kill cut an extend off in that block, the reopen must not go on
+// filling it: its running checksum would seal the damaged bytes, and a
+// later open would serve them. The block is left, and the damage is
+// reported by every open after it.
+func TestBlocksDamageInTheBlockBeingFilled(t *testing.T) {
+	if !witnessesHere() {
+		t.Skip("no seq witnesses here: every unclean open leaves the block")
+	}
+	buf := crashFsyncBlocks // every acknowledged extend synced: the block's first rows are below the watermark
+	dir, _, cut, end := killInsideAnExtend(t, buf, "after-data")
+	base := cut - cut%blockRows
+	victim := base // synced: below the cut-off extend
+	slots := spareSlots(crashSpecFor(buf).Capacity)
+	powerLossFlip(t, filepath.Join(bufferDir(dir, buf), colFileName("observation")), headerSize+victim%slots*16+3)
+	s, b := openBuffer(t, dir, buf)
+	if b.WriteCount() == end {
+		t.Errorf("write count %d: the reopen went on filling a block with a damaged row", end)
+	}
+	info, err := b.Info()
+	if err != nil || info.Damaged == 0 || b.Live(victim) {
+		t.Fatalf("the reopen: %+v, %v, row %d live %v; want the damaged row reported and not served", info, err, victim, b.Live(victim))
+	}
+	tokens := make([]int64, blockRows+5)
+	for j := range tokens {
+		tokens[j] = 9<<40 + int64(j)
+	}
+	mustExtend(t, b, "after", crashBatch(b.Spec(), tokens, false))
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, b = openBuffer(t, dir, buf)
+	if info, err := b.Info(); err != nil || info.Damaged == 0 || b.Live(victim) {
+		t.Fatalf("a clean reopen after more writes: %+v, %v, row %d live %v; want the damage still reported, the row not served", info, err, victim, b.Live(victim))
+	}
+}

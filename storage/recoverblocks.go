@@ -580,12 +580,9 @@ func (b *Buffer) resumeBlocks(st bufferState, wr watermarkRecord, bv *blockVerif
 	// its watermark names them). A crash of the process inside an extend
 	// leaves rows its records do not cover, up to the write count the
 	// witness names: when every one of them is a hole now (above the
-	// durable watermark, none of them damage), the running CRC goes over
-	// their bytes as they are, which nothing writes again before the
-	// block's next pass (holes are never rewritten, and the catalog
-	// names them from the open's commit on, before any record covers
-	// them). Leaving the block instead skipped seqs to its end, which
-	// took up to 63 of the oldest rows out of the window. Without a
+	// durable watermark, none of them damage), it goes on past them
+	// (overHoles). Leaving the block instead skipped seqs to its end,
+	// which took up to 63 of the oldest rows out of the window. Without a
 	// witness (a power loss, a reboot) the block is still left, as the
 	// format's design has it: only fsync buffers lose rows to that
 	// (flush and none ones resume at their reservation, a block
@@ -596,7 +593,7 @@ func (b *Buffer) resumeBlocks(st bufferState, wr watermarkRecord, bv *blockVerif
 		switch {
 		case int64(v) == wc-base && (st.Clean && wr.Seq == wc || !st.Clean && b.witnessed):
 			keep = v
-		case !st.Clean && b.witnessed && holesCover(b.holes, base+int64(v), wc):
+		case !st.Clean && b.witnessed && holesCover(b.holes, base+int64(v), wc) && b.overHoles(base+int64(v), wc):
 			keep = int(wc - base)
 		}
 	}
@@ -660,6 +657,50 @@ func (b *Buffer) resumeBlocks(st bufferState, wr watermarkRecord, bv *blockVerif
 	b.holes = mergeRanges(append(b.holes, [2]int64{wc, end}))
 	b.stateMu.Unlock()
 	return nil
+}
+
+// overHoles readies the holes [from, to) at the end of the block being
+// filled for the writer to go on past them, and reports whether it could:
+// a hole record of them is appended to the run log, so that every reader
+// of the files, a snapshot open next to the writer included (its catalog
+// copy may predate this open's holes), knows them for holes once block
+// records cover their slots; then their bytes in the checksummed columns
+// are zeroed, so that the running CRC goes over bytes this open wrote
+// (the next sync makes them durable, or reports why not) rather than
+// over what a killed extend left in the page cache. Nothing writes a
+// hole's slot again before the block's next pass; the catalog names the
+// holes from the open's commit on, before any extend's record covers
+// them. A run log that cannot take the record (a full disk) or a page
+// that faults: the block is left, as before.
+func (b *Buffer) overHoles(from, to int64) bool {
+	if err := b.rlog.appendHole(from, to, max(0, to-b.capacity)); err != nil {
+		b.log.Warn("cannot record the holes of an extend cut off; leaving the block being filled", "from", from, "to", to, "err", err)
+		return false
+	}
+	zeroed := func() (ok bool) {
+		old := debug.SetPanicOnFault(true)
+		defer func() {
+			debug.SetPanicOnFault(old)
+			if r := recover(); r != nil {
+				if _, fault := r.(interface{ Addr() uintptr }); !fault {
+					panic(r)
+				}
+				ok = false
+			}
+		}()
+		for seq := from; seq < to; seq++ {
+			for _, c := range b.cols {
+				if c.cz < 0 && !c.field.Mutable {
+					clear(c.row(seq % b.slots))
+				}
+			}
+		}
+		return true
+	}()
+	if !zeroed {
+		b.log.Warn("a memory fault zeroing the holes of an extend cut off; leaving the block being filled", "from", from, "to", to)
+	}
+	return zeroed
 }
 
 // holesCover reports whether the merged, sorted ranges holes hold every

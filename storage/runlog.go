@@ -412,6 +412,17 @@ func (l *runLog) appendPlanned(keepFrom func() int64) error {
 	return nil
 }
 
+// appendHole appends the hole record of the seqs [from, to) (an open's:
+// no extend is being written), keepFrom as appendPlanned's.
+func (l *runLog) appendHole(from, to, keepFrom int64) error {
+	if !l.v3 {
+		return fmt.Errorf("hole records are run log version 3 only")
+	}
+	l.pv3 = append(l.pv3[:0], holeRecord(from, to))
+	defer func() { l.pv3 = l.pv3[:0] }()
+	return l.appendPlanned(func() int64 { return keepFrom })
+}
+
 // startSegment makes a new segment the active one, with room for at least
 // need bytes of records: the spare if one is ready (or being made: it
 // waits for it) and large enough, else one created here. Called with

@@ -24,11 +24,16 @@ const snapshotFile = "catalog.snapshot.json"
 type snapshot struct {
 	// Seq grows by one with every snapshot a store writes: a reader can
 	// tell a newer one from an older one.
-	Seq       uint64           `json:"seq"`
-	WrittenAt time.Time        `json:"written_at"`
-	Format    uint32           `json:"format"`
-	PID       int              `json:"pid"`
-	Buffers   []snapshotBuffer `json:"buffers"`
+	Seq       uint64    `json:"seq"`
+	WrittenAt time.Time `json:"written_at"`
+	Format    uint32    `json:"format"`
+	PID       int       `json:"pid"`
+	// Instance is random to each open of the store that writes the
+	// snapshots (a PID repeats across restarts in a container): a reader
+	// that finds another instance's snapshot after it read the files
+	// knows the store restarted meanwhile (readOnlyEntries).
+	Instance string           `json:"instance,omitempty"`
+	Buffers  []snapshotBuffer `json:"buffers"`
 }
 
 type snapshotBuffer struct {
@@ -61,7 +66,7 @@ func (s *Store) publishSnapshot() {
 	// sets them again, and costs at most one more snapshot). Left set, an
 	// idle store republished once after every open.
 	s.stateChanged.Store(false)
-	snap := snapshot{Seq: s.snapSeq, WrittenAt: time.Now().UTC(), Format: FormatVersion, PID: os.Getpid()}
+	snap := snapshot{Seq: s.snapSeq, WrittenAt: time.Now().UTC(), Format: FormatVersion, PID: os.Getpid(), Instance: s.instance}
 	for _, b := range s.Buffers() {
 		spec, err := b.Spec().MarshalJSON()
 		if err != nil {
@@ -122,28 +127,59 @@ func removeSnapshotTemps(dir string, log interface{ Warn(string, ...any) }) {
 }
 
 // loadSnapshot reads the snapshot a running store published.
-func loadSnapshot(dir string) ([]catalogEntry, time.Time, error) {
+func loadSnapshot(dir string) (*snapshot, []catalogEntry, error) {
 	data, err := os.ReadFile(filepath.Join(dir, snapshotFile))
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("read catalog snapshot: %w", err)
+		return nil, nil, fmt.Errorf("read catalog snapshot: %w", err)
 	}
 	var snap snapshot
 	if err := json.Unmarshal(data, &snap); err != nil {
-		return nil, time.Time{}, corruptf(filepath.Join(dir, snapshotFile), -1, "%v", err)
+		return nil, nil, corruptf(filepath.Join(dir, snapshotFile), -1, "%v", err)
 	}
 	if snap.Format != FormatVersion {
-		return nil, time.Time{}, fmt.Errorf("catalog snapshot has format version %d, this build reads %d: %w", snap.Format, FormatVersion, ErrVersionMismatch)
+		return nil, nil, fmt.Errorf("catalog snapshot has format version %d, this build reads %d: %w", snap.Format, FormatVersion, ErrVersionMismatch)
 	}
 	var out []catalogEntry
 	for _, sb := range snap.Buffers {
 		e := catalogEntry{name: sb.Name, state: sb.State, rateLimit: sb.RateLimit}
 		if err := e.spec.UnmarshalJSON(sb.Spec); err != nil {
-			return nil, time.Time{}, corruptf(filepath.Join(dir, snapshotFile), -1, "buffer %q spec: %v", sb.Name, err)
+			return nil, nil, corruptf(filepath.Join(dir, snapshotFile), -1, "buffer %q spec: %v", sb.Name, err)
 		}
 		e.spec = e.spec.WithDefaults()
 		out = append(out, e)
 	}
-	return out, snap.WrittenAt, nil
+	return &snap, out, nil
+}
+
+// errStoreRestarted: the running store whose snapshot a read-only open
+// read restarted while the open read the files (see snapshot.Instance).
+var errStoreRestarted = errors.New("the running store restarted while this open read its files")
+
+// snapshotTries is how many times a read-only open next to a running store
+// reads the files again when that store restarted meanwhile.
+const snapshotTries = 3
+
+// readSettled runs read (an open of the files) again while it finds that
+// the running store restarted as it read, at most snapshotTries times.
+func readSettled[T any](read func() (T, error)) (T, error) {
+	for try := 1; ; try++ {
+		v, err := read()
+		if !errors.Is(err, errStoreRestarted) || try == snapshotTries {
+			return v, err
+		}
+	}
+}
+
+// restartedSince reports whether the snapshot in dir is another store
+// instance's than instance (a snapshot read before the files were). The
+// files may then mix what the store wrote before its restart with what
+// it wrote after: an open after a crash can make holes of rows whose
+// bytes and pieces are in the files, known only to its catalog and, for
+// version 3 blocks it goes on filling, to a hole record the reader may
+// have read the run log too early to see.
+func restartedSince(dir, instance string) bool {
+	snap, _, err := loadSnapshot(dir)
+	return err == nil && instance != "" && snap.Instance != instance
 }
 
 // SnapshotTime reports whether the store was opened from the snapshot of a
@@ -153,21 +189,21 @@ func (s *Store) SnapshotTime() (time.Time, bool) { return s.snapAt, !s.snapAt.Is
 
 // readOnlyEntries opens the catalog read-only or, when another process
 // holds it, falls back to its published snapshot.
-func readOnlyEntries(dir string, timeout time.Duration) (*catalog, []catalogEntry, time.Time, error) {
+func readOnlyEntries(dir string, timeout time.Duration) (*catalog, []catalogEntry, *snapshot, error) {
 	cat, err := openCatalog(filepath.Join(dir, "catalog.db"), true, timeout)
 	if err == nil {
 		entries, err := cat.entries()
 		if err != nil {
-			return nil, nil, time.Time{}, errors.Join(err, cat.close())
+			return nil, nil, nil, errors.Join(err, cat.close())
 		}
-		return cat, entries, time.Time{}, nil
+		return cat, entries, nil, nil
 	}
 	if !errors.Is(err, ErrLocked) {
-		return nil, nil, time.Time{}, err
+		return nil, nil, nil, err
 	}
-	entries, at, serr := loadSnapshot(dir)
+	snap, entries, serr := loadSnapshot(dir)
 	if serr != nil {
-		return nil, nil, time.Time{}, fmt.Errorf("%w; and no usable snapshot: %w", err, serr)
+		return nil, nil, nil, fmt.Errorf("%w; and no usable snapshot: %w", err, serr)
 	}
-	return nil, entries, at, nil
+	return nil, entries, snap, nil
 }

@@ -117,9 +117,11 @@ type Store struct {
 	// rows of a page or more), as builds before dense tail files made
 	// them: stores keep opening those.
 	slotTails bool
-	// snapMu orders snapshot writes; snapSeq numbers them.
-	snapMu  sync.Mutex
-	snapSeq uint64
+	// snapMu orders snapshot writes; snapSeq numbers them; instance
+	// names this open of a writable store in them.
+	snapMu   sync.Mutex
+	snapSeq  uint64
+	instance string
 	// restored lists the memory buffers loaded from checkpoint files at
 	// open; the files go once the catalog has recorded the load.
 	restored []string
@@ -133,7 +135,11 @@ type Store struct {
 // from its files: rows a crash left half-written are dropped, links and the
 // trajectory index are rebuilt, and open trajectories are continued only
 // after a clean close.
-func Open(dir string, opts *Options) (_ *Store, retErr error) {
+func Open(dir string, opts *Options) (*Store, error) {
+	return readSettled(func() (*Store, error) { return openOnce(dir, opts) })
+}
+
+func openOnce(dir string, opts *Options) (_ *Store, retErr error) {
 	o := opts.withDefaults()
 	if err := checkComplete(dir); err != nil {
 		return nil, fmt.Errorf("open %s: %w", dir, err)
@@ -148,13 +154,18 @@ func Open(dir string, opts *Options) (_ *Store, retErr error) {
 	}
 	var entries []catalogEntry
 	var next int64
+	var snap *snapshot
 	if o.ReadOnly {
-		cat, es, at, err := readOnlyEntries(dir, o.LockTimeout)
+		cat, es, sn, err := readOnlyEntries(dir, o.LockTimeout)
 		if err != nil {
 			return nil, fmt.Errorf("open %s: %w", dir, err)
 		}
-		s.cat, entries, s.snapAt = cat, es, at
+		s.cat, entries, snap = cat, es, sn
+		if snap != nil {
+			s.snapAt = snap.WrittenAt
+		}
 	} else {
+		s.instance = rand.Text()
 		cat, err := openCatalog(filepath.Join(dir, "catalog.db"), false, o.LockTimeout)
 		if err != nil {
 			return nil, fmt.Errorf("open %s: %w", dir, err)
@@ -191,6 +202,9 @@ func Open(dir string, opts *Options) (_ *Store, retErr error) {
 		b.snapRateLimit = e.rateLimit
 		s.buffers[e.name] = b
 		next = max(next, maxTraj+1)
+	}
+	if snap != nil && restartedSince(dir, snap.Instance) {
+		return nil, fmt.Errorf("open %s: %w (tried %d times)", dir, errStoreRestarted, snapshotTries)
 	}
 	s.traj.next, s.traj.reserved = next, next
 	if !o.ReadOnly {

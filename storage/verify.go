@@ -63,6 +63,10 @@ func (r *VerifyReport) OK() bool {
 // missing, is. The error is non-nil only when the check could not run (no
 // catalog, locked, unreadable catalog).
 func Verify(dir string, opts *Options) (*VerifyReport, error) {
+	return readSettled(func() (*VerifyReport, error) { return verifyOnce(dir, opts) })
+}
+
+func verifyOnce(dir string, opts *Options) (*VerifyReport, error) {
 	o := opts.withDefaults()
 	o.ReadOnly = true
 	if err := checkComplete(dir); err != nil {
@@ -73,9 +77,13 @@ func Verify(dir string, opts *Options) (*VerifyReport, error) {
 	if _, err := os.Stat(filepath.Join(dir, "catalog.db")); err != nil {
 		return nil, fmt.Errorf("verify %s: %w", dir, err)
 	}
-	cat, entries, snapAt, err := readOnlyEntries(dir, o.LockTimeout)
+	cat, entries, snap, err := readOnlyEntries(dir, o.LockTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("verify %s: %w", dir, err)
+	}
+	var snapAt time.Time
+	if snap != nil {
+		snapAt = snap.WrittenAt
 	}
 	if cat != nil {
 		defer cat.close()
@@ -107,6 +115,9 @@ func Verify(dir string, opts *Options) (*VerifyReport, error) {
 			br.Problems = append(br.Problems, err.Error())
 		}
 		rep.Buffers = append(rep.Buffers, br)
+	}
+	if snap != nil && restartedSince(dir, snap.Instance) {
+		return nil, fmt.Errorf("verify %s: %w (tried %d times)", dir, errStoreRestarted, snapshotTries)
 	}
 	return rep, nil
 }
