@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -1061,8 +1062,8 @@ func TestBlocksWatermarkPastReservation(t *testing.T) {
 // to the block's end, so none of the oldest rows leaves the window (a
 // version 3 open used to leave the block, evicting up to 63 of them, and
 // still does after a power loss); the rows of an extend cut off are holes,
-// never served, whose bytes the block's running checksum goes over as
-// they are. Every acknowledged row is there; rows written after it, across
+// never served, whose bytes the reopen zeroes for the block's running
+// checksum to go over. Every acknowledged row is there; rows written after it, across
 // the block's end, verify; and a later kill followed by a power loss (no
 // witness: the page cache lost past the last sync) still finds the cut-off
 // rows holes, though records now cover their slots.
@@ -1111,6 +1112,24 @@ func TestBlocksKillKeepsBlock(t *testing.T) {
 				for seq := cut; seq < end; seq++ {
 					if _, ok := st.live[seq]; ok {
 						t.Errorf("row %d of the extend the kill cut off is live", seq)
+					}
+				}
+				if tc.inside {
+					// The reopen zeroed the bytes of the cut-off rows in
+					// the block it goes on filling (an extend killed
+					// after its rows' bytes had written them) for the
+					// running checksum to go over; a block below it the
+					// extend wrote into is left, its final record naming
+					// the rows before them.
+					col, err := os.ReadFile(filepath.Join(bufferDir(dir, buf), colFileName("observation")))
+					if err != nil {
+						t.Fatal(err)
+					}
+					slots := spareSlots(crashSpecFor(buf).Capacity)
+					for seq := max(cut, end-end%blockRows); seq < end; seq++ {
+						if off := headerSize + seq%slots*16; !powerLossZero(col[off : off+16]) {
+							t.Errorf("row %d of the extend the kill cut off: its observation bytes %x are not zeroed", seq, col[off:off+16])
+						}
 					}
 				}
 				m.writeAfter(t, dir, 1)
@@ -1246,7 +1265,16 @@ func TestBlocksSnapshotOpenAfterKillInsideAnExtend(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s, b := openBuffer(t, dir, buf)
+			// No checkpoint publishes a snapshot while the reader opens.
+			s, err := Open(dir, &Options{CheckpointInterval: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			b, err := s.Buffer(buf)
+			if err != nil {
+				t.Fatal(err)
+			}
 			if b.WriteCount() != end {
 				t.Fatalf("write count %d after the reopen, want %d: the block was left", b.WriteCount(), end)
 			}
@@ -1263,8 +1291,12 @@ func TestBlocksSnapshotOpenAfterKillInsideAnExtend(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer rs.Close()
-			if _, ok := rs.SnapshotTime(); !ok {
-				t.Fatal("not a snapshot open")
+			var staleSnap snapshot
+			if err := json.Unmarshal(stale, &staleSnap); err != nil {
+				t.Fatal(err)
+			}
+			if at, ok := rs.SnapshotTime(); !ok || !at.Equal(staleSnap.WrittenAt) {
+				t.Fatalf("snapshot open at %v (%v); want one of the catalog copy from before the reopen, %v", at, ok, staleSnap.WrittenAt)
 			}
 			rb, err := rs.Buffer(buf)
 			if err != nil {

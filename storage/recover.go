@@ -379,8 +379,12 @@ func (b *Buffer) endRecovery(st bufferState, streams map[string]map[int64]stream
 			}
 		}
 		if !b.store.readOnly {
-			// Segments whose pieces all left the window are garbage.
-			if err := b.rlog.collect(lo); err != nil {
+			// Segments whose pieces all left the window are garbage:
+			// for an fsync buffer the window as of its last sync (an
+			// open that fails, or a power loss before its commit, may
+			// bring that window back: the write count is the witness's
+			// here).
+			if err := b.rlog.collect(b.runKeepFrom()); err != nil {
 				return -1, err
 			}
 		}

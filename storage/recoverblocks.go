@@ -673,7 +673,7 @@ func (b *Buffer) resumeBlocks(st bufferState, wr watermarkRecord, bv *blockVerif
 // them. A run log that cannot take the record (a full disk) or a page
 // that faults: the block is left, as before.
 func (b *Buffer) overHoles(from, to int64) bool {
-	if err := b.rlog.appendHole(from, to, max(0, to-b.capacity)); err != nil {
+	if err := b.rlog.appendHole(from, to, b.runKeepFrom()); err != nil {
 		b.log.Warn("cannot record the holes of an extend cut off; leaving the block being filled", "from", from, "to", to, "err", err)
 		return false
 	}

@@ -358,6 +358,12 @@ func (l *runLog) planMore(recs []record) []pieceRow {
 // the rows). The only error is a segment that cannot be created (a full
 // disk): nothing of the batch is written then.
 func (l *runLog) appendPlanned(keepFrom func() int64) error {
+	return l.appendRecords(keepFrom, true)
+}
+
+// appendRecords is appendPlanned; extend says whether an extend appends
+// (it passes the crash points of one: tests kill a writer there).
+func (l *runLog) appendRecords(keepFrom func() int64, extend bool) error {
 	count := len(l.pieces)
 	if l.v3 {
 		count = len(l.pv3)
@@ -398,17 +404,21 @@ func (l *runLog) appendPlanned(keepFrom func() int64) error {
 	at := seg.used
 	dst := seg.r.Bytes()[at : at+int64(len(buf))]
 	crash := l.b.store.crash
-	if crash.armed("mid-runs") {
+	if extend && crash.armed("mid-runs") {
 		// Leave a torn record behind, as a crash halfway through the
 		// copy would.
 		copy(dst, buf[:len(buf)-runLogRecordSize/2])
 	}
-	crash.at("mid-runs")
+	if extend {
+		crash.at("mid-runs")
+	}
 	copy(dst, buf)
 	seg.used += int64(len(buf))
 	seg.dirty = true
 	seg.maxLast = max(seg.maxLast, maxLast)
-	crash.at("after-runs")
+	if extend {
+		crash.at("after-runs")
+	}
 	return nil
 }
 
@@ -420,7 +430,7 @@ func (l *runLog) appendHole(from, to, keepFrom int64) error {
 	}
 	l.pv3 = append(l.pv3[:0], holeRecord(from, to))
 	defer func() { l.pv3 = l.pv3[:0] }()
-	return l.appendPlanned(func() int64 { return keepFrom })
+	return l.appendRecords(func() int64 { return keepFrom }, false)
 }
 
 // startSegment makes a new segment the active one, with room for at least

@@ -46,7 +46,9 @@ type snapshotBuffer struct {
 }
 
 // publishSnapshot writes the catalog snapshot. Failures are logged, not
-// returned: the snapshot only serves read-only tools.
+// returned: the snapshot only serves read-only tools. (At open a failure
+// also removes the snapshot of the store's previous instance: see
+// Store.publishFirstSnapshot.)
 //
 // One writer at a time (snapMu), so the content is taken and the file
 // renamed in the same order, and an older snapshot never replaces a newer
@@ -61,6 +63,7 @@ func (s *Store) publishSnapshot() {
 	s.snapMu.Lock()
 	defer s.snapMu.Unlock()
 	s.snapSeq++
+	s.snapFailed = false
 	// What this snapshot shows is no longer news for the checkpoint loop
 	// (cleared before the state is read: a change racing with the read
 	// sets them again, and costs at most one more snapshot). Left set, an
@@ -81,6 +84,25 @@ func (s *Store) publishSnapshot() {
 	}
 	if err := writeSnapshotFile(s.dir, snap); err != nil {
 		s.log.Warn("publish catalog snapshot", "err", err)
+		s.snapFailed = true
+	}
+}
+
+// publishFirstSnapshot publishes the snapshot of a store just opened. If
+// that fails, the snapshot on disk is the previous instance's, from
+// before this open's recovery: a reader that took it would read files
+// this open changed (holes it made of rows whose bytes and pieces are
+// there) as that instance left them, so it is removed, and readers say
+// there is no usable snapshot until the next publish succeeds.
+func (s *Store) publishFirstSnapshot() {
+	s.publishSnapshot()
+	s.snapMu.Lock()
+	defer s.snapMu.Unlock()
+	if !s.snapFailed {
+		return
+	}
+	if err := os.Remove(filepath.Join(s.dir, snapshotFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		s.log.Error("remove the catalog snapshot of the store's previous open after failing to publish this one's: read-only tools next to this store may read the files as before its recovery", "err", err)
 	}
 }
 
@@ -171,15 +193,18 @@ func readSettled[T any](read func() (T, error)) (T, error) {
 }
 
 // restartedSince reports whether the snapshot in dir is another store
-// instance's than instance (a snapshot read before the files were). The
-// files may then mix what the store wrote before its restart with what
-// it wrote after: an open after a crash can make holes of rows whose
-// bytes and pieces are in the files, known only to its catalog and, for
-// version 3 blocks it goes on filling, to a hole record the reader may
-// have read the run log too early to see.
+// instance's than instance (a snapshot read before the files were), or
+// is gone or unreadable (an instance that could not publish its own
+// removes its predecessor's). The files may then mix what the store wrote
+// before its restart with what it wrote after: an open after a crash can
+// make holes of rows whose bytes and pieces are in the files, known only
+// to its catalog and, for version 3 blocks it goes on filling, to a hole
+// record the reader may have read the run log too early to see. Two
+// snapshots without an instance (builds before 2026-11-30, which make no
+// such holes) are not told apart.
 func restartedSince(dir, instance string) bool {
 	snap, _, err := loadSnapshot(dir)
-	return err == nil && instance != "" && snap.Instance != instance
+	return err != nil || snap.Instance != instance
 }
 
 // SnapshotTime reports whether the store was opened from the snapshot of a

@@ -50,6 +50,10 @@ type Options struct {
 	// end (as truncated) and its state is forgotten; when it returns it
 	// starts new trajectories. Zero means 1 hour; negative means never.
 	StreamIdleTimeout time.Duration
+
+	// afterSnapshotRead, for tests, runs when a read-only open has read
+	// the catalog snapshot of a running store, before it reads the files.
+	afterSnapshotRead func()
 }
 
 func (o *Options) maxBuffers() int { return cmp.Or(max(o.MaxBuffers, 0), 1024) }
@@ -119,9 +123,10 @@ type Store struct {
 	slotTails bool
 	// snapMu orders snapshot writes; snapSeq numbers them; instance
 	// names this open of a writable store in them.
-	snapMu   sync.Mutex
-	snapSeq  uint64
-	instance string
+	snapMu     sync.Mutex
+	snapSeq    uint64
+	snapFailed bool // the last publish failed
+	instance   string
 	// restored lists the memory buffers loaded from checkpoint files at
 	// open; the files go once the catalog has recorded the load.
 	restored []string
@@ -163,6 +168,9 @@ func openOnce(dir string, opts *Options) (_ *Store, retErr error) {
 		s.cat, entries, snap = cat, es, sn
 		if snap != nil {
 			s.snapAt = snap.WrittenAt
+			if o.afterSnapshotRead != nil {
+				o.afterSnapshotRead()
+			}
 		}
 	} else {
 		s.instance = rand.Text()
@@ -176,6 +184,11 @@ func openOnce(dir string, opts *Options) (_ *Store, retErr error) {
 		}
 	}
 	defer func() {
+		if retErr != nil && snap != nil && !errors.Is(retErr, errStoreRestarted) && restartedSince(dir, snap.Instance) {
+			// A buffer that failed to open may have been caught
+			// between a restarted store's writes: read again.
+			retErr = fmt.Errorf("open %s: %w (tried %d times; last: %w)", dir, errStoreRestarted, snapshotTries, retErr)
+		}
 		if retErr != nil {
 			for _, b := range s.buffers {
 				retErr = errors.Join(retErr, b.unmap())
@@ -214,7 +227,7 @@ func openOnce(dir string, opts *Options) (_ *Store, retErr error) {
 		s.dropRestoredFiles()
 		s.dropOrphanWitnesses()
 		removeSnapshotTemps(dir, s.log)
-		s.publishSnapshot()
+		s.publishFirstSnapshot()
 		s.stop, s.done = make(chan struct{}), make(chan struct{})
 		go s.checkpointLoop()
 		s.startTrash()
