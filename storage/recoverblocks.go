@@ -631,6 +631,17 @@ func (b *Buffer) resumeBlocks(st bufferState, wr watermarkRecord, bv *blockVerif
 		if ok[newer] && c[newer].Base == kb && c[newer].Final && c[newer].Rows == v {
 			continue
 		}
+		if v == 0 && !(ok[0] && c[0].Base == kb) && !(ok[1] && c[1].Base == kb) {
+			// Neither a row nor a record of this pass: seqs the open
+			// skipped (holes), in slots whose records still name the
+			// rows of an earlier pass. Nothing to say about the pass,
+			// and those records stay as they are until the open has
+			// committed: an open that fails, or a power loss before
+			// its commit, brings that earlier window back (a witness
+			// far ahead of the files had this open rewrite every
+			// record of it).
+			continue
+		}
 		w.readCopies(b, kb)
 		w.sums = *b.prefixSums(kb, v)
 		for i := range 2 {

@@ -363,3 +363,82 @@ func runsSpec(capacity int64) Spec {
 	spec.RowMetaLayout = RowMetaRuns
 	return spec
 }
+
+// TestOpenKeepsRunSegmentsOfTheSyncedWindow: an open that finds a
+// buffer's seq witness far ahead of its files (a dir restored in place,
+// or writes lost to an I/O error) moves the write count to the witness,
+// so its window holds none of the files' rows; it must not delete the
+// run segments of the rows an fsync buffer synced, since an open that
+// fails after that buffer's recovery (here another buffer's), or a power
+// loss before its commit, leaves the catalog and the files as they were,
+// and the next open without the witness opens that window again (a
+// version built on 2026-11-29 deleted them: every synced row reported as
+// damage, for want of its piece).
+func TestOpenKeepsRunSegmentsOfTheSyncedWindow(t *testing.T) {
+	if !witnessesHere() {
+		t.Skip("no seq witnesses here")
+	}
+	for _, layout := range []RowMetaLayout{RowMetaRuns, RowMetaBlocks} {
+		t.Run(string(layout), func(t *testing.T) {
+			dir := t.TempDir()
+			s := openStore(t, dir)
+			spec := testSpec(KindMemmap, 4096, false)
+			spec.Durability, spec.RowMetaLayout = DurabilityFsync, layout
+			a := mustCreate(t, s, "a", spec)
+			const envs, extends = 64, 24 // a piece a row: two run segments
+			for e := range extends {
+				rows := make([]row, envs)
+				for i := range rows {
+					rows[i] = row{env: int64(i), val: float32(e*envs + i)}
+				}
+				mustExtend(t, a, "w", makeBatch(spec, rows, false))
+			}
+			if segs := len(a.rlog.segs); segs < 2 {
+				t.Fatalf("%d run segments; the test needs two", segs)
+			}
+			z := mustCreate(t, s, "z", testSpec(KindMemmap, 256, false))
+			mustExtend(t, z, "w", makeBatch(z.Spec(), []row{{val: 1}}, false))
+			uid, bdir := a.uid, a.dir
+			want := a.liveRows()
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			// The witness names seqs far past the files' rows.
+			abs, err := filepath.Abs(bdir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, err := openWitness(defaultWitnessDir, abs, uid, currentBoot(), envs*extends+20*spec.Capacity)
+			if err != nil || w == nil {
+				t.Fatalf("witness: %v", err)
+			}
+			if err := w.m.Unmap(); err != nil {
+				t.Fatal(err)
+			}
+			// Buffer z cannot open: the whole open fails after a's recovery.
+			zmeta := metaFile(bufferDir(dir, "z"))
+			good, err := os.ReadFile(zmeta)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(zmeta, good[:100], 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if s, err := Open(dir, nil); err == nil {
+				s.Close()
+				t.Fatal("the open succeeded with buffer z's rows.meta cut short")
+			}
+			if err := os.WriteFile(zmeta, good, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			powerLossReboot(t, dir) // the witness goes
+			s = openStore(t, dir)
+			defer s.Close()
+			a = mustBuffer(t, s, "a")
+			info, err := a.Info()
+			if err != nil || info.Damaged != 0 || a.liveRows() != want {
+				t.Fatalf("after the failed open and a reboot: %d live rows (want %d), %d damaged, %v", a.liveRows(), want, info.Damaged, err)
+			}
+		})
+	}
+}
