@@ -31,7 +31,7 @@ type snapshot struct {
 	// Instance is random to each open of the store that writes the
 	// snapshots (a PID repeats across restarts in a container): a reader
 	// that finds another instance's snapshot after it read the files
-	// knows the store restarted meanwhile (readOnlyEntries).
+	// knows the store restarted meanwhile (restartedSince).
 	Instance string           `json:"instance,omitempty"`
 	Buffers  []snapshotBuffer `json:"buffers"`
 }
