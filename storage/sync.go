@@ -191,16 +191,18 @@ func (b *Buffer) seqBlock() int64 {
 func lapBlock(capacity int64) int64 { return max(capacity, 1<<16) }
 
 // seqBlockTo is how far past end a reservation for a writer reaching end
-// reaches. A none memmap buffer whose window at end holds no row a sync
-// made durable (it writes a lap past its durable watermark, which only a
-// close or an explicit checkpoint raises, or nothing was ever synced: a
-// new buffer fills its first lap so) has nothing a power loss must keep:
-// it reserves a lap at a time, as memory buffers do, a catalog commit
-// (two fdatasyncs) per capacity rows instead of per sixteenth,
-// which at 10^5 rows cost writers a third of their time
-// (docs/performance.md). Until then a power loss keeps the window's
-// synced rows but for the block it moves the ring (cutLapReservation
-// lowers a lap reservation again before a sync raises the watermark).
+// reaches. A none or flush memmap buffer whose window at end holds no row
+// a sync made durable (it writes a lap past its durable watermark, which
+// a close or a checkpoint raises: for a flush buffer the one every
+// checkpoint interval, for a none buffer only an explicit one; or nothing
+// was ever synced: a new buffer fills its first lap so) has nothing a
+// power loss must keep: it reserves a lap at a time, as memory buffers
+// do, a catalog commit (two fdatasyncs) per capacity rows instead of per
+// sixteenth, which at 10^5 rows cost none writers a third of their time
+// and flush writers 40% more than none ones (docs/performance.md). Until
+// then a power loss keeps the window's synced rows but for the block it
+// moves the ring (cutLapReservation lowers a lap reservation again
+// before a sync raises the watermark).
 func (b *Buffer) seqBlockTo(end int64) int64 {
 	if b.lapsAhead() && b.lapsHeld.Load() == 0 && max(0, end-b.capacity) >= b.Durable() {
 		return lapBlock(b.capacity)
@@ -208,8 +210,8 @@ func (b *Buffer) seqBlockTo(end int64) int64 {
 	return b.seqBlock()
 }
 
-// cutLapReservation prepares a sync of a none buffer, which makes the
-// rows of its window durable: no lap reservation is taken until the
+// cutLapReservation prepares a sync of a none or flush buffer, which
+// makes the rows of its window durable: no lap reservation is taken until the
 // returned func runs (seqBlockTo), and one the buffer holds is cut back
 // to a block past the write count and committed first, so that a power
 // loss after the sync and before the next commit finds no lap in the
@@ -243,8 +245,8 @@ func (b *Buffer) cutLapReservation() (func(), error) {
 // resumedReservation is the seq reservation an open resumes with once
 // recovery has put the write count wc past every seq ever handed out
 // (after a clean close, a crash of the process alone, or a jump to the
-// reservation). A none buffer's lap reservation, which a clean close
-// keeps, is cut back to a block past wc: until the writer has written a
+// reservation). A none or flush buffer's lap reservation, which a clean
+// close keeps, is cut back to a block past wc: until the writer has written a
 // lap, the window holds the rows the close synced (seqBlockTo).
 func (b *Buffer) resumedReservation(st bufferState, wc int64) int64 {
 	if b.lapsAhead() && b.store.snapAt.IsZero() {
@@ -254,9 +256,11 @@ func (b *Buffer) resumedReservation(st bufferState, wc int64) int64 {
 }
 
 // lapsAhead reports whether the buffer may reserve seqs a lap ahead once
-// its window holds no synced row (seqBlockTo).
+// its window holds no synced row (seqBlockTo): memmap buffers whose every
+// sync goes through checkpoint or close, which cut a lap reservation
+// first (fsync buffers sync in their extends).
 func (b *Buffer) lapsAhead() bool {
-	return b.spec.Storage == KindMemmap && b.spec.Durability == DurabilityNone
+	return b.spec.Storage == KindMemmap && (b.spec.Durability == DurabilityNone || b.spec.Durability == DurabilityFlush)
 }
 
 // reserveSeqs commits a new seq reservation that covers end, unless one
