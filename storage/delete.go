@@ -143,6 +143,13 @@ type storeHooks struct {
 	// beforeSync, when set, runs as every sync of a buffer's files
 	// begins; what it returns fails the sync.
 	beforeSync func(buffer string) error
+	// afterWatermark, when set, runs once a sync has written its
+	// watermark; what it returns fails the sync (as a failure to collect
+	// the segments the window left would).
+	afterWatermark func(buffer string) error
+	// putState, when set, runs before a buffer's state is committed to
+	// the catalog; what it returns fails the commit.
+	putState func(buffer string) error
 }
 
 func (h *storeHooks) rename(from, to string) error {

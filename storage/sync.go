@@ -6,6 +6,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // syncState coordinates group commits: one goroutine syncs the files while
@@ -16,6 +17,11 @@ type syncState struct {
 	durable int64 // every written row with a smaller seq is on stable storage
 	syncing bool
 	rounds  int64 // syncFiles calls: what an idle buffer must not make
+	// written is the largest watermark a sync began to write to disk,
+	// whether or not the sync then succeeded (durable moves only when it
+	// does): what a power loss may find, which a lap reservation must
+	// not pass (lapFloor).
+	written atomic.Int64
 }
 
 func (s *syncState) init() { s.cond = sync.NewCond(&s.mu) }
@@ -95,6 +101,7 @@ func (b *Buffer) syncFiles(goal int64) (_ int64, err error) {
 	if err := errors.Join(errs...); err != nil {
 		return 0, err
 	}
+	b.sync.raiseWritten(goal)
 	if cur, ok := readWatermark(b.hdr); !ok || cur != goal {
 		// One write, not two stores into the mapping: a writer killed
 		// between storing the seq and its checksum left the block torn
@@ -104,6 +111,11 @@ func (b *Buffer) syncFiles(goal int64) (_ int64, err error) {
 			return 0, fmt.Errorf("write the durable watermark: %w", err)
 		}
 		if err := b.meta.SyncRange(0, headerSize); err != nil {
+			return 0, err
+		}
+	}
+	if h := b.store.hooks.afterWatermark; h != nil {
+		if err := h(b.name); err != nil {
 			return 0, err
 		}
 	}
@@ -143,8 +155,14 @@ func (b *Buffer) syncBlocks() (int64, error) {
 	if err := b.meta.Sync(); err != nil {
 		return 0, err
 	}
+	b.sync.raiseWritten(wr.Seq)
 	if err := b.writeWatermarkRecord(wr); err != nil {
 		return 0, err
+	}
+	if h := b.store.hooks.afterWatermark; h != nil {
+		if err := h(b.name); err != nil {
+			return 0, err
+		}
 	}
 	return wr.Seq, b.rlog.collect(wr.Seq - b.capacity)
 }
@@ -204,10 +222,25 @@ func lapBlock(capacity int64) int64 { return max(capacity, 1<<16) }
 // moves the ring (cutLapReservation lowers a lap reservation again
 // before a sync raises the watermark).
 func (b *Buffer) seqBlockTo(end int64) int64 {
-	if b.lapsAhead() && b.lapsHeld.Load() == 0 && max(0, end-b.capacity) >= b.Durable() {
+	if b.lapsAhead() && b.lapsHeld.Load() == 0 && max(0, end-b.capacity) >= b.lapFloor() {
 		return lapBlock(b.capacity)
 	}
 	return b.seqBlock()
+}
+
+// lapFloor is the watermark a lap reservation must be a lap past: the
+// durable one, or a larger one a sync that failed afterwards (collecting
+// its segments, say) may have written to disk all the same.
+func (b *Buffer) lapFloor() int64 { return max(b.Durable(), b.sync.written.Load()) }
+
+// raiseWritten records that a sync is about to write watermark w.
+func (s *syncState) raiseWritten(w int64) {
+	for {
+		cur := s.written.Load()
+		if w <= cur || s.written.CompareAndSwap(cur, w) {
+			return
+		}
+	}
 }
 
 // cutLapReservation prepares a sync of a none or flush buffer, which
@@ -229,12 +262,15 @@ func (b *Buffer) cutLapReservation() (func(), error) {
 	b.catMu.Lock()
 	defer b.catMu.Unlock()
 	lim := b.roundReservation(b.writeCount.Load() + b.seqBlock())
-	if b.seqRes.Load() <= lim {
+	if b.seqRes.Load() <= lim && b.committed != nil && b.committed.SeqReserved <= lim {
 		return release, nil
 	}
+	// What the catalog holds, not only memory: a cut whose commit failed
+	// lowered memory and left the lap in the catalog (b.committed nil:
+	// unknown), and a sync must not follow it until a commit lands.
 	// Lower in memory even if the commit fails: the catalog's higher
 	// reservation still bounds every seq below it.
-	b.seqRes.Store(lim)
+	b.seqRes.Store(min(b.seqRes.Load(), lim))
 	if _, err := b.commitStateLocked(false, nil, false, false); err != nil {
 		release()
 		return nil, fmt.Errorf("cut the seq reservation back: %w", err)
@@ -348,7 +384,13 @@ func (b *Buffer) commitStateLocked(clean bool, streams map[string]map[int64]stre
 	if onlyIfChanged && !setStreams && b.committed != nil && sameState(*b.committed, st) {
 		return false, nil
 	}
-	if err := b.store.cat.putState(b.name, st, streams, setStreams); err != nil {
+	put := func() error { return b.store.cat.putState(b.name, st, streams, setStreams) }
+	if h := b.store.hooks.putState; h != nil {
+		if err := h(b.name); err != nil {
+			put = func() error { return err }
+		}
+	}
+	if err := put(); err != nil {
 		b.committed = nil // unknown: commit again next time
 		return false, err
 	}
@@ -426,13 +468,15 @@ func (b *Buffer) close() error {
 		b.wmu.Unlock()
 	}
 	if b.persistent && !failed {
+		// No sync without the cut: a power loss after it would find the
+		// catalog's lap and drop every row the sync made durable.
 		if release, err := b.cutLapReservation(); err != nil {
 			errs = append(errs, err)
 		} else {
 			defer release()
-		}
-		if _, err := b.syncFiles(b.writeCount.Load()); err != nil {
-			errs = append(errs, err)
+			if _, err := b.syncFiles(b.writeCount.Load()); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	b.pruneHoles()
