@@ -37,11 +37,7 @@ func TestSeqsAreReservedAheadOfWriters(t *testing.T) {
 					// Once a reservation ahead lands, the writer has at
 					// least half a block left: it never runs out between
 					// two batches smaller than that.
-					for deadline := time.Now().Add(10 * time.Second); b.reservingAhead.Load(); time.Sleep(time.Millisecond) {
-						if time.Now().After(deadline) {
-							t.Fatal("a reservation ahead never finished")
-						}
-					}
+					settleReservations(t, b)
 					if res := b.seqRes.Load(); res-wc < block/2 {
 						t.Fatalf("batch %d: reserved up to %d with %d written: less than half a block (%d) ahead", k, res, wc, block)
 					}
@@ -89,14 +85,7 @@ func TestLapReservedOnlyPastSyncedRows(t *testing.T) {
 					for range 2 * capacity / 256 {
 						write(b, 256)
 					}
-					settle := func() {
-						for deadline := time.Now().Add(10 * time.Second); b.reservingAhead.Load(); time.Sleep(time.Millisecond) {
-							if time.Now().After(deadline) {
-								t.Fatal("a reservation ahead never finished")
-							}
-						}
-					}
-					settle()
+					settleReservations(t, b)
 					if ahead := b.seqRes.Load() - b.WriteCount(); ahead <= b.seqBlock() {
 						t.Fatalf("two laps past its durable watermark (0), the buffer reserves %d seqs ahead, not a lap", ahead)
 					}
@@ -114,7 +103,7 @@ func TestLapReservedOnlyPastSyncedRows(t *testing.T) {
 					}
 					synced := b.Durable()
 					write(b, 1)
-					settle()
+					settleReservations(t, b)
 					res := b.seqRes.Load()
 					if err := s.Close(); err != nil {
 						t.Fatal(err)
@@ -194,11 +183,7 @@ func TestReservationsAheadLand(t *testing.T) {
 						byWriter++ // this extend must commit a reservation itself
 					}
 					mustExtend(t, b, "s", makeBatch(spec, rows, false))
-					for deadline := time.Now().Add(10 * time.Second); b.reservingAhead.Load(); time.Sleep(100 * time.Microsecond) {
-						if time.Now().After(deadline) {
-							t.Fatal("a reservation ahead never finished")
-						}
-					}
+					settleReservations(t, b)
 					if r := b.seqRes.Load(); r != lastRes {
 						reservations++
 						lastRes = r
@@ -257,11 +242,7 @@ func TestCheckpointCutsTheLapBeforeItsSync(t *testing.T) {
 				for range 3 * capacity / len(rows) {
 					mustExtend(t, b, "s", makeBatch(spec, rows, false))
 				}
-				for deadline := time.Now().Add(10 * time.Second); b.reservingAhead.Load(); time.Sleep(time.Millisecond) {
-					if time.Now().After(deadline) {
-						t.Fatal("a reservation ahead never finished")
-					}
-				}
+				settleReservations(t, b)
 				if ahead := b.seqRes.Load() - b.WriteCount(); ahead <= 2*b.seqBlock() {
 					t.Fatalf("three laps in, %d seqs reserved ahead: no lap to cut", ahead)
 				}

@@ -384,13 +384,14 @@ func (b *Buffer) commitStateLocked(clean bool, streams map[string]map[int64]stre
 	if onlyIfChanged && !setStreams && b.committed != nil && sameState(*b.committed, st) {
 		return false, nil
 	}
-	put := func() error { return b.store.cat.putState(b.name, st, streams, setStreams) }
+	var err error
 	if h := b.store.hooks.putState; h != nil {
-		if err := h(b.name); err != nil {
-			put = func() error { return err }
-		}
+		err = h(b.name)
 	}
-	if err := put(); err != nil {
+	if err == nil {
+		err = b.store.cat.putState(b.name, st, streams, setStreams)
+	}
+	if err != nil {
 		b.committed = nil // unknown: commit again next time
 		return false, err
 	}
